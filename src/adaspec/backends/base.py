@@ -1,0 +1,64 @@
+"""The Backend interface: one model, one KV cache, one sequence.
+
+A backend appends tokens to its cache and returns logits for (some of) the new positions, and can truncate its
+cache back to a prefix. That is all the engine needs for linear speculation. Later extensions (tree-shaped
+verification with a custom attention mask and position ids, then keeping one accepted path; batching several
+sequences) add optional arguments/methods here without changing the engine's linear path.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+
+
+class Backend(ABC):
+    """A causal LM with a KV cache over a single sequence.
+
+    Invariant: ``seq_len`` equals the number of tokens whose keys/values are in the cache; ``forward`` appends to
+    it and ``truncate`` shrinks it. Logits are returned as float tensors on the CPU or the model's device.
+
+    Attributes:
+        name: display name of the model (for stats and errors).
+        vocab_size: width V of the logits (may be padded beyond the tokenizer's length).
+        max_context: maximum number of positions the model supports (prompt + generated tokens).
+    """
+
+    name: str
+    vocab_size: int
+    max_context: int
+
+    @property
+    @abstractmethod
+    def seq_len(self) -> int:
+        """Number of tokens currently held in the KV cache."""
+
+    @abstractmethod
+    def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
+        """Run the model over ``input_ids`` appended after the cached prefix, and extend the cache.
+
+        Args:
+            input_ids: N >= 1 new token ids (positions ``seq_len .. seq_len + N - 1``).
+            num_logits: how many trailing positions need logits (1 for decoding and prefill, K + 1 for
+                verification); 1 <= num_logits <= N.
+
+        Returns:
+            ``[num_logits, V]`` logits (bf16 or fp32) for the last ``num_logits`` new positions; row j predicts
+            the token after new position ``N - num_logits + j``.
+
+        Raises:
+            ContextLengthError: if the cache would exceed ``max_context``.
+        """
+
+    @abstractmethod
+    def truncate(self, length: int) -> None:
+        """Drop cached positions ``length ..`` (keep the first ``length``); 0 <= length <= seq_len."""
+
+    def reset(self) -> None:
+        """Empty the cache (start a new sequence)."""
+        self.truncate(0)
+
+    def synchronize(self) -> None:
+        """Block until queued device work is done (for honest timing on asynchronous devices)."""

@@ -1,0 +1,33 @@
+"""The Controller interface: choose the draft length K before each speculation step.
+
+Like transformers' ``CandidateGenerator.update_candidate_strategy``, a controller only sees what happened (how
+many tokens were drafted and accepted, and how long it took) and decides the next K; K = 0 means a plain
+autoregressive step. Controllers know nothing about drafters.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from adaspec.drafters.base import DraftStop
+from adaspec.stats import StepRecord
+
+
+class Controller(ABC):
+    """Chooses K each step. Subclasses hold their own (small) state; ``reset`` starts a new request."""
+
+    name: str = "controller"
+
+    @abstractmethod
+    def next_k(self) -> int:
+        """Draft length for the next step (0 = plain decoding). The engine clamps it to the tokens left."""
+
+    def update(self, step: StepRecord) -> None:
+        """Feedback after each step (plain steps included)."""
+
+    def draft_stop(self) -> DraftStop | None:
+        """Optional rule that ends a draft early within a step (None = always draft the full K)."""
+        return None
+
+    def reset(self) -> None:
+        """Forget per-request state (called at the start of each request)."""

@@ -1,0 +1,7 @@
+"""Drafters: one module each (draft model, n-gram prompt lookup)."""
+
+from adaspec.drafters.base import Draft, Drafter, DraftStop
+from adaspec.drafters.model import ModelDrafter
+from adaspec.drafters.ngram import NgramDrafter
+
+__all__ = ["Draft", "Drafter", "DraftStop", "ModelDrafter", "NgramDrafter"]

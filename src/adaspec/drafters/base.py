@@ -1,0 +1,55 @@
+"""The Drafter interface: propose up to K next tokens for a sequence."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from adaspec.sampling import SamplingParams
+
+DraftStop = Callable[[int, torch.Tensor, int], bool]
+"""``stop(position, probs, token) -> bool``, asked after each drafted token (position 0 = first draft token):
+``probs`` is the draft's ``[V]`` float32 distribution at that position (softmax of the raw logits in greedy mode,
+the sampling distribution q otherwise) and ``token`` the id it proposed. True ends the draft after this token."""
+
+
+@dataclass
+class Draft:
+    """Proposed tokens.
+
+    Attributes:
+        tokens: ``[K']`` int64 proposed ids, K' <= K (may be empty).
+        probs: ``[K', V]`` float32 distributions q the tokens were sampled from (sampling mode, model drafters), or
+            None when the proposal is deterministic given the sequence (greedy mode, n-gram lookup).
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def empty_draft() -> Draft:
+    return Draft(torch.empty(0, dtype=torch.long))
+
+
+class Drafter(ABC):
+    """Proposes continuations; knows nothing about the target, the verifier or the controller."""
+
+    name: str = "drafter"
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        """Start a new sequence with ``prompt_ids`` (called once per request, before any ``propose``)."""
+
+    @abstractmethod
+    def propose(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
+                stop: DraftStop | None = None) -> Draft:
+        """Propose up to ``k`` tokens to follow ``ids`` (the whole sequence so far: prompt + output).
+
+        ``ids`` only ever grows by appending within a request, except that tokens this drafter proposed and the
+        verifier rejected never appear; drafters with caches reconcile against it.
+        """

@@ -1,0 +1,70 @@
+"""Draft-model drafter: a smaller causal LM with its own KV cache proposes K tokens autoregressively."""
+
+from __future__ import annotations
+
+import torch
+
+from adaspec.backends.base import Backend
+from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
+from adaspec.sampling import SamplingParams, logits_to_probs, sample
+
+
+class ModelDrafter(Drafter):
+    """Drafts with a model behind any :class:`Backend` (Leviathan et al. 2023's approximation model M_q).
+
+    The draft cache holds a prefix of the sequence plus the drafts it fed itself. Before each proposal the cache is
+    rolled back to the longest prefix shared with the engine's sequence (rejected drafts disappear) and the missing
+    tokens (usually the correction or bonus token, plus the last accepted draft) are fed in one forward.
+    Drafting K tokens costs K forwards; the last drafted token is never fed (the next call feeds it if accepted).
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name = backend.name
+        self._cached: list[int] = []  # token ids whose KV is in the backend's cache
+        self._stable = 0  # prefix length of _cached known to equal the engine's sequence
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        self.backend.reset()
+        # Keep the last prompt token out of the cache so the first proposal has a token to run.
+        if len(prompt_ids) > 1:
+            self.backend.forward(prompt_ids[:-1], 1)
+        self._cached = list(prompt_ids[:-1])
+        self._stable = len(self._cached)
+
+    def _sync(self, ids: list[int]) -> list[int]:
+        """Roll the cache back to the prefix shared with ``ids``; return the tokens still to feed (never empty)."""
+        limit = min(len(self._cached), len(ids) - 1)  # always feed at least one token to get logits
+        n = min(self._stable, limit)
+        while n < limit and self._cached[n] == ids[n]:
+            n += 1
+        if n < len(self._cached):
+            self.backend.truncate(n)
+            del self._cached[n:]
+        return ids[n:]
+
+    def propose(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
+                stop: DraftStop | None = None) -> Draft:
+        if k <= 0:
+            return empty_draft()
+        pending = self._sync(ids)
+        logits = self.backend.forward(pending, 1)[-1]
+        self._cached.extend(pending)
+        self._stable = len(ids)  # the engine never rewrites ids, so this prefix stays valid
+        tokens: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            if sampling.greedy:
+                token = logits.argmax()
+                q = torch.softmax(logits.float(), -1) if stop is not None else None
+            else:
+                q = logits_to_probs(logits, sampling)
+                token = sample(q, generator)
+                probs.append(q)
+            tokens.append(token)
+            if i == k - 1 or (stop is not None and stop(i, q, int(token))):
+                break
+            tok = int(token)
+            logits = self.backend.forward([tok], 1)[-1]
+            self._cached.append(tok)
+        return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)

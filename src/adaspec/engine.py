@@ -1,0 +1,258 @@
+"""The engine loop: draft → verify (one target forward) → accept → roll back, repeated; K = 0 is plain decoding.
+
+Cache invariant (as in gpt-fast's ``speculative_decode``): between steps the target's KV cache holds every token of
+the sequence except the last one, which is "pending". A step runs the target once over ``[pending] + drafts`` (K + 1
+positions), verification keeps n accepted drafts plus one target token, and the target cache is cropped to the
+sequence length before the new tokens, so the new last token is pending again. No prefix is ever re-run. The draft
+model reconciles its own cache against the sequence (see :class:`~adaspec.drafters.model.ModelDrafter`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from adaspec.backends.base import Backend
+from adaspec.controllers.base import Controller
+from adaspec.controllers.fixed import FixedController
+from adaspec.drafters.base import Draft, Drafter, empty_draft
+from adaspec.errors import ConfigError, ContextLengthError
+from adaspec.sampling import SamplingParams, logits_to_probs, sample
+from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
+from adaspec.text import TextStream
+from adaspec.verify import verify_greedy, verify_sampling
+
+
+@dataclass
+class GenerationConfig:
+    """Per-request settings (names follow Hugging Face ``GenerationConfig`` / OpenAI).
+
+    Attributes:
+        max_new_tokens: upper bound on generated tokens (>= 1).
+        temperature, top_k, top_p: see :class:`~adaspec.sampling.SamplingParams`; temperature 0 = greedy.
+        seed: seeds the sampler (and nothing else); None draws a random seed.
+        stop: stop strings; the returned text ends before the first one.
+        eos_token_ids: ids that end generation (None = the engine's defaults from the tokenizer/model).
+        ignore_eos: keep going past EOS (benchmarks that need a fixed number of tokens).
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    eos_token_ids: Sequence[int] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        self.sampling  # validates temperature/top_k/top_p
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+
+@dataclass
+class GenerationResult:
+    """The output of one request.
+
+    Attributes:
+        token_ids: generated ids (an EOS token that ended generation is included).
+        text: decoded text without special tokens, cut before a stop string ("" without a tokenizer).
+        finish_reason: ``"stop"`` (EOS or stop string) or ``"length"`` (max_new_tokens or the context window).
+        stats: counters and timings.
+    """
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stats: GenerationStats
+
+
+@dataclass
+class StreamChunk:
+    """One streamed piece: the tokens a step emitted and the text that became final. The last chunk has
+    ``result`` set."""
+
+    token_ids: list[int]
+    text: str
+    result: GenerationResult | None = field(default=None)
+
+
+class SpeculativeEngine:
+    """Speculative decoding over one target backend, one drafter and one controller (batch size 1).
+
+    Args:
+        target: the target model's backend.
+        drafter: proposes tokens (None = plain decoding only).
+        controller: chooses K per step (default: fixed K = 0 without a drafter).
+        tokenizer: Hugging Face tokenizer, used for text, stop strings and default EOS ids (optional).
+        eos_token_ids: default EOS ids (default: the tokenizer's / model's).
+    """
+
+    def __init__(self, target: Backend, drafter: Drafter | None = None, controller: Controller | None = None,
+                 tokenizer=None, eos_token_ids: Sequence[int] | None = None) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.controller = controller or FixedController(0)
+        if drafter is None and not isinstance(self.controller, FixedController):
+            self.controller = FixedController(0)
+        if drafter is None and self.controller.next_k() != 0:
+            raise ConfigError("a draft length K > 0 needs a drafter")
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else default_eos_ids(tokenizer)
+
+    def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
+        """Generate a continuation of ``prompt_ids`` (list of int token ids); see :meth:`stream`."""
+        for chunk in self.stream(prompt_ids, config):
+            if chunk.result is not None:
+                return chunk.result
+        raise AssertionError("stream ended without a result")
+
+    def stream(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> Iterator[StreamChunk]:
+        """Generate, yielding a :class:`StreamChunk` per step; the last chunk carries the result.
+
+        Closing the iterator early stops generation (used by servers when a client disconnects).
+
+        Raises:
+            ContextLengthError: the prompt leaves no room for a new token in the target's context window.
+            ConfigError: invalid settings.
+        """
+        cfg = config or GenerationConfig()
+        params = cfg.sampling
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ConfigError("the prompt is empty")
+        if len(prompt) >= self.target.max_context:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt)} tokens but {self.target.name}'s context window is "
+                f"{self.target.max_context}; shorten the prompt to at most {self.target.max_context - 1} tokens")
+        eos = () if cfg.ignore_eos else tuple(cfg.eos_token_ids if cfg.eos_token_ids is not None
+                                              else self.eos_token_ids)
+        seed = cfg.seed if cfg.seed is not None else random.randrange(2**63)
+        generator = torch.Generator().manual_seed(seed)
+        text = TextStream(self.tokenizer, cfg.stop) if self.tokenizer is not None else None
+        stats = GenerationStats(prompt_tokens=len(prompt))
+        self.controller.reset()
+        stop_rule = self.controller.draft_stop()
+
+        start = time.perf_counter()
+        self.target.reset()
+        logits = self.target.forward(prompt, 1)
+        first = self._pick(logits[-1], params, generator)
+        self.target.synchronize()
+        stats.ttft_ms = stats.prefill_ms = (time.perf_counter() - start) * 1e3
+        new, finish = self._accept(prompt, [first], cfg, eos, text, 0)
+        ids = prompt + new
+        yield StreamChunk(new, text.delta() if text else "")
+        if self.drafter is not None and finish is None:
+            t = time.perf_counter()
+            self.drafter.prefill(prompt)
+            stats.prefill_ms += (time.perf_counter() - t) * 1e3
+
+        while finish is None:
+            step_start = time.perf_counter()
+            generated = len(ids) - len(prompt)
+            room = min(cfg.max_new_tokens - generated, self.target.max_context - len(ids) + 1)
+            if room <= 0:
+                new, finish = [], "length"
+                break
+            k = min(self.controller.next_k(), room - 1) if self.drafter is not None else 0
+            draft = (self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft())
+            draft_end = time.perf_counter()
+
+            n_accepted, token = self._verify(ids, draft, params, generator)
+            self.target.truncate(len(ids) + n_accepted)
+            self.target.synchronize()
+            verify_end = time.perf_counter()
+
+            new, finish = self._accept(ids, draft.tokens[:n_accepted].tolist() + [token], cfg, eos, text,
+                                       generated)
+            ids += new
+            step = StepRecord(k=k, drafted=len(draft), accepted=n_accepted, emitted=len(new),
+                              context_len=len(ids) - len(new),
+                              draft_ms=(draft_end - step_start) * 1e3, verify_ms=(verify_end - draft_end) * 1e3,
+                              total_ms=(time.perf_counter() - step_start) * 1e3,
+                              drafter=self.drafter.name if len(draft) else "")
+            stats.record(step)
+            self.controller.update(step)
+            if finish is None:
+                yield StreamChunk(new, text.delta() if text else "")
+            else:
+                break
+
+        stats.new_tokens = len(ids) - len(prompt)
+        stats.total_ms = (time.perf_counter() - start) * 1e3
+        stats.peak_rss_bytes = peak_rss_bytes()
+        tail = text.delta(final=True) if text else ""
+        result = GenerationResult(ids[len(prompt):], text.text if text else "", finish or "length", stats)
+        yield StreamChunk(new if stats.steps else [], tail, result)
+
+    # Pieces of a step ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+        if params.greedy:
+            return int(logits.argmax())
+        return int(sample(logits_to_probs(logits, params), generator))
+
+    def _verify(self, ids: list[int], draft: Draft, params: SamplingParams,
+                generator: torch.Generator) -> tuple[int, int]:
+        """One target forward over ``[pending] + draft`` and the accept/reject decision."""
+        k = len(draft)
+        logits = self.target.forward([ids[-1]] + draft.tokens.tolist(), k + 1)
+        if params.greedy:
+            return verify_greedy(draft.tokens, logits)
+        q = _fit_width(draft.probs, logits.shape[-1]) if draft.probs is not None else None
+        return verify_sampling(draft.tokens, q, logits_to_probs(logits, params), generator)
+
+    def _accept(self, ids: list[int], new: list[int], cfg: GenerationConfig, eos: tuple[int, ...],
+                text: TextStream | None, generated: int) -> tuple[list[int], str | None]:
+        """Cut ``new`` at EOS, max_new_tokens or a stop string; return (tokens to append, finish reason or None)."""
+        finish = None
+        for i, t in enumerate(new):
+            if t in eos:
+                new, finish = new[:i + 1], "stop"
+                break
+        if generated + len(new) >= cfg.max_new_tokens:
+            new = new[:cfg.max_new_tokens - generated]
+            finish = finish or "length"
+        if len(ids) + len(new) >= self.target.max_context:
+            finish = finish or "length"
+        if text is not None:
+            keep = text.push(new)
+            if keep < len(new) or text.stopped:
+                new, finish = new[:keep], "stop"
+        return new, finish
+
+    def warmup(self, prompt_ids: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8), steps: int = 3) -> None:
+        """Run a tiny greedy generation so one-time allocation costs stay out of measurements."""
+        self.generate(list(prompt_ids), GenerationConfig(max_new_tokens=steps, ignore_eos=True, seed=0))
+
+
+def _fit_width(probs: torch.Tensor, width: int) -> torch.Tensor:
+    """Pad (with zeros) or cut ``[K, V_draft]`` draft probabilities to the target's logits width."""
+    v = probs.shape[-1]
+    if v == width:
+        return probs
+    if v > width:
+        return probs[:, :width]
+    return torch.nn.functional.pad(probs, (0, width - v))
+
+
+def default_eos_ids(tokenizer) -> tuple[int, ...]:
+    """EOS ids from a Hugging Face tokenizer: ``eos_token_id`` plus the chat end-of-turn token if it has one."""
+    if tokenizer is None:
+        return ()
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    vocab = tokenizer.get_vocab()
+    for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
+        if name in vocab:
+            ids.add(vocab[name])
+    return tuple(sorted(ids))
