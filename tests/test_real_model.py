@@ -33,17 +33,23 @@ def lm():
     return load(MODEL, draft="ngram", dtype="float32", threads=2, progress=False)
 
 
-@pytest.mark.parametrize("drafter_spec", ["ngram", "layerskip:20"])
-@pytest.mark.parametrize("controller,k", [("fixed", 4), ("adaptive", None), ("heuristic", None)])
-def test_greedy_speculative_equals_plain_fp32(lm, drafter_spec, controller, k):
+CFG = GenerationConfig(max_new_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(lm):
+    return {p: lm.plain().generate(lm.encode(p), CFG) for p in PROMPTS}
+
+
+@pytest.mark.parametrize("drafter_spec,controller,k", [
+    ("ngram", "fixed", 4), ("ngram", "adaptive", None), ("layerskip:20", "fixed", 3),
+    ("layerskip:20", "heuristic", None)])
+def test_greedy_speculative_equals_plain_fp32(lm, plain_outputs, drafter_spec, controller, k):
     drafter = make_drafter(drafter_spec, lm.target, dtype="float32", progress=False)
     engine = SpeculativeEngine(lm.target.backend, drafter, make_controller(controller, k), tokenizer=lm.tokenizer)
-    cfg = GenerationConfig(max_new_tokens=48)
     drafted = 0
-    for prompt in PROMPTS:
-        ids = lm.encode(prompt)
-        plain = lm.plain().generate(ids, cfg)
-        spec = engine.generate(ids, cfg)
+    for prompt, plain in plain_outputs.items():
+        spec = engine.generate(lm.encode(prompt), CFG)
         assert spec.token_ids == plain.token_ids, prompt
         assert spec.text == plain.text
         drafted += spec.stats.draft_tokens
@@ -53,7 +59,7 @@ def test_greedy_speculative_equals_plain_fp32(lm, drafter_spec, controller, k):
 def test_layerskip_draft_is_accepted_sometimes(lm):
     drafter = make_drafter("layerskip:24", lm.target, dtype="float32", progress=False)
     engine = SpeculativeEngine(lm.target.backend, drafter, make_controller("fixed", 3), tokenizer=lm.tokenizer)
-    r = engine.generate(lm.encode(PROMPTS[0]), GenerationConfig(max_new_tokens=48))
+    r = engine.generate(lm.encode(PROMPTS[0]), CFG)
     assert r.stats.draft_tokens > 0
     assert 0.0 < r.stats.acceptance_rate <= 1.0
 
@@ -72,10 +78,10 @@ def test_prompt_longer_than_context_is_a_clear_error(lm):
 
 def test_cli_generate_json_compare(capsys):
     code = main(["generate", "Say hi.", "--target", MODEL, "--draft", "ngram", "--dtype", "float32",
-                 "--threads", "2", "--max-new-tokens", "24", "--compare", "--json"])
+                 "--threads", "2", "--max-new-tokens", "16", "--compare", "--json"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
-    assert 1 <= out["stats"]["new_tokens"] <= 24
+    assert 1 <= out["stats"]["new_tokens"] <= 16
     assert len(out["stats"]["k_trace"]) == out["stats"]["steps"]
     assert out["compare"]["identical"] is True
     assert out["compare"]["plain_new_tokens"] == out["stats"]["new_tokens"]

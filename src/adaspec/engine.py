@@ -50,6 +50,8 @@ class GenerationConfig:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str):  # OpenAI and HF accept one stop string as a plain str
+            self.stop = (self.stop,)
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         self.sampling  # validates temperature/top_k/top_p
@@ -138,6 +140,8 @@ class SpeculativeEngine:
                                               else self.eos_token_ids)
         seed = cfg.seed if cfg.seed is not None else random.randrange(2**63)
         generator = torch.Generator().manual_seed(seed)
+        if cfg.stop and self.tokenizer is None:
+            raise ConfigError("stop strings need a tokenizer (pass tokenizer= to SpeculativeEngine)")
         text = TextStream(self.tokenizer, cfg.stop) if self.tokenizer is not None else None
         stats = GenerationStats(prompt_tokens=len(prompt))
         self.controller.reset()
@@ -160,7 +164,7 @@ class SpeculativeEngine:
         while finish is None:
             step_start = time.perf_counter()
             generated = len(ids) - len(prompt)
-            room = min(cfg.max_new_tokens - generated, self.target.max_context - len(ids) + 1)
+            room = min(cfg.max_new_tokens - generated, self.target.max_context - len(ids))
             if room <= 0:
                 new, finish = [], "length"
                 break
