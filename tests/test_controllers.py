@@ -106,7 +106,7 @@ def test_adaptive_grows_to_k_max_under_sustained_full_acceptance():
     for _ in range(7):
         ctrl.update(full(ctrl))
         trace.append(ctrl.next_k())
-    assert trace == [5, 6, 7, 8, 8, 8, 8]
+    assert trace == [4, 4, 5, 6, 7, 8, 8]  # grows once the window (3 steps) shows it pays
 
 
 def test_adaptive_does_not_grow_on_a_cut_draft():
@@ -143,27 +143,49 @@ def _count_plain_steps(ctrl, limit: int = 1000) -> int:
     return n
 
 
-def test_adaptive_falls_back_when_goodput_is_below_plain_then_probes():
+def test_adaptive_halves_k_then_falls_back_when_goodput_is_below_plain_then_probes():
     ctrl = calibrated()
     # Fully accepted but slow: (K+1) tokens per 100 ms ≤ 9 / 100 < 1 / 10 ms plain.
-    for i in range(3):
+    for i in range(2):
         ctrl.update(full(ctrl, ms=100.0))
-        assert ctrl.next_k() > 0  # the window is not judged before min_window = 4 steps
+        assert ctrl.next_k() == 4  # not judged before min_window = 3 steps, and no growth without evidence
     ctrl.update(full(ctrl, ms=100.0))
-    assert ctrl.next_k() == 0
+    assert ctrl.next_k() == 2  # does not pay: halved
+    for expected in (1, 0):  # 2 → 1 (k_min) → back-off
+        for _ in range(3):
+            ctrl.update(full(ctrl, ms=100.0))
+        assert ctrl.next_k() == expected
     assert _count_plain_steps(ctrl) == 16  # exactly backoff_init plain steps
-    assert ctrl.next_k() == 8  # probes with the last K (it grew while everything was accepted)
+    assert ctrl.next_k() == 1  # probes with the last K
+
+
+def test_adaptive_shorter_draft_that_pays_is_kept():
+    ctrl = calibrated(k_init=4, k_max=8)
+
+    def cost(k):  # verification grows with K: K <= 3 pays (3/22, 4/37 tokens/ms), K = 4 does not (5/58)
+        return 10.0 + 3.0 * k * k
+
+    for _ in range(3):
+        ctrl.update(full(ctrl, ms=cost(4)))
+    assert ctrl.next_k() == 2
+    ks = []
+    for _ in range(40):
+        ks.append(ctrl.next_k())
+        ctrl.update(full(ctrl, ms=cost(ctrl.next_k())))
+    # stays speculating around the K that pays (the windowed goodput lags, so K may overshoot by a step or two)
+    assert 0 not in ks and max(ks) <= 6
+    assert sum(k + 1 for k in ks) / sum(cost(k) for k in ks) > 1 / PLAIN_MS
 
 
 def test_adaptive_backoff_doubles_after_failed_probes_and_resets_after_a_good_one():
-    ctrl = calibrated(backoff_init=3, backoff_max=10)
+    ctrl = calibrated(backoff_init=3, backoff_max=10, k_init=1, k_max=1)
 
     def bad_window():
-        for _ in range(4):
+        while ctrl.next_k() > 0:
             ctrl.update(full(ctrl, ms=200.0))
 
     def good_window():
-        for _ in range(4):
+        for _ in range(3):
             ctrl.update(full(ctrl, ms=5.0))
 
     bad_window()
@@ -182,7 +204,7 @@ def test_adaptive_backoff_doubles_after_failed_probes_and_resets_after_a_good_on
 
 def test_adaptive_falls_back_when_alpha_is_below_the_floor_even_if_fast():
     ctrl = calibrated()
-    for _ in range(4):  # nothing accepted, but 1 token per 0.1 ms is much faster than plain
+    for _ in range(3):  # nothing accepted, but 1 token per 0.1 ms is much faster than plain
         ctrl.update(spec(ctrl.next_k(), 0, 0.1))
     assert ctrl.next_k() == 0
     assert _count_plain_steps(ctrl) == 16
@@ -204,29 +226,33 @@ def test_adaptive_min_gain_boundary():
                                verify_ms=10, total_ms=20.0))
     assert ctrl.next_k() > 0
     ctrl = calibrated(min_gain=1.5)
-    for _ in range(4):
+    for _ in range(3):
         ctrl.update(StepRecord(k=ctrl.next_k(), drafted=4, accepted=2, emitted=3, context_len=0, draft_ms=10,
                                verify_ms=10, total_ms=21.0))
-    assert ctrl.next_k() == 0
+    assert ctrl.next_k() == 2  # does not pay: K halves before any back-off
 
 
-def test_adaptive_reset_keeps_plain_timing_and_skips_calibration():
-    ctrl = calibrated()
-    for _ in range(4):
+def test_adaptive_reset_keeps_what_it_learnt_about_the_hardware():
+    ctrl = calibrated(k_init=1, k_max=1)
+    for _ in range(3):
         ctrl.update(full(ctrl, ms=100.0))
     assert ctrl.next_k() == 0
     ctrl.reset()
     assert ctrl.plain_ms == PLAIN_MS
-    assert ctrl.next_k() == 4  # back to k_init, no calibration, no back-off
-    assert len(ctrl.window) == 0
+    assert ctrl.next_k() == 0  # the back-off carries over to the next request
+    assert _count_plain_steps(ctrl) == 16
+    assert ctrl.next_k() == 1 and len(ctrl.window) == 0
+    warm = calibrated()
+    warm.reset()
+    assert warm.next_k() == 4  # no calibration once plain timing is known
     fresh = AdaptiveController()
     fresh.reset()
     assert fresh.next_k() == 0  # never measured plain: calibrates
 
 
 def test_adaptive_plain_ms_ema_outside_calibration():
-    ctrl = calibrated()
-    for _ in range(4):
+    ctrl = calibrated(k_init=1, k_max=1)
+    for _ in range(3):
         ctrl.update(full(ctrl, ms=100.0))
     ctrl.update(plain(20.0))  # during back-off: EMA 0.8 * 10 + 0.2 * 20
     assert ctrl.plain_ms == pytest.approx(12.0)

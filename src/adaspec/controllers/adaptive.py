@@ -4,16 +4,20 @@ off when it stops paying.
 Decisions, after each step:
 
 1. **K from acceptance.** Over the last ``window`` speculation steps, α_w = accepted / drafted. A step whose whole
-   draft of K tokens was accepted while α_w >= ``grow_threshold`` lengthens K by one; α_w < ``shrink_threshold``
-   shortens it by one; K stays in [k_min, k_max]. (The same idea as transformers' heuristic schedule, but judged
+   draft of K tokens was accepted while α_w >= ``grow_threshold`` (and the window pays, see 2) lengthens K by one;
+   α_w < ``shrink_threshold`` shortens it by one; K stays in [k_min, k_max]. (The same idea as transformers' heuristic schedule, but judged
    over a window so one lucky or unlucky step does not swing K.)
-2. **Fall back when it does not pay.** Plain steps measure the cost of one target step, t_plain (the first
-   ``calibration_steps`` steps of a request are plain, which costs nothing: they emit a token each at plain
-   speed). Once the window holds ``min_window`` steps, speculation must deliver at least ``min_gain`` times plain
-   goodput: Σ emitted / Σ step time >= min_gain / t_plain, and α_w >= ``alpha_floor``. Otherwise the controller
-   switches to K = 0 for ``backoff`` steps.
-3. **Probe again.** After the back-off it speculates again with the last K; a failed probe doubles the back-off
-   (up to ``backoff_max``), a successful one resets it. This is how it comes back when the text turns predictable.
+2. **Shorten, then fall back, when it does not pay.** Plain steps measure the cost of one target step, t_plain
+   (the first ``calibration_steps`` steps are plain, which costs nothing: they emit a token each at plain speed).
+   Once the window holds ``min_window`` steps, speculation must deliver at least ``min_gain`` times plain goodput:
+   Σ emitted / Σ step time >= min_gain / t_plain. If it does not, K is halved (a shorter draft may still pay where
+   verifying many tokens is compute-bound) and K will not grow back past the K that failed until the next
+   back-off; at K = k_min, or when α_w < ``alpha_floor``, the controller switches
+   to K = 0 for ``backoff`` steps.
+3. **Probe again.** After the back-off it speculates again; a failed probe doubles the back-off (up to
+   ``backoff_max``), a successful one resets it. This is how it comes back when the text turns predictable.
+   What it learnt about the hardware (t_plain, K, the back-off) carries over to the next request; only the
+   acceptance window starts afresh.
 4. **Confidence stop within a step.** Drafting stops after a token whose draft probability is below
    ``confidence_threshold`` (transformers' ``assistant_confidence_threshold``, default 0.4 there too).
 """
@@ -39,7 +43,7 @@ class AdaptiveConfig:
     k_min: int = 1
     k_max: int = 8
     window: int = 8
-    min_window: int = 4
+    min_window: int = 3
     grow_threshold: float = 0.8
     shrink_threshold: float = 0.5
     alpha_floor: float = 0.2
@@ -74,12 +78,15 @@ class AdaptiveController(Controller):
         self.reset()
 
     def reset(self) -> None:
+        """New request: a fresh acceptance window; K, t_plain and the back-off state carry over."""
         c = self.config
-        self.k = c.k_init
+        if not hasattr(self, "k"):
+            self.k = c.k_init
+            self.backoff = c.backoff_init
+            self.plain_left = 0  # plain steps left in the current back-off
+            self.k_ceiling = c.k_max  # largest K not yet seen failing to pay
         self.window: deque[StepRecord] = deque(maxlen=c.window)
         self.calibrating = c.calibration_steps if self.plain_ms is None else 0
-        self.backoff = c.backoff_init
-        self.plain_left = 0  # plain steps left in the current back-off
 
     # Decisions --------------------------------------------------------------------------------------------
     def next_k(self) -> int:
@@ -107,17 +114,22 @@ class AdaptiveController(Controller):
             return
         self.window.append(step)
         alpha = self.window_alpha
-        if step.accepted == step.drafted == step.k and alpha >= c.grow_threshold:
-            self.k = min(self.k + 1, c.k_max)
-        elif alpha < c.shrink_threshold:
+        if alpha < c.shrink_threshold:
             self.k = max(self.k - 1, c.k_min)
-        if len(self.window) >= c.min_window:
-            if self._pays(alpha):
-                self.backoff = c.backoff_init
-            else:
-                self.plain_left = self.backoff
-                self.backoff = min(2 * self.backoff, c.backoff_max)
-                self.window.clear()
+        if len(self.window) < c.min_window:
+            return  # judge cost only on evidence
+        if self._pays(alpha):
+            self.backoff = c.backoff_init
+            if step.accepted == step.drafted == step.k and alpha >= c.grow_threshold:
+                self.k = min(self.k + 1, c.k_max, self.k_ceiling)
+        elif self.k > c.k_min and alpha >= c.alpha_floor:
+            self.k_ceiling = self.k - 1  # this K did not pay: do not grow back into it
+            self.k = max(c.k_min, self.k // 2)  # a shorter draft may still pay; measure it afresh
+            self.window.clear()
+        else:
+            self.plain_left = self.backoff
+            self.backoff = min(2 * self.backoff, c.backoff_max)
+            self.window.clear()
 
     def _update_plain(self, step: StepRecord) -> None:
         ms = step.total_ms
@@ -127,6 +139,8 @@ class AdaptiveController(Controller):
             self.calibrating -= 1
         elif self.plain_left:
             self.plain_left -= 1
+            if not self.plain_left:
+                self.k_ceiling = self.config.k_max  # conditions may have changed: explore again
 
     def _pays(self, alpha: float) -> bool:
         if alpha < self.config.alpha_floor:
