@@ -7,7 +7,9 @@
 
 Model specs accepted for ``target`` and ``draft``: a zoo name (``adaspec models list``), a local ``.gguf`` file, a
 local Hugging Face folder, or a Hugging Face hub id. ``draft`` also accepts ``"ngram"`` (prompt lookup),
-``"layerskip:N"`` (the target's first N layers, sharing its weights) and ``"none"`` (plain decoding).
+``"layerskip:N"`` (the target's first N layers, sharing its weights), ``"A+B"`` (several drafters, one chosen per
+step: :class:`~adaspec.drafters.multi.MultiDrafter`), ``"hybrid"`` (= ``ngram+`` the default draft model) and
+``"none"`` (plain decoding).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from adaspec.backends.torch_backend import TorchBackend, load_causal_lm, truncat
 from adaspec.controllers import make_controller
 from adaspec.controllers.base import Controller
 from adaspec.drafters import Drafter, ModelDrafter, NgramDrafter
+from adaspec.drafters.multi import MultiDrafter
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
 from adaspec.errors import ConfigError
 from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_tokenizers_compatible, resolve
@@ -60,8 +63,10 @@ def load_model(spec: str, *, dtype: str = "bfloat16", device: str = "cpu", progr
 
 
 def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str = "bfloat16", device: str = "cpu",
-                 progress: bool = True) -> Drafter | None:
+                 progress: bool = True, reuse: dict[str, Drafter] | None = None) -> Drafter | None:
     """Build the drafter named by ``spec`` for ``target`` (see the module docstring for the forms).
+
+    ``reuse`` maps specs to drafters already built; the parts of an ``A+B`` spec found there are shared.
 
     Raises:
         TokenizerMismatchError: a draft model whose tokenizer disagrees with the target's.
@@ -69,6 +74,17 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str = "bfloat1
     """
     if spec is None or spec.lower() == "none":
         return None
+    if spec.lower() == "hybrid":
+        spec = f"ngram+{DEFAULT_DRAFT}"
+    if "+" in spec:  # several drafters, one chosen per step (n-gram lookup of >= 2 tokens when it matches)
+        parts = {}
+        for part in spec.split("+"):
+            d = (NgramDrafter(max_ngram=4, min_ngram=2) if part.lower() == "ngram" else (reuse or {}).get(part)
+                 or make_drafter(part, target, dtype=dtype, device=device, progress=progress))
+            if d is None:
+                raise ConfigError(f"drafter {spec!r}: {part!r} is not a drafter")
+            parts[d.name] = d
+        return MultiDrafter(parts)
     if spec.lower() == "ngram":
         return NgramDrafter()
     if spec.lower().startswith("layerskip:"):

@@ -54,16 +54,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmp = sub.add_parser("compare", help="compare decoding methods on workloads (interleaved, resumable)")
     _add_model_args(cmp)
-    cmp.add_argument("--methods", default="plain,adaptive,fixed:2,fixed:4,fixed:8",
-                     help="comma-separated methods: plain, fixed:K, adaptive, heuristic, DRAFTER/CONTROLLER[:K]")
-    cmp.add_argument("--workloads", default="humaneval",
-                     help="comma-separated: humaneval, gsm8k, specbench, specbench:<category>, or JSONL paths")
-    cmp.add_argument("--limit", type=int, default=10, help="prompts per workload (per category for specbench)")
-    cmp.add_argument("--max-new-tokens", type=int, default=128)
-    cmp.add_argument("--temperatures", default="0", help="comma-separated, e.g. 0,1.0")
+    preset = cmp.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_const", const="quick", dest="preset",
+                        help="every category at T = 0 and 1, 1 prompt, 48 tokens, main methods (~15 min, 2 cores)")
+    preset.add_argument("--full", action="store_const", const="full", dest="preset",
+                        help="every category at T = 0 and 1, 10 prompts, 128 tokens, every method (hours)")
+    cmp.add_argument("--methods", default=None,
+                     help="comma-separated methods: plain, fixed:K, CONTROLLER[:K], DRAFTER/CONTROLLER[:K], "
+                          "hybrid/CONTROLLER, hf:constant[:K], hf:heuristic, hf:dynamic, hf:pld "
+                          "(default: plain,adaptive,fixed:2,fixed:4,fixed:8)")
+    cmp.add_argument("--workloads", default=None,
+                     help="comma-separated: humaneval, gsm8k, specbench, specbench:<category>, or JSONL paths "
+                          "(default: humaneval)")
+    cmp.add_argument("--limit", type=int, default=None,
+                     help="prompts per workload (per category for specbench; default 10)")
+    cmp.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
+    cmp.add_argument("--temperatures", default=None, help="comma-separated, e.g. 0,1.0 (default 0)")
     cmp.add_argument("--seed", type=int, default=0)
     cmp.add_argument("--out", default="results/compare.jsonl", help="results file (appended; reruns resume)")
     cmp.add_argument("--report", default=None, help="also write the Markdown summary here")
+    cmp.add_argument("--time-limit", type=float, default=None, metavar="MIN",
+                     help="start no new prompt after MIN minutes (rerun to continue)")
+    cmp.add_argument("--default-method", default=None,
+                     help="the method the target check is about (default: adaspec's default configuration)")
     cmp.set_defaults(func=cmd_compare)
 
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server with speculative-decoding metrics")
@@ -140,13 +153,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from adaspec.compare import markdown_report, read_results, run_compare
+    from adaspec.compare import DEFAULT_METHOD, PRESETS, markdown_report, read_results, run_compare
 
-    out = run_compare(target=args.target, draft=args.draft, methods=args.methods.split(","),
-                      workloads=args.workloads.split(","), limit=args.limit, max_new_tokens=args.max_new_tokens,
-                      temperatures=[float(t) for t in args.temperatures.split(",")], out=Path(args.out),
-                      dtype=args.dtype, threads=args.threads, seed=args.seed)
-    report = markdown_report(read_results(out))
+    preset = PRESETS.get(args.preset, {})
+
+    def pick(value, key, legacy):
+        return value.split(",") if isinstance(value, str) else value if value is not None else preset.get(key, legacy)
+
+    out = run_compare(target=args.target, draft=args.draft,
+                      methods=pick(args.methods, "methods", ["plain", "adaptive", "fixed:2", "fixed:4", "fixed:8"]),
+                      workloads=pick(args.workloads, "workloads", ["humaneval"]),
+                      limit=pick(args.limit, "limit", 10),
+                      max_new_tokens=pick(args.max_new_tokens, "max_new_tokens", 128),
+                      temperatures=[float(t) for t in pick(args.temperatures, "temperatures", [0.0])],
+                      out=Path(args.out), dtype=args.dtype, threads=args.threads, seed=args.seed,
+                      time_limit_s=args.time_limit * 60 if args.time_limit else None)
+    report = markdown_report(read_results(out), args.default_method or DEFAULT_METHOD)
     print(report)
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +197,7 @@ def _add_bench_parsers(sub) -> None:
     bench.add_argument("--threads", default=None, help="comma-separated thread counts (overrides bench.threads)")
     bench.add_argument("--out", default="results/bench.jsonl", help="results file (appended; reruns resume)")
     bench.add_argument("--time-limit", type=float, default=None, metavar="MIN",
-                       help="stop starting new groups after MIN minutes (rerun to continue)")
+                       help="start no new point after MIN minutes (rerun to continue)")
     bench.add_argument("--dry-run", action="store_true", help="print the points and exit")
     bench.set_defaults(func=cmd_bench)
 
@@ -185,6 +207,9 @@ def _add_bench_parsers(sub) -> None:
     mp.add_argument("--img-dir", default=None, help="folder for the PNGs (default: img/ beside the report)")
     mp.add_argument("--html", default=None, help="also write an HTML version here")
     mp.add_argument("--title", default="Where speculative decoding pays on this machine")
+    mp.add_argument("--command", action="append", default=[], metavar="CMD",
+                    help="the bench command that produced the results, for the report (repeatable; default: the "
+                         "command lines recorded in the results)")
     mp.set_defaults(func=cmd_map)
 
     prof = sub.add_parser("profile", help="measure a workload sample and advise whether and how to speculate")
@@ -239,10 +264,11 @@ def cmd_map(args: argparse.Namespace) -> int:
 
     out = make_report([Path(r) for r in args.results], Path(args.report),
                       img_dir=Path(args.img_dir) if args.img_dir else None,
-                      html=Path(args.html) if args.html else None, title=args.title,
+                      html=Path(args.html) if args.html else None, title=args.title, commands=args.command,
                       map_command=" ".join(["adaspec", "map", *args.results, "--report", args.report]
                                            + (["--img-dir", args.img_dir] if args.img_dir else [])
-                                           + (["--html", args.html] if args.html else [])))
+                                           + (["--html", args.html] if args.html else [])
+                                           + [f"--command '{c}'" for c in args.command]))
     print(f"wrote {out['report']}" + "".join(f"\n  {p}" for figs in out["figures"].values() for p in figs.values()))
     return 0
 

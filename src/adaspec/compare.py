@@ -7,13 +7,20 @@ continues where it stopped. The Markdown summary reports, per workload category 
 new tokens / total wall time), speedup vs plain decoding, α, τ, the fraction of outputs identical to plain decoding,
 and where the time went.
 
-Method syntax: ``plain`` | ``fixed:K`` | ``adaptive`` | ``heuristic`` (with the default drafter), or
-``DRAFTER/CONTROLLER[:K]`` with any drafter spec of :func:`adaspec.api.make_drafter`, e.g. ``ngram/fixed:4``.
+Method syntax: ``plain`` | ``fixed:K`` | ``CONTROLLER[:K]`` (any of :data:`adaspec.controllers.CONTROLLERS`, with
+the default drafter), or ``DRAFTER/CONTROLLER[:K]`` with any drafter spec of :func:`adaspec.api.make_drafter`, e.g.
+``ngram/fixed:4``; ``hybrid/...`` is n-gram lookup plus the default draft model, chosen per step. ``hf:KIND[:K]``
+runs a Hugging Face transformers peer on the same models (:mod:`adaspec.peers`).
+
+The report adds, per category and temperature, the **oracle** (the best fixed K in hindsight, default drafter) and
+a target check: the default method's tokens/s against the oracle, plain decoding and the best transformers
+assisted-generation peer, plus the Spec-Bench average over its categories.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +28,27 @@ from pathlib import Path
 from adaspec.controllers import CONTROLLERS, make_controller
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
+from adaspec.peers import parse_peer
+
+DEFAULT_METHOD = "hybrid/goodput"
+"""What ``adaspec generate`` does by default (the method the target check is about)."""
+
+FIXED_KS = (1, 2, 3, 4, 6, 8)
+CONTROLLER_METHODS = ("goodput", "hybrid/goodput", "adaptive", "heuristic", "confidence", "entropy", "bandit",
+                      "hybrid/bandit", "hybrid/fixed:4")
+PEER_METHODS = ("hf:constant:4", "hf:heuristic", "hf:dynamic", "hf:pld")
+SPECBENCH = "specbench"
+
+PRESETS = {
+    # About 15 minutes on 2 CPU cores with the default pair: one prompt per category, short outputs, the fixed K
+    # that can be the oracle with a costly drafter, the main controllers and the transformers peers.
+    "quick": dict(workloads=["humaneval", "gsm8k", SPECBENCH], limit=1, max_new_tokens=48, temperatures=[0.0, 1.0],
+                  methods=["plain", "fixed:1", "fixed:2", "fixed:3", "fixed:4", "goodput", "hybrid/goodput",
+                           "adaptive", "hf:dynamic", "hf:heuristic", "hf:pld"]),
+    # Hours: every method of the issue, 10 prompts per category, 128 tokens, greedy and sampling.
+    "full": dict(workloads=["humaneval", "gsm8k", SPECBENCH], limit=10, max_new_tokens=128, temperatures=[0.0, 1.0],
+                 methods=["plain", *(f"fixed:{k}" for k in FIXED_KS), *CONTROLLER_METHODS, *PEER_METHODS]),
+}
 
 
 @dataclass(frozen=True)
@@ -34,9 +62,15 @@ class Method:
 
 
 def parse_method(text: str, default_draft: str) -> Method:
-    """Parse a method string (see module docstring). Raises ConfigError on a malformed one."""
+    """Parse a method string (see module docstring). Raises ConfigError on a malformed one.
+
+    A transformers peer is ``Method(label, draft model spec or None for prompt lookup, "hf", K)``.
+    """
     if text == "plain":
         return Method("plain", None, "fixed", 0)
+    peer = parse_peer(text)
+    if peer is not None:
+        return Method(text, default_draft if peer.needs_draft_model else None, "hf", peer.k)
     drafter, _, rest = text.rpartition("/")
     name, _, k = rest.partition(":")
     if name not in CONTROLLERS:
@@ -48,6 +82,8 @@ def parse_method(text: str, default_draft: str) -> Method:
     if name == "fixed" and k_value is None:
         raise ConfigError(f"bad method {text!r}: use fixed:K")
     make_controller(name, k_value)  # validates K
+    if drafter == "hybrid":
+        drafter = f"ngram+{default_draft}"
     return Method(text, drafter or default_draft, name, k_value)
 
 
@@ -71,8 +107,13 @@ def read_results(path: Path) -> list[dict]:
 
 def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[str], limit: int | None,
                 max_new_tokens: int, temperatures: list[float], out: Path, dtype: str = "bfloat16",
-                threads: int | None = None, seed: int = 0, progress: bool = True) -> Path:
-    """Run the comparison and append rows to ``out`` (JSONL); returns ``out``. See the module docstring."""
+                threads: int | None = None, seed: int = 0, progress: bool = True,
+                time_limit_s: float | None = None) -> Path:
+    """Run the comparison and append rows to ``out`` (JSONL); returns ``out``. See the module docstring.
+
+    Prompts are taken round-robin across categories (prompt 1 of every category, then prompt 2, ...), so a run
+    stopped early (``time_limit_s``: start no new prompt after that many seconds; or killed) covers every category.
+    """
     from tqdm import tqdm
 
     from adaspec.api import SpeculativeLM, load_model, make_drafter, set_threads
@@ -81,7 +122,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     parsed = [parse_method(m, draft) for m in methods]
     if not any(m.label == "plain" for m in parsed):
         parsed.insert(0, Method("plain", None, "fixed", 0))
-    prompts = [(w, p) for w in workloads for p in load_workload(w, limit)]
+    prompts = _round_robin([(w, p) for w in workloads for p in load_workload(w, limit)])
     set_threads(threads)
     done = {result_key(r) for r in read_results(out)}
     todo = [(w, p, t) for w, p in prompts for t in temperatures
@@ -90,44 +131,88 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
         return out
 
     tgt = load_model(target, dtype=dtype, progress=progress)
-    drafters = {spec: make_drafter(spec, tgt, dtype=dtype, progress=progress)
-                for spec in {m.drafter for m in parsed if m.drafter}}
+    drafters: dict = {}
+    specs = {m.drafter for m in parsed if m.drafter and m.controller != "hf"}
+    for spec in sorted(specs, key=lambda x: "+" in x):  # single drafters first: composites share them
+        drafters[spec] = make_drafter(spec, tgt, dtype=dtype, progress=progress, reuse=drafters)
     lm = SpeculativeLM(tgt, None, make_controller("fixed", 0))
 
     def engine(m: Method) -> SpeculativeEngine:
         drafter = drafters[m.drafter] if m.drafter else None
         return SpeculativeEngine(tgt.backend, drafter, make_controller(m.controller, m.k), tokenizer=tgt.tokenizer)
 
-    engines = {m.label: engine(m) for m in parsed}
-    for e in engines.values():
-        e.warmup()
+    runners = {m.label: engine(m) for m in parsed if m.controller != "hf"}
+    runners.update(_peer_runners([m for m in parsed if m.controller == "hf"], tgt, drafters, runners["plain"],
+                                 dtype=dtype, progress=progress))
+    for r in runners.values():
+        r.warmup()
     out.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(todo) * len(parsed), desc="compare", unit="run", disable=not progress)
+    start = time.monotonic()
     with open(out, "a", encoding="utf-8") as f:
         for i, (workload, prompt, temp) in enumerate(todo):
+            if time_limit_s is not None and time.monotonic() - start > time_limit_s:
+                break
             ids = lm.encode(prompt.text)
             order = parsed[i % len(parsed):] + parsed[:i % len(parsed)]
             for m in order:
                 bar.update(1)
                 if (workload, prompt.id, m.label, temp) in done:
                     continue
-                cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temp, seed=seed)
-                r = engines[m.label].generate(ids, cfg)
+                runner = runners[m.label]
+                if m.controller == "hf":
+                    result = runner.generate(ids, max_new_tokens=max_new_tokens, temperature=temp, seed=seed)
+                else:
+                    cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temp, seed=seed)
+                    r = runner.generate(ids, cfg)
+                    result = {"finish_reason": r.finish_reason, "token_ids": r.token_ids, **r.stats.summary()}
                 row = {"workload": workload, "category": prompt.category, "prompt_id": prompt.id,
                        "method": m.label, "temperature": temp, "target": tgt.name, "drafter": m.drafter,
-                       "controller": m.controller, "k": m.k, "dtype": dtype, "threads": threads,
-                       "finish_reason": r.finish_reason, "token_ids": r.token_ids, **r.stats.summary()}
+                       "controller": m.controller, "k": m.k, "dtype": dtype, "threads": threads, **result}
                 f.write(json.dumps(row) + "\n")
                 f.flush()
     bar.close()
     return out
 
 
+def _round_robin(prompts: list[tuple]) -> list[tuple]:
+    """Reorder (workload, prompt) pairs: the first prompt of every category, then every second one, ..."""
+    groups: dict[tuple[str, str], list[tuple]] = {}
+    for w, p in prompts:
+        groups.setdefault((w, p.category), []).append((w, p))
+    longest = max((len(g) for g in groups.values()), default=0)
+    return [g[i] for i in range(longest) for g in groups.values() if i < len(g)]
+
+
+def _peer_runners(methods: list[Method], tgt, drafters: dict, plain: SpeculativeEngine, *, dtype: str,
+                  progress: bool) -> dict:
+    """A :class:`~adaspec.peers.PeerRunner` per transformers peer, on the very model objects adaspec runs (the
+    draft model is shared with a loaded ModelDrafter when there is one)."""
+    from adaspec.api import load_model
+    from adaspec.drafters import ModelDrafter, MultiDrafter
+    from adaspec.peers import PeerRunner
+
+    def draft_model(spec: str):
+        for d in drafters.values():
+            subs = d.drafters.values() if isinstance(d, MultiDrafter) else [d]
+            for sub in subs:
+                if isinstance(sub, ModelDrafter) and spec in (sub.name, sub.backend.name):
+                    return sub.backend.model
+        return load_model(spec, dtype=dtype, progress=progress).backend.model
+
+    runners = {}
+    for m in methods:
+        peer = parse_peer(m.label)
+        runners[m.label] = PeerRunner(peer, tgt.backend.model, draft_model(m.drafter) if m.drafter else None,
+                                      eos_token_ids=plain.eos_token_ids, pad_token_id=tgt.tokenizer.pad_token_id)
+    return runners
+
+
 def summarize(rows: list[dict]) -> dict[tuple[str, float], dict[str, dict]]:
     """Aggregate rows per (category, temperature) and method into tokens/s, speedup, α, τ, identity and time split.
 
     Only prompts that every method of the group has finished are counted, so partial results compare like with
-    like.
+    like. Values a method does not report (a transformers peer's α, τ and time split) are None.
     """
     groups: dict[tuple[str, float], list[dict]] = defaultdict(list)
     for r in rows:
@@ -145,17 +230,19 @@ def summarize(rows: list[dict]) -> dict[tuple[str, float], dict[str, dict]]:
             if not rs:
                 continue
             total_ms = sum(r["total_ms"] for r in rs)
-            drafted = sum(r["draft_tokens"] for r in rs)
-            spec_steps = sum(r["speculation_steps"] for r in rs)
-            accepted = sum(r["accepted_tokens"] for r in rs)
+            counted = all(r.get("draft_tokens") is not None for r in rs)
+            drafted = sum(r["draft_tokens"] for r in rs) if counted else 0
+            spec_steps = sum(r["speculation_steps"] for r in rs) if counted else 0
+            accepted = sum(r["accepted_tokens"] for r in rs) if counted else 0
             same = [ms[m]["token_ids"] == ms["plain"]["token_ids"] for ms in complete.values() if "plain" in ms]
             stats[m] = {
                 "prompts": len(rs),
                 "tokens_per_s": sum(r["new_tokens"] for r in rs) / (total_ms / 1e3),
-                "alpha": accepted / drafted if drafted else 0.0,
-                "tau": (accepted + spec_steps) / spec_steps if spec_steps else 0.0,
+                "alpha": (accepted / drafted if drafted else 0.0) if counted else None,
+                "tau": ((accepted + spec_steps) / spec_steps if spec_steps else 0.0) if counted else None,
                 "identical": sum(same) / len(same) if same else float("nan"),
-                **{f"{part}_share": sum(r[f"{part}_ms"] for r in rs) / total_ms
+                **{f"{part}_share": (sum(r[f"{part}_ms"] for r in rs) / total_ms
+                                     if all(r.get(f"{part}_ms") is not None for r in rs) else None)
                    for part in ("prefill", "draft", "verify", "other")},
             }
         if "plain" in stats:
@@ -165,18 +252,96 @@ def summarize(rows: list[dict]) -> dict[tuple[str, float], dict[str, dict]]:
     return table
 
 
-def markdown_report(rows: list[dict]) -> str:
-    """The summary as Markdown tables, one per (category, temperature)."""
+def oracle(stats: dict[str, dict]) -> str | None:
+    """The best fixed K > 0 (default drafter) of one group, in hindsight: its method label, or None."""
+    fixed = [m for m in stats if m.startswith("fixed:") and m[6:].isdigit() and int(m[6:]) > 0]
+    return max(fixed, key=lambda m: stats[m]["tokens_per_s"]) if fixed else None
+
+
+def best_peer(stats: dict[str, dict], *, lookup: bool = False) -> str | None:
+    """The fastest transformers assisted-generation peer of a group (``lookup``: prompt lookup instead)."""
+    peers = [m for m in stats if m.startswith("hf:") and (m.startswith("hf:pld") == lookup)]
+    return max(peers, key=lambda m: stats[m]["tokens_per_s"]) if peers else None
+
+
+def target_check(rows: list[dict], default_method: str = DEFAULT_METHOD) -> list[dict]:
+    """Per (category, temperature), and for the Spec-Bench average, the default method's ratios to the oracle,
+    to plain decoding and to the best transformers assisted-generation peer (None where a method is missing)."""
+    table = summarize(rows)
+    specbench = {r["category"] for r in rows if str(r.get("workload", "")).startswith(SPECBENCH)}
+    out = []
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    def tps(stats, m):
+        return stats[m]["tokens_per_s"] if m in stats else None
+
+    for (category, temp), stats in table.items():
+        o, hf = oracle(stats), best_peer(stats)
+        d = tps(stats, default_method)
+        out.append({"category": category, "temperature": temp, "prompts": stats.get("plain", {}).get("prompts"),
+                    "plain": tps(stats, "plain"), "oracle": o, "oracle_tps": tps(stats, o),
+                    "default": d, "vs_oracle": ratio(d, tps(stats, o)), "vs_plain": ratio(d, tps(stats, "plain")),
+                    "hf": hf, "hf_tps": tps(stats, hf), "vs_hf": ratio(d, tps(stats, hf)),
+                    "identical": stats[default_method]["identical"] if default_method in stats else None})
+    for temp in sorted({t for _, t in table}):
+        cats = [c for c, t in table if t == temp and c in specbench]
+        if not cats:
+            continue
+        groups = [table[(c, temp)] for c in cats]
+
+        def mean_speedup(pick):
+            values = [g[m]["speedup"] for g in groups if (m := pick(g)) and "speedup" in g.get(m, {})]
+            return sum(values) / len(values) if len(values) == len(groups) else None
+
+        d = mean_speedup(lambda g: default_method)
+        o = mean_speedup(oracle)
+        hf = mean_speedup(best_peer)
+        out.append({"category": f"Spec-Bench average ({len(cats)} categories, mean speedup)", "temperature": temp,
+                    "prompts": None, "plain": 1.0, "oracle": "per category", "oracle_tps": o, "default": d,
+                    "vs_oracle": ratio(d, o), "vs_plain": d, "hf": "best per category", "hf_tps": hf,
+                    "vs_hf": ratio(d, hf), "identical": None})
+    return out
+
+
+def _fmt(x, spec: str = ".2f", suffix: str = "") -> str:
+    return "—" if x is None or x != x else f"{x:{spec}}{suffix}"
+
+
+def markdown_report(rows: list[dict], default_method: str = DEFAULT_METHOD) -> str:
+    """The summary as Markdown: the target check (when the default method ran), then one table per (category,
+    temperature) with every method, the oracle marked."""
     lines = []
+    check = target_check(rows, default_method)
+    if any(c["default"] is not None for c in check):
+        lines += [f"## Target check: `{default_method}` against the oracle, plain decoding and transformers", "",
+                  "tokens/s (speedup for the Spec-Bench average rows). Oracle = best fixed K in hindsight per "
+                  "category; transformers = best assisted-generation peer.", "",
+                  "| category | T | plain | oracle | oracle tok/s | default tok/s | default / oracle | default / plain "
+                  "| transformers | its tok/s | default / transformers | identical |",
+                  "|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+        for c in check:
+            ident = "n/a" if c["temperature"] > 0 or c["identical"] is None else _fmt(100 * c["identical"], ".0f", "%")
+            lines.append(f"| {c['category']} | {c['temperature']:g} | {_fmt(c['plain'])} | {c['oracle'] or '—'} | "
+                         f"{_fmt(c['oracle_tps'])} | {_fmt(c['default'])} | {_fmt(c['vs_oracle'], '.3f')} | "
+                         f"{_fmt(c['vs_plain'], '.3f')} | {c['hf'] or '—'} | {_fmt(c['hf_tps'])} | "
+                         f"{_fmt(c['vs_hf'], '.3f')} | {ident} |")
+        lines.append("")
     for (category, temp), stats in summarize(rows).items():
         n = max((s["prompts"] for s in stats.values()), default=0)
+        best_fixed = oracle(stats)
         lines += [f"### {category}, temperature {temp:g} ({n} prompts)", "",
-                  "| method | tokens/s | speedup | α | τ | identical to plain | time: prefill / draft / verify / other |",
-                  "|---|---:|---:|---:|---:|---:|---|"]
+                  "| method | tokens/s | speedup | α | τ | identical to plain "
+                  "| time: prefill / draft / verify / other |", "|---|---:|---:|---:|---:|---:|---|"]
         for m, s in sorted(stats.items(), key=lambda kv: -kv[1]["tokens_per_s"]):
-            split = " / ".join(f"{100 * s[f'{p}_share']:.0f}%" for p in ("prefill", "draft", "verify", "other"))
+            shares = [s[f"{p}_share"] for p in ("prefill", "draft", "verify", "other")]
+            split = "n/a" if None in shares else " / ".join(f"{100 * x:.0f}%" for x in shares)
             ident = "n/a" if s["identical"] != s["identical"] or temp > 0 else f"{100 * s['identical']:.0f}%"
             lines.append(f"| {m} | {s['tokens_per_s']:.2f} | {s.get('speedup', float('nan')):.2f}x | "
-                         f"{s['alpha']:.3f} | {s['tau']:.2f} | {ident} | {split} |")
+                         f"{_fmt(s['alpha'], '.3f')} | {_fmt(s['tau'])} | {ident} | {split} |")
+        if best_fixed:
+            lines += ["", f"Oracle (best fixed K in hindsight): {best_fixed}, "
+                          f"{stats[best_fixed]['tokens_per_s']:.2f} tokens/s."]
         lines.append("")
     return "\n".join(lines)

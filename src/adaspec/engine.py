@@ -20,6 +20,7 @@ from adaspec.backends.base import Backend
 from adaspec.controllers.base import Controller
 from adaspec.controllers.fixed import FixedController
 from adaspec.drafters.base import Draft, Drafter, empty_draft
+from adaspec.drafters.multi import route
 from adaspec.errors import ConfigError, ContextLengthError
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
@@ -168,6 +169,7 @@ class SpeculativeEngine:
             if room <= 0:
                 new, finish = [], "length"
                 break
+            route(self.drafter, self.controller, ids)  # per-step drafter choice (MultiDrafter only)
             k = min(self.controller.next_k(), room - 1) if self.drafter is not None else 0
             draft = (self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft())
             draft_end = time.perf_counter()
@@ -184,7 +186,7 @@ class SpeculativeEngine:
                               context_len=len(ids) - len(new),
                               draft_ms=(draft_end - step_start) * 1e3, verify_ms=(verify_end - draft_end) * 1e3,
                               total_ms=(time.perf_counter() - step_start) * 1e3,
-                              drafter=self.drafter.name if len(draft) else "")
+                              drafter=(draft.source or self.drafter.name) if len(draft) else "")
             stats.record(step)
             self.controller.update(step)
             if finish is None:

@@ -1,7 +1,8 @@
-"""Drafters: one module each (draft model, n-gram prompt lookup)."""
+"""Drafters: one module each (draft model, n-gram prompt lookup, several with a per-step choice)."""
 
 from adaspec.drafters.base import Draft, Drafter, DraftStop
 from adaspec.drafters.model import ModelDrafter
+from adaspec.drafters.multi import MultiDrafter
 from adaspec.drafters.ngram import NgramDrafter
 
-__all__ = ["Draft", "Drafter", "DraftStop", "ModelDrafter", "NgramDrafter"]
+__all__ = ["Draft", "Drafter", "DraftStop", "ModelDrafter", "MultiDrafter", "NgramDrafter"]

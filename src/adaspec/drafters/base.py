@@ -24,10 +24,13 @@ class Draft:
         tokens: ``[K']`` int64 proposed ids, K' <= K (may be empty).
         probs: ``[K', V]`` float32 distributions q the tokens were sampled from (sampling mode, model drafters), or
             None when the proposal is deterministic given the sequence (greedy mode, n-gram lookup).
+        source: name of the drafter that made it, when that is not the engine's drafter itself (set by
+            :class:`~adaspec.drafters.multi.MultiDrafter`); "" otherwise.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    source: str = ""
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

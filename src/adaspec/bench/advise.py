@@ -1,0 +1,208 @@
+"""``adaspec profile``: measure a small sample of a workload and advise whether and how to speculate.
+
+1. Micro-measure the target's verify cost and each draft model's per-token cost at the sample's typical context
+   (prompt + half the output), as :mod:`adaspec.bench.micro` does.
+2. Run each candidate drafter with a probe draft length (K = 4, fixed) on every sampled prompt, interleaved with
+   plain decoding, to measure its acceptance α (per position), how often it drafts at all, and the speedup it got.
+3. Predict speedup(α, K) for K = 1..8 with the cost model, take the best (drafter, K), and bootstrap the prompts
+   for a 95% confidence interval of its speedup.
+4. Recommend: speculate when the whole interval is above 1; do not when it is below 1; otherwise speculate with the
+   adaptive controller, which falls back to plain decoding when speculation stops paying.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Callable
+
+from adaspec.bench.costmodel import CostModel, leviathan_alpha
+from adaspec.bench.micro import measure_backend, measure_overhead
+from adaspec.bench.prompts import hf_builder
+from adaspec.bench.sweep import PrefixCacheBackend, decode_tpot_ms
+from adaspec.errors import AdaspecError
+
+PROBE_K = 4
+K_RANGE = range(1, 9)
+
+
+def _sample(prompts: list, n: int) -> list:
+    """``n`` prompts spread evenly over the workload (all of them when it has fewer)."""
+    if len(prompts) <= n:
+        return prompts
+    step = len(prompts) / n
+    return [prompts[int(i * step)] for i in range(n)]
+
+
+def _load_drafter(spec: str, target, dtype: str, loader: Callable | None):
+    from adaspec.api import make_drafter
+    from adaspec.drafters.model import ModelDrafter
+
+    if loader is None or spec in ("ngram", "none") or spec.startswith("layerskip:"):
+        return make_drafter(spec, target, dtype=dtype)
+    return ModelDrafter(loader(spec, dtype).backend)
+
+
+def profile_workload(workload: str, *, target: str, drafts: list[str], sample: int = 3, max_new_tokens: int = 48,
+                     temperature: float = 0.0, dtype: str = "bfloat16", threads: int | None = None, seed: int = 0,
+                     loader: Callable | None = None, bootstrap: int = 2000) -> dict:
+    """Measure and advise (see the module docstring). Returns a JSON-ready dict.
+
+    Raises:
+        AdaspecError: unknown workload, or no usable drafter.
+    """
+    from adaspec.api import SpeculativeLM, load_model, set_threads
+    from adaspec.controllers import make_controller
+    from adaspec.drafters.model import ModelDrafter
+    from adaspec.engine import GenerationConfig, SpeculativeEngine
+    from adaspec.workloads import load_workload
+
+    n_threads = set_threads(threads)
+    prompts = _sample(load_workload(workload), sample)
+    tgt = loader(target, dtype) if loader else load_model(target, dtype=dtype)
+    tok = tgt.tokenizer if hasattr(tgt.tokenizer, "decode") else None
+    lm = SpeculativeLM(tgt, None, make_controller("fixed", 0))
+    if getattr(tgt.tokenizer, "chat_template", None):
+        encoded = [lm.encode(p.text) for p in prompts]
+    else:
+        encoded = [tgt.tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+    drafters = {d: _load_drafter(d, tgt, dtype, loader) for d in drafts if d.lower() != "none"}
+    if not drafters:
+        raise AdaspecError("give at least one candidate drafter")
+    # Every run of a prompt reuses its prompt cache (plain and speculative alike): prefill once per prompt.
+    target_backend = PrefixCacheBackend(tgt.backend)
+    for d in drafters.values():
+        if isinstance(d, ModelDrafter):
+            d.backend = PrefixCacheBackend(d.backend)
+
+    # 1. Costs at the typical context.
+    context = int(statistics.median(len(e) for e in encoded)) + max_new_tokens // 2
+    widths = [k + 1 for k in (0, 1, 2, 3, 4, 5, 7)]
+    padding = hf_builder(tgt.tokenizer).padding_ids(context + max(widths) + 1)
+    micro = measure_backend(target_backend, padding, [context], widths, 3)
+    draft_rows = []
+    for name, d in drafters.items():
+        if isinstance(d, ModelDrafter):
+            draft_rows += [(name, r["context"], r["ms"]) for r in measure_backend(d.backend, padding, [context], [1], 3)
+                           if r["measure"] == "forward"]
+    plain = SpeculativeEngine(target_backend, None, None, tokenizer=tok)
+    plain.warmup()
+    overhead = measure_overhead(plain, encoded[0])
+    model = CostModel.fit([(r["n"], r["context"], r["ms"]) for r in micro if r["measure"] == "forward"], draft_rows,
+                          overhead)
+
+    # 2. Probe runs, interleaved with plain decoding.
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, ignore_eos=True)
+    per: dict[str, list[dict]] = {d: [] for d in drafters}
+    for ids in encoded:
+        base = plain.generate(ids, cfg).stats
+        base_tpot = decode_tpot_ms(base)
+        for name, d in drafters.items():
+            s = SpeculativeEngine(target_backend, d, make_controller("fixed", PROBE_K), tokenizer=tok).generate(
+                ids, cfg).stats
+            spec = [st for st in s.steps if st.drafted > 0]
+            per[name].append({"accepted": s.accepted_tokens,
+                              "rejections": sum(1 for st in spec if st.accepted < st.drafted),
+                              "drafted": s.draft_tokens, "spec_steps": len(spec), "steps": len(s.steps),
+                              "speedup": base_tpot / decode_tpot_ms(s) if decode_tpot_ms(s) else 0.0})
+
+    # 3. Predictions and intervals.
+    rng = random.Random(seed)
+    candidates = []
+    for name, runs in per.items():
+        cost = name if name in model.draft else (None if name == "ngram" else 0.0)
+        alpha, k_eff, p_plain = _pool(runs)
+        best_k, best = _best(model, alpha, context, cost, p_plain, k_eff)
+        boots = []
+        for _ in range(bootstrap):
+            a, ke, pp = _pool([rng.choice(runs) for _ in runs])
+            boots.append(model.speedup(a, min(best_k, ke) if name == "ngram" else best_k, context, cost, pp))
+        boots.sort()
+        candidates.append({
+            "drafter": name, "alpha": round(alpha, 4),
+            "alpha_per_prompt": [round(leviathan_alpha(r["accepted"], r["rejections"]), 3) for r in runs],
+            "drafting_steps_share": round(1 - p_plain, 3), "best_k": best_k,
+            "predicted_speedup": round(best, 3),
+            "ci95": [round(boots[int(0.025 * len(boots))], 3), round(boots[int(0.975 * len(boots)) - 1], 3)],
+            "measured_speedup_probe_k": round(statistics.fmean(r["speedup"] for r in runs), 3),
+            "draft_ms_per_token": round(model.draft_ms(cost, context), 2)})
+    best = max(candidates, key=lambda c: c["predicted_speedup"])
+
+    # 4. Decision.
+    lo, hi = best["ci95"]
+    if best["best_k"] == 0 or hi < 1.0:
+        enable = "no"
+    elif lo > 1.0:
+        enable = "yes"
+    else:
+        enable = "marginal"
+    spread = max(best["alpha_per_prompt"]) - min(best["alpha_per_prompt"])
+    controller = "adaptive" if enable == "marginal" or spread > 0.15 or best["drafter"] == "ngram" else "fixed"
+    k = best["best_k"]
+    plain_ms = model.plain_step_ms(context)
+    category = prompts[0].category
+    if enable == "no":
+        need = model.min_alpha(max(k, 1), context, best["drafter"] if best["drafter"] in model.draft else None)
+        reason = (f"acceptance {best['alpha']:.2f} on {category} is below the {need:.2f} this machine needs "
+                  f"even at K = {max(k, 1)}; a draft token costs {best['draft_ms_per_token'] / plain_ms:.2f} of a "
+                  f"{plain_ms:.0f} ms target step" if need == need else
+                  f"speculation cannot pay here at any acceptance: verify({max(k, 1) + 1}) costs "
+                  f"{model.verify_ms(max(k, 1) + 1, context) / model.verify_ms(1, context):.2f}× a single step")
+    else:
+        reason = (f"acceptance {best['alpha']:.2f} on {category}; verify({k + 1}) costs "
+                  f"{model.verify_ms(k + 1, context) / model.verify_ms(1, context):.2f}× a single step here; a draft "
+                  f"token costs {best['draft_ms_per_token'] / plain_ms:.2f} steps")
+    return {
+        "workload": workload, "sample": len(prompts), "context_tokens": context, "max_new_tokens": max_new_tokens,
+        "temperature": temperature, "target": tgt.name, "dtype": dtype, "threads": n_threads,
+        "enable": enable, "expected_speedup": best["predicted_speedup"], "ci95": best["ci95"],
+        "recommended": {"drafter": best["drafter"] if enable != "no" else "none",
+                        "controller": controller if enable != "no" else "fixed", "k": k if enable != "no" else 0},
+        "reason": reason,
+        "costs": {"plain_step_ms": round(plain_ms, 2),
+                  "verify_ratio": {str(n): round(model.verify_ms(n, context) / model.verify_ms(1, context), 3)
+                                   for n in widths}},
+        "candidates": candidates,
+    }
+
+
+def _pool(runs: list[dict]) -> tuple[float, float, float]:
+    """Pooled α (per position), mean draft length per drafting step, share of steps that drafted nothing."""
+    acc = sum(r["accepted"] for r in runs)
+    alpha = leviathan_alpha(acc, sum(r["rejections"] for r in runs))
+    spec = sum(r["spec_steps"] for r in runs)
+    steps = sum(r["steps"] for r in runs)
+    k_eff = sum(r["drafted"] for r in runs) / spec if spec else 0.0
+    return alpha, k_eff, 1 - spec / steps if steps else 1.0
+
+
+def _best(model: CostModel, alpha: float, context: int, cost, p_plain: float, k_eff: float) -> tuple[int, float]:
+    """Best K in 1..8 (n-gram drafts are capped by how much the lookup found: K_eff at the probe K)."""
+    best = (0, 1.0)
+    for k in K_RANGE:
+        kk = min(k, k_eff * k / PROBE_K) if cost is None else k
+        s = model.speedup(alpha, kk, context, cost, p_plain)
+        if s > best[1]:
+            best = (k, s)
+    return best
+
+
+def format_advice(a: dict) -> str:
+    """Human-readable advice (``a`` as returned by :func:`profile_workload`)."""
+    rec = a["recommended"]
+    verdict = {"yes": "enable speculation", "no": "do not speculate (plain decoding)",
+               "marginal": "marginal: speculate only with the adaptive controller (it falls back to plain)"}[a["enable"]]
+    lines = [
+        f"workload {a['workload']}: {a['sample']} prompts, ~{a['context_tokens']} tokens of context, "
+        f"{a['target']} {a['dtype']}, {a['threads']} threads, temperature {a['temperature']:g}",
+        f"expected speedup  {a['expected_speedup']:.2f}x  (95% CI {a['ci95'][0]:.2f}-{a['ci95'][1]:.2f})",
+        f"advice            {verdict}",
+        f"recommended       drafter {rec['drafter']}, controller {rec['controller']}, K = {rec['k']}",
+        f"reason            {a['reason']}",
+        "",
+        "drafter                          alpha  best K  predicted  95% CI        measured at K=4",
+    ]
+    for c in a["candidates"]:
+        lines.append(f"{c['drafter'][:32]:<32} {c['alpha']:.2f}   {c['best_k']:>5}   {c['predicted_speedup']:.2f}x"
+                     f"      {c['ci95'][0]:.2f}-{c['ci95'][1]:.2f}     {c['measured_speedup_probe_k']:.2f}x")
+    return "\n".join(lines)

@@ -1,0 +1,228 @@
+"""Cost model: speedup(α, K, context) in closed form from measured cost curves.
+
+Leviathan et al. 2023 (Theorem 3.8 and §3.3) give, for i.i.d. per-token acceptance α, draft length K, a draft that
+costs c target steps per token and a verification of K + 1 tokens that costs as much as one target step:
+
+    speedup = (1 - α^(K+1)) / ((1 - α) (K c + 1)).
+
+On real hardware verifying K + 1 tokens costs more than one step, and every cost grows with the context length L,
+so here each cost is a measured curve (all in milliseconds, per step):
+
+    T_v(n, L)  target forward over n tokens after L cached ones (+ argmax + cache rollback); n = K + 1 verifies K;
+    T_d(L)     one draft token at context L (a line fitted to micro-measurements; 0 for n-gram lookup);
+    o          engine overhead per step (stop checks, detokenising, controller), measured on plain steps.
+
+    E[tokens per step] = (1 - α^(K+1)) / (1 - α)            (K + 1 when α = 1)
+    speedup(α, K, L)   = E / (K T_d(L) + T_v(K+1, L) + o)  ×  (T_v(1, L) + o)
+
+T_v is fitted as a line in L per measured n whose slope grows linearly with n (attention over L cached tokens costs
+∝ n L; least squares, relative error weighting), with a free intercept per n, interpolated linearly in n between
+measured values: this follows the flat-then-rising shape of verification cost in n without assuming it. Everything here is pure numpy: fitting, prediction, and the boundary α where speedup = 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from adaspec.errors import ConfigError
+
+
+def fit_line(x: Sequence[float], y: Sequence[float], *, relative: bool = True) -> tuple[float, float]:
+    """Least-squares ``y ≈ a + b x``; returns ``(a, b)``. ``relative`` weights rows by 1/y (fits relative error).
+
+    With a single distinct x the slope is 0 and the intercept the (weighted) mean.
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if len(x) == 0:
+        raise ConfigError("cannot fit a line to no points")
+    w = 1.0 / np.maximum(y, 1e-9) if relative else np.ones_like(y)
+    if len(np.unique(x)) < 2:
+        return float(np.sum(w * y) / np.sum(w)), 0.0
+    a_mat = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    coef, *_ = np.linalg.lstsq(a_mat, y * w, rcond=None)
+    return float(coef[0]), float(coef[1])
+
+
+def expected_tokens(alpha: float, k: float) -> float:
+    """E[tokens emitted per speculation step] = (1 - α^(K+1)) / (1 - α), for i.i.d. acceptance α and K drafts."""
+    if k <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def _fit_verify(by_n: dict[int, list[tuple[int, float]]]) -> dict[int, tuple[float, float]]:
+    """T_v(n, L) = a_n + (c + d (n - 1)) L: a free intercept per n, and a context slope that is linear and
+    non-decreasing in n (attention over L cached tokens costs ∝ n L). Per-n slopes fitted separately from a few
+    contexts are noisy and can cross, which would make wide verifies cheaper than narrow ones at long contexts."""
+    lines = {n: fit_line([c for c, _ in pts], [m for _, m in pts]) for n, pts in sorted(by_n.items())}
+    if sum(1 for pts in by_n.values() if len({c for c, _ in pts}) > 1) < 1:
+        return lines
+    ns = sorted(lines)
+    c, d = fit_line([n - 1 for n in ns], [lines[n][1] for n in ns], relative=False)
+    if d < 0:  # no measurable growth with n: one common slope
+        c, d = float(np.mean([lines[n][1] for n in ns])), 0.0
+    c = max(c, 0.0)
+    out = {}
+    for n, pts in by_n.items():
+        slope = c + d * (n - 1)
+        w = np.array([1.0 / max(m, 1e-9) for _, m in pts])
+        resid = np.array([m - slope * ctx for ctx, m in pts])
+        out[n] = (float(np.sum(w * resid) / np.sum(w)), slope)
+    return dict(sorted(out.items()))
+
+
+@dataclass
+class CostModel:
+    """Fitted cost curves of one (target, dtype, threads, backend) setting; see the module docstring.
+
+    Attributes:
+        verify: ``{n: (a_n, c_n)}`` with T_v(n, L) = a_n + c_n L, in ms.
+        draft: ``{drafter: (e, f)}`` with T_d(L) = e + f L per drafted token, in ms.
+        overhead_ms: per-step engine overhead o.
+    """
+
+    verify: dict[int, tuple[float, float]]
+    draft: dict[str, tuple[float, float]] = field(default_factory=dict)
+    overhead_ms: float = 0.0
+
+    # Fitting ------------------------------------------------------------------------------------------------
+    @classmethod
+    def fit(cls, verify_samples: Iterable[tuple[int, int, float]],
+            draft_samples: Iterable[tuple[str, int, float]] = (), overhead_ms: float = 0.0) -> CostModel:
+        """Fit from micro-measurements.
+
+        Args:
+            verify_samples: ``(n, L, ms)``: a forward over n tokens after L cached ones took ms.
+            draft_samples: ``(drafter, L, ms)``: one draft token at context L took ms.
+            overhead_ms: per-step engine overhead.
+        """
+        by_n: dict[int, list[tuple[int, float]]] = {}
+        for n, ctx, ms in verify_samples:
+            by_n.setdefault(int(n), []).append((int(ctx), float(ms)))
+        if 1 not in by_n:
+            raise ConfigError("the cost model needs verify measurements with n = 1 (a plain step)")
+        verify = _fit_verify(by_n)
+        by_d: dict[str, list[tuple[int, float]]] = {}
+        for name, ctx, ms in draft_samples:
+            by_d.setdefault(name, []).append((int(ctx), float(ms)))
+        draft = {name: fit_line([c for c, _ in pts], [m for _, m in pts]) for name, pts in by_d.items()}
+        return cls(verify, draft, float(overhead_ms))
+
+    # Cost curves --------------------------------------------------------------------------------------------
+    def verify_ms(self, n: float, context: float) -> float:
+        """T_v(n, L): linear in L per measured n, linear interpolation (and end-segment extrapolation) in n."""
+        ns = sorted(self.verify)
+        vals = [self.verify[m][0] + self.verify[m][1] * context for m in ns]
+        if len(ns) == 1:
+            return vals[0]
+        if n <= ns[0]:
+            i = 0
+        elif n >= ns[-1]:
+            i = len(ns) - 2
+        else:
+            i = int(np.searchsorted(ns, n, side="right")) - 1
+        n0, n1 = ns[i], ns[i + 1]
+        return vals[i] + (vals[i + 1] - vals[i]) * (n - n0) / (n1 - n0)
+
+    def draft_ms(self, drafter: str | float | None, context: float) -> float:
+        """T_d(L) per token: a fitted drafter name, a fixed cost in ms (a number), or 0 for None/'ngram'."""
+        if drafter is None or drafter == "ngram":
+            return 0.0
+        if isinstance(drafter, int | float):
+            return float(drafter)
+        if drafter not in self.draft:
+            raise ConfigError(f"no draft cost measured for {drafter!r} (have: {sorted(self.draft) or 'none'})")
+        e, f = self.draft[drafter]
+        return e + f * context
+
+    def plain_step_ms(self, context: float) -> float:
+        return self.verify_ms(1, context) + self.overhead_ms
+
+    def spec_step_ms(self, k: float, context: float, drafter: str | float | None) -> float:
+        return k * self.draft_ms(drafter, context) + self.verify_ms(k + 1, context) + self.overhead_ms
+
+    # Predictions --------------------------------------------------------------------------------------------
+    def speedup(self, alpha: float, k: float, context: float, drafter: str | float | None,
+                plain_fraction: float = 0.0) -> float:
+        """Predicted decode speedup over plain decoding.
+
+        ``plain_fraction`` is the share of steps that draft nothing (an n-gram miss, an adaptive fallback):
+        they emit one token at plain-step cost.
+        """
+        t_plain = self.plain_step_ms(context)
+        if k <= 0:
+            return 1.0
+        p = min(max(plain_fraction, 0.0), 1.0)
+        tokens = (1 - p) * expected_tokens(alpha, k) + p
+        time = (1 - p) * self.spec_step_ms(k, context, drafter) + p * t_plain
+        return tokens / time * t_plain
+
+    def min_alpha(self, k: int, context: float, drafter: str | float | None) -> float:
+        """The smallest α with speedup ≥ 1 (bisection; speedup grows with α). 0.0 if it always pays, nan if never."""
+        if self.speedup(0.0, k, context, drafter) >= 1.0:
+            return 0.0
+        if self.speedup(1.0, k, context, drafter) < 1.0:
+            return math.nan
+        lo, hi = 0.0, 1.0
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.speedup(mid, k, context, drafter) < 1.0 else (lo, mid)
+        return hi
+
+    def best_k(self, alpha: float, context: float, drafter: str | float | None,
+               ks: Iterable[int] = range(1, 17)) -> tuple[int, float]:
+        """``(K, speedup)`` maximising predicted speedup over ``ks`` (K = 0, plain decoding, if nothing beats 1)."""
+        best = (0, 1.0)
+        for k in ks:
+            s = self.speedup(alpha, k, context, drafter)
+            if s > best[1]:
+                best = (k, s)
+        return best
+
+    def break_even_context(self, alpha: float, k: int, drafter: str | float | None,
+                           max_context: float = 131072) -> float:
+        """The context length beyond which speedup(α, K, L) < 1 (bisection over L); 0 if it never pays, inf if
+        it pays up to ``max_context``."""
+        if self.speedup(alpha, k, 0, drafter) < 1.0:
+            return 0.0
+        if self.speedup(alpha, k, max_context, drafter) >= 1.0:
+            return math.inf
+        lo, hi = 0.0, float(max_context)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.speedup(alpha, k, mid, drafter) >= 1.0 else (lo, mid)
+        return lo
+
+    # Serialisation ------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"verify": {str(n): list(v) for n, v in self.verify.items()},
+                "draft": {d: list(v) for d, v in self.draft.items()}, "overhead_ms": self.overhead_ms}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CostModel:
+        return cls({int(n): tuple(v) for n, v in d["verify"].items()},
+                   {k: tuple(v) for k, v in d.get("draft", {}).items()}, float(d.get("overhead_ms", 0.0)))
+
+
+def leviathan_alpha(accepted: int, rejections: int) -> float:
+    """Per-position acceptance α (Leviathan et al.'s β averaged): accepted / (accepted + rejections).
+
+    A speculation step accepts drafts until the first rejection, so each step is a run of Bernoulli(α) trials
+    stopped at the first failure or at K; this is the maximum-likelihood estimate of α. (The ``acceptance_rate``
+    of :class:`~adaspec.stats.GenerationStats`, accepted / drafted, also counts drafts after a rejection, which are
+    never examined, and so is lower.)
+    """
+    trials = accepted + rejections
+    return accepted / trials if trials else 0.0
+
+
+def relative_errors(pairs: Iterable[tuple[float, float]]) -> list[float]:
+    """|predicted - measured| / measured for ``(predicted, measured)`` pairs with measured > 0."""
+    return [abs(p - m) / m for p, m in pairs if m > 0 and not (math.isnan(p) or math.isnan(m))]

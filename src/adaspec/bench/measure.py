@@ -1,0 +1,129 @@
+"""Process-level meters for the benchmark: energy (RAPL), CPU time, resident memory, model bytes.
+
+Energy comes only from Intel RAPL counters (``/sys/class/powercap/intel-rapl:N/energy_uj``, package domains) when
+they are readable; otherwise the meter says "not measurable here" and reports CPU time instead, which is an energy
+*proxy* (CPU-seconds per token), never converted to joules by a guessed wattage.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+POWERCAP = Path("/sys/class/powercap")
+NOT_MEASURABLE = "not measurable here (no readable RAPL energy counters under /sys/class/powercap)"
+
+
+def rapl_domains(root: Path = POWERCAP) -> list[Path]:
+    """Readable package-level RAPL ``energy_uj`` files (``intel-rapl:N``, not the ``:N:M`` sub-domains)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for d in sorted(root.glob("intel-rapl:*")):
+        if d.name.count(":") != 1:
+            continue
+        f = d / "energy_uj"
+        try:
+            int(f.read_text())
+        except (OSError, ValueError):
+            continue
+        found.append(d)
+    return found
+
+
+def _read_uj(domain: Path) -> tuple[int, int]:
+    energy = int((domain / "energy_uj").read_text())
+    try:
+        wrap = int((domain / "max_energy_range_uj").read_text())
+    except (OSError, ValueError):
+        wrap = 2**63
+    return energy, wrap
+
+
+@dataclass
+class MeterReading:
+    wall_s: float
+    cpu_s: float
+    energy_j: float | None  # None when RAPL is not readable
+    other_cpu: float | None = None  # share of the machine's CPU capacity that other processes used meanwhile
+
+
+def _system_busy_s() -> float | None:
+    """Busy CPU seconds of the whole machine since boot (``/proc/stat``: all but idle and iowait)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    busy = sum(fields[:8]) - fields[3] - fields[4]  # user nice system idle iowait irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+class Meter:
+    """Measure wall time, process CPU time and (when readable) package energy over a block::
+
+        meter = Meter(); meter.start(); ...; reading = meter.stop()
+    """
+
+    def __init__(self, root: Path = POWERCAP) -> None:
+        self.domains = rapl_domains(root)
+        self.energy_source = f"RAPL ({', '.join(d.name for d in self.domains)})" if self.domains else NOT_MEASURABLE
+
+    def start(self) -> None:
+        self._wall = time.perf_counter()
+        t = os.times()
+        self._cpu = t.user + t.system
+        self._uj = [_read_uj(d) for d in self.domains]
+        self._busy = _system_busy_s()
+
+    def stop(self) -> MeterReading:
+        wall = time.perf_counter() - self._wall
+        t = os.times()
+        cpu = t.user + t.system - self._cpu
+        busy = _system_busy_s()
+        other = None
+        if busy is not None and self._busy is not None and wall > 0:
+            other = max(0.0, (busy - self._busy - cpu) / (wall * (os.cpu_count() or 1)))
+        energy = None
+        if self.domains:
+            total = 0
+            for d, (before, wrap) in zip(self.domains, self._uj):
+                after, _ = _read_uj(d)
+                total += after - before if after >= before else after + wrap - before
+            energy = total / 1e6
+        return MeterReading(wall, cpu, energy, other)
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process (``/proc/self/statm``; falls back to the peak elsewhere)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss * 1024
+
+
+def param_bytes(model: torch.nn.Module) -> int:
+    """Bytes held by a model's parameters and buffers (shared tensors counted once)."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        key = t.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
+def kv_bytes_per_token(model: torch.nn.Module) -> int:
+    """KV-cache bytes one token costs in ``model`` (2 × layers × kv heads × head dim × element size)."""
+    cfg = model.config.get_text_config()
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dtype = next(model.parameters()).dtype
+    return 2 * cfg.num_hidden_layers * heads * head_dim * torch.empty(0, dtype=dtype).element_size()

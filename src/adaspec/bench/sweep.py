@@ -1,0 +1,613 @@
+"""``adaspec bench``: run a sweep grid, one JSON line per measured point, resumable.
+
+Run order: for each hardware setting (dtype, threads, backend, batch) the target and the draft models are loaded
+once, the micro-measurements of the cost model are taken (:mod:`adaspec.bench.micro`), then the points run group by
+group. A *group* is one prompt at one context length and temperature: it starts with a cold plain run (a real
+prefill: TTFT, and the greedy reference continuation the calibrated drafter needs), then its speculative points,
+with another plain run before every ``plain_every`` of them, so each point is compared with a plain run measured
+minutes apart at most, on the same prompt, with the same settings.
+
+Within a group every run reuses the prompt's KV cache (:class:`PrefixCacheBackend`), so a 4K-token prompt is
+prefilled once per model instead of once per point. Decode-phase numbers (TPOT, speedup) are unaffected; TTFT and
+the draft model's prefill are the cold measurements of the group, stored in every record of the group, and the
+end-to-end speedup for the run's length is computed from them.
+
+Record kinds in the results file: ``meta`` (machine and config), ``memory`` (bytes per model), ``micro`` (cost
+micro-measurements), ``plain`` (baselines), ``point`` (speculative points). Every record has a ``key``; a rerun
+skips points whose key is present, so a killed run continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from adaspec.backends.base import Backend
+from adaspec.bench.costmodel import CostModel, leviathan_alpha
+from adaspec.bench.grid import Point, Setting, expand, point_key
+from adaspec.bench.measure import Meter, kv_bytes_per_token, param_bytes, rss_bytes
+from adaspec.bench.micro import measure_backend, prefill_ms_at, verify_samples
+from adaspec.bench.prompts import hf_builder
+from adaspec.compare import read_results
+from adaspec.errors import ConfigError
+
+Loader = Callable[[str, str], "object"]  # (spec, dtype) -> adaspec.api.LoadedModel
+
+
+class PrefixCacheBackend(Backend):
+    """Wraps a backend so that a new sequence sharing a prefix with the cached one reuses its KV cache.
+
+    ``reset()`` only marks the cache as reusable; the next ``forward`` keeps the longest common prefix (leaving at
+    least the positions whose logits are asked for) and runs the rest. The KV values of a reused prefix are the
+    ones computed before, so every run of a group sees the same prompt cache.
+
+    With ``record_top2`` set to a list, each forward appends ``(top1, top2)`` of its last logits row (used to find
+    the target's second choice along a plain greedy run).
+    """
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.vocab_size = inner.vocab_size
+        self.max_context = inner.max_context
+        self._ids: list[int] = []
+        self._fresh = False  # reset() was called: the next forward starts a new sequence
+        self.reused_tokens = 0
+        self.record_top2: list[tuple[int, int]] | None = None
+
+    @property
+    def seq_len(self) -> int:
+        return 0 if self._fresh else len(self._ids)
+
+    def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
+        ids = [int(t) for t in input_ids]
+        if self._fresh:
+            self._fresh = False
+            limit = min(len(self._ids), len(ids) - num_logits)
+            n = 0
+            while n < limit and self._ids[n] == ids[n]:
+                n += 1
+            self.inner.truncate(n)
+            del self._ids[n:]
+            self.reused_tokens = n
+            ids = ids[n:]
+        logits = self.inner.forward(ids, num_logits)
+        self._ids.extend(ids)
+        if self.record_top2 is not None:
+            top = logits[-1].float().topk(2).indices.tolist()
+            self.record_top2.append((top[0], top[1]))
+        return logits
+
+    def truncate(self, length: int) -> None:
+        if self._fresh:
+            if length == 0:
+                return
+            raise ValueError("truncate after reset needs a forward first")
+        self.inner.truncate(length)
+        del self._ids[length:]
+
+    def reset(self) -> None:
+        self._fresh = True
+
+    def drop(self) -> None:
+        """Really empty the cache (the next prefill is cold)."""
+        self.inner.reset()
+        self._ids = []
+        self._fresh = False
+
+    def synchronize(self) -> None:
+        self.inner.synchronize()
+
+
+def _hash(obj) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def machine_info() -> dict:
+    """CPU model, core count, torch version and thread count, for the report."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = ""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        flags = " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in text)
+    except OSError:
+        pass
+    mem = 0
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        pass
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:
+        capability = ""
+    return {"cpu": cpu, "cores": os.cpu_count(), "cpu_flags": flags, "torch_cpu_capability": capability,
+            "memory_bytes": mem,
+            "torch": torch.__version__, "platform": platform.platform(), "python": platform.python_version()}
+
+
+@dataclass
+class _Models:
+    """Everything loaded for one (target, dtype)."""
+
+    target: object  # LoadedModel
+    backend: PrefixCacheBackend
+    drafts: dict[str, object] = field(default_factory=dict)  # spec -> Drafter with a wrapped backend
+    draft_bytes: dict[str, dict] = field(default_factory=dict)
+
+
+def _default_loader(spec: str, dtype: str):
+    from adaspec.api import load_model
+
+    return load_model(spec, dtype=dtype)
+
+
+class SweepRunner:
+    """Runs an expanded config (see the module docstring). ``loader(spec, dtype)`` loads a model (tests inject
+    tiny ones); ``tasks`` overrides the workload's prompts."""
+
+    def __init__(self, cfg: dict, out: Path, *, loader: Loader | None = None, tasks: list[str] | None = None,
+                 progress: bool = True, time_limit_s: float | None = None,
+                 log: Callable[[str], None] | None = None, argv: list[str] | None = None) -> None:
+        self.cfg = cfg
+        self.bench = cfg["bench"]
+        self.out = Path(out)
+        self.loader = loader or _default_loader
+        self._tasks = tasks
+        self.progress = progress
+        self.time_limit_s = time_limit_s
+        self.log = log or (lambda msg: None)
+        self.meter = Meter()
+        self.argv = argv
+        self._validate_costs()
+
+    def _validate_costs(self) -> None:
+        drafts = set(self.cfg["micro"]["drafts"])
+        for s in self.cfg["sweep"]:
+            if "calibrated" not in s["drafter"]:
+                continue
+            for c in s["cost"]:
+                c = str(c)
+                if c.startswith("ratio:") or _is_number(c) or c in drafts:
+                    continue
+                raise ConfigError(f"sweep {s['name']!r}: calibrated cost {c!r} is neither ms, ratio:C, nor a draft "
+                                  f"model listed in micro.drafts ({sorted(drafts) or 'none'})")
+
+    # Helpers ------------------------------------------------------------------------------------------------
+    def tasks(self) -> list[str]:
+        if self._tasks is None:
+            from adaspec.workloads import load_workload
+
+            self._tasks = [p.text for p in load_workload(self.bench["workload"], int(self.bench["prompts"]))]
+        return self._tasks
+
+    def _write(self, f, row: dict) -> None:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+
+    def _over_time(self, start: float) -> bool:
+        return self.time_limit_s is not None and time.perf_counter() - start > self.time_limit_s
+
+    # Run ----------------------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        """Measure every point not yet in the results file. Returns counts: ``done``, ``run``, ``skipped``,
+        ``stopped`` (True when the time limit stopped the run early)."""
+        from tqdm import tqdm
+
+        points = expand(self.cfg)
+        rows = read_results(self.out)
+        done = {r["key"] for r in rows if "key" in r}
+        micro_done = {r.get("micro_key") for r in rows if r.get("kind") == "micro"}
+        todo = [p for p in points if point_key(p, self.bench) not in done]
+        result = {"points": len(points), "done": len(points) - len(todo), "run": 0, "skipped": 0, "stopped": False}
+        if not todo:
+            return result
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        bar = tqdm(total=len(todo), desc="bench", unit="point", disable=not self.progress,
+                   bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} points [{elapsed}<{remaining}] {postfix}")
+        with open(self.out, "a", encoding="utf-8") as f:
+            self._write(f, {"kind": "meta", "key": f"meta-{time.time():.0f}", "time": time.time(), "argv": self.argv,
+                            "machine": machine_info(), "config": self.cfg, "energy_source": self.meter.energy_source})
+            by_setting: dict[Setting, list[Point]] = {}
+            for p in todo:
+                by_setting.setdefault(p.setting, []).append(p)
+            models: _Models | None = None
+            for setting, pts in by_setting.items():
+                if models is None or models.target.backend.dtype != _torch_dtype(setting.dtype):
+                    models = None  # free the previous dtype's weights before loading the next
+                    gc.collect()
+                    models = self._load(setting, [p for p in todo if p.setting.dtype == setting.dtype], f)
+                from adaspec.api import set_threads
+
+                set_threads(setting.threads)
+                cost = self._micro(setting, models, f, micro_done, rows)
+                groups: dict[tuple, list[Point]] = {}
+                for p in pts:
+                    groups.setdefault(p.group, []).append(p)
+                for group_pts in groups.values():
+                    if self._over_time(start):
+                        result["stopped"] = True
+                        break
+                    n_run, n_skip = self._group(group_pts, models, cost, f, rows, bar, start)
+                    result["run"] += n_run
+                    result["skipped"] += n_skip
+                    if self._over_time(start):
+                        result["stopped"] = True
+                        break
+                if result["stopped"]:
+                    break
+        bar.close()
+        return result
+
+    def _load(self, setting: Setting, pts: list[Point], f) -> _Models:
+        from adaspec.api import make_drafter
+        from adaspec.drafters.model import ModelDrafter
+
+        self.log(f"loading {setting.target} ({setting.dtype})")
+        before = rss_bytes()
+        target = self.loader(setting.target, setting.dtype)
+        wrapped = PrefixCacheBackend(target.backend)
+        models = _Models(target, wrapped)
+        target_rss = rss_bytes() - before
+        specs = {p.drafter for p in pts if p.drafter != "calibrated"} | set(self.cfg["micro"]["drafts"])
+        for spec in sorted(specs):
+            before = rss_bytes()
+            if spec in ("ngram", "none") or spec.startswith("layerskip:"):
+                drafter = make_drafter(spec, target)
+            else:
+                draft = self.loader(spec, setting.dtype)
+                from adaspec.models import check_tokenizers_compatible
+
+                if hasattr(target.tokenizer, "get_vocab") and hasattr(draft.tokenizer, "get_vocab"):
+                    check_tokenizers_compatible(target.tokenizer, draft.tokenizer, target_name=target.name,
+                                                draft_name=draft.name)
+                drafter = ModelDrafter(draft.backend)
+            if isinstance(drafter, ModelDrafter):
+                model = drafter.backend.model
+                shares = spec.startswith("layerskip:")
+                drafter.backend = PrefixCacheBackend(drafter.backend)
+                models.draft_bytes[spec] = {
+                    "param_bytes": 0 if shares else param_bytes(model),
+                    "rss_delta_bytes": rss_bytes() - before,
+                    "kv_bytes_per_token": kv_bytes_per_token(model)}
+            else:
+                models.draft_bytes[spec] = {"param_bytes": 0, "rss_delta_bytes": rss_bytes() - before,
+                                            "kv_bytes_per_token": 0}
+            models.drafts[spec] = drafter
+        self._write(f, {"kind": "memory", "key": f"mem-{_hash([setting.__dict__, time.time()])}",
+                        **setting.__dict__, "target_param_bytes": param_bytes(target.backend.model),
+                        "target_rss_delta_bytes": target_rss,
+                        "target_kv_bytes_per_token": kv_bytes_per_token(target.backend.model),
+                        "drafts": models.draft_bytes, "rss_bytes": rss_bytes(), "cores": os.cpu_count()})
+        return models
+
+    def _micro(self, setting: Setting, models: _Models, f, micro_done: set, rows: list[dict]) -> CostModel:
+        """Take (or reuse) the micro-measurements for ``setting`` and fit the cost model.
+
+        The context ids are the prefix every prompt of the first task shares (chat header + real padding), and
+        each model's cache is left holding them, so the sweep's prompts reuse this prefill.
+        """
+        from adaspec.engine import SpeculativeEngine
+
+        micro = self.cfg["micro"]
+        width = max(micro["verify_tokens"])
+        contexts = [c for c in micro["contexts"] if c + width + 1 <= models.target.backend.max_context]
+        builder = self._builder(models)
+        ids = builder.prefix_ids(self.tasks()[0], max(contexts) + width + 1)
+        base = {**setting.__dict__, "contexts": contexts, "widths": micro["verify_tokens"],
+                "repeats": micro["repeats"]}
+        new_rows: list[dict] = []
+        jobs = [(setting.target, models.backend, micro["verify_tokens"])]
+        jobs += [(d, models.drafts[d].backend, [1]) for d in micro["drafts"]]
+        for model_name, backend, widths in jobs:
+            mkey = "m-" + _hash({**base, "model": model_name, "widths": widths})
+            if mkey in micro_done:
+                continue
+            if backend is models.backend:
+                SpeculativeEngine(models.backend, None, None, tokenizer=_tok(models.target)).warmup()
+            self.log(f"micro-measurements: {model_name} at contexts {contexts}")
+            backend.drop()
+            self.meter.start()
+            measured = measure_backend(backend, ids, contexts, widths, int(micro["repeats"]), keep=True)
+            other = self.meter.stop().other_cpu
+            for i, r in enumerate(measured):
+                row = {"kind": "micro", "key": f"{mkey}-{i}", "micro_key": mkey, **setting.__dict__,
+                       "model": model_name, "role": "target" if model_name == setting.target else "draft", **r,
+                       "other_cpu": other}
+                self._write(f, row)
+                new_rows.append(row)
+            micro_done.add(mkey)
+        rows.extend(new_rows)
+        return fit_cost_model([r for r in rows if r.get("kind") == "micro" and _same_setting(r, setting)],
+                              [r for r in rows if r.get("kind") == "plain" and _same_setting(r, setting)])
+
+    def _builder(self, models: _Models):
+        tok = models.target.tokenizer
+        return hf_builder(tok, chat=self.bench["chat"])
+
+    def _group(self, pts: list[Point], models: _Models, cost: CostModel, f, rows: list[dict], bar,
+               start: float) -> tuple[int, int]:
+        from adaspec.controllers import make_controller
+        from adaspec.drafters.calibrated import CalibratedDrafter
+        from adaspec.drafters.model import ModelDrafter
+        from adaspec.engine import GenerationConfig, SpeculativeEngine
+
+        first = pts[0]
+        setting = first.setting
+        tasks = self.tasks()
+        builder = self._builder(models)
+        prompt = builder.build(tasks[first.prompt_index % len(tasks)], first.context)
+        max_new = int(self.bench["max_new_tokens"])
+        k_max = max(p.k for p in pts)
+        if len(prompt) + max_new + k_max + 1 > models.target.backend.max_context:
+            self.log(f"skipping context {first.context}: beyond {setting.target}'s window")
+            bar.update(len(pts))
+            return 0, len(pts)
+        cfg = GenerationConfig(max_new_tokens=max_new, temperature=first.temperature, seed=int(self.bench["seed"]),
+                               ignore_eos=True)
+        tok = _tok(models.target)
+        gkey = _hash([setting.__dict__, first.context, first.prompt_index, first.temperature, self.bench["workload"],
+                      max_new, self.bench["seed"]])
+        plain_engine = SpeculativeEngine(models.backend, None, None, tokenizer=tok)
+        plain_index = sum(1 for r in rows if r.get("kind") == "plain" and r.get("group") == gkey)
+        group_info = {"sweep": None, **setting.__dict__, "context": first.context, "prompt_tokens": len(prompt),
+                      "prompt_index": first.prompt_index, "temperature": first.temperature,
+                      "workload": self.bench["workload"], "max_new_tokens": max_new, "seed": self.bench["seed"],
+                      "group": gkey}
+
+        cold_start = not self.bench["prefix_cache"]
+        micro_rows = [r for r in rows if r.get("kind") == "micro" and _same_setting(r, setting)]
+        ttft_est = prefill_ms_at([r for r in micro_rows if r["model"] == setting.target], len(prompt))
+
+        def run_plain(cold: bool) -> dict:
+            nonlocal plain_index
+            if cold:
+                models.backend.drop()
+            models.backend.record_top2 = [] if first.temperature == 0 else None
+            self.meter.start()
+            r = plain_engine.generate(prompt, cfg)
+            reading = self.meter.stop()
+            top2 = models.backend.record_top2 or []
+            models.backend.record_top2 = None
+            metrics = _run_metrics(r, reading, self.meter)
+            row = {"kind": "plain", "key": f"g-{gkey}-{plain_index}", **group_info, "cold": cold,
+                   "drafter": None, "k": 0, "controller": "fixed", **metrics,
+                   "ttft_ms": metrics["ttft_ms"] if cold or ttft_est is None else ttft_est,
+                   "ttft_source": "measured cold prefill" if cold or ttft_est is None else "micro prefill",
+                   "ttft_run_ms": metrics["ttft_ms"], "token_ids": r.token_ids,
+                   "alternatives": [b for _, b in top2]}
+            plain_index += 1
+            self._write(f, row)
+            rows.append(row)
+            return row
+
+        # Start of the group: the greedy reference (and TTFT: measured when cold, else from the micro prefill).
+        bar.set_postfix_str(f"ctx {first.context} plain", refresh=True)
+        reference = run_plain(cold=cold_start)
+        cost.overhead_ms = statistics.median(r["step_other_ms"] for r in rows
+                                             if r.get("kind") == "plain" and _same_setting(r, setting))
+        draft_prefill: dict[str, float] = {}
+        for spec in sorted({p.drafter for p in pts} & set(models.drafts)):
+            d = models.drafts[spec]
+            if not isinstance(d, ModelDrafter):
+                draft_prefill[spec] = 0.0
+                continue
+            est = prefill_ms_at([r for r in micro_rows if r["model"] == spec], len(prompt) - 1)
+            if cold_start or est is None:
+                d.backend.drop()
+                t = time.perf_counter()
+                d.prefill(prompt)
+                est = (time.perf_counter() - t) * 1e3
+            draft_prefill[spec] = est
+        baseline = reference
+        since_plain = 0
+        n_run = 0
+        for p in pts:
+            key = point_key(p, self.bench)
+            if any(r.get("key") == key for r in rows):
+                bar.update(1)
+                continue
+            if self._over_time(start):
+                break
+            if since_plain >= int(self.bench["plain_every"]):
+                bar.set_postfix_str(f"ctx {p.context} plain", refresh=True)
+                baseline = run_plain(cold=False)
+                since_plain = 0
+            if p.drafter == "calibrated":
+                cost_ms = resolve_cost(p.cost, cost, len(prompt) + max_new / 2)
+                drafter = CalibratedDrafter(reference["token_ids"], p.alpha, cost_ms=cost_ms,
+                                            alternatives=reference["alternatives"], seed=int(self.bench["seed"]),
+                                            vocab_size=models.target.backend.vocab_size)
+            else:
+                cost_ms = None
+                drafter = models.drafts[p.drafter]
+            engine = SpeculativeEngine(models.backend, drafter, make_controller(p.controller, p.k), tokenizer=tok)
+            label = f"ctx {p.context} {p.drafter}{'' if p.alpha is None else f' a={p.alpha:g}'} K={p.k} {p.controller}"
+            bar.set_postfix_str(label, refresh=True)
+            self.meter.start()
+            r = engine.generate(prompt, cfg)
+            reading = self.meter.stop()
+            metrics = _run_metrics(r, reading, self.meter)
+            mem = models.draft_bytes.get(p.drafter, {"param_bytes": 0, "rss_delta_bytes": 0, "kv_bytes_per_token": 0})
+            row = {"kind": "point", "key": key, **group_info, **p.fields(), "group": gkey,
+                   "prompt_tokens": len(prompt), "cost_ms": cost_ms, "alpha_dial": p.alpha,
+                   **metrics,
+                   "ttft_ms": reference["ttft_ms"], "ttft_source": reference["ttft_source"],
+                   "draft_prefill_ms": draft_prefill.get(p.drafter, 0.0),
+                   "draft_param_bytes": mem["param_bytes"], "draft_rss_delta_bytes": mem["rss_delta_bytes"],
+                   "draft_kv_bytes": mem["kv_bytes_per_token"] * (len(prompt) + max_new),
+                   "plain_key": baseline["key"],
+                   "identical_to_plain": (r.token_ids == reference["token_ids"]) if p.temperature == 0 else None,
+                   "offpath_positions": getattr(drafter, "offpath", None),
+                   "token_ids": r.token_ids}
+            apply_baseline(row, [r for r in rows if r.get("kind") == "plain" and r.get("group") == gkey])
+            row["predicted_speedup"] = predict_point(cost, row)
+            self._write(f, row)
+            rows.append(row)
+            since_plain += 1
+            n_run += 1
+            bar.update(1)
+        return n_run, 0
+
+
+def _tok(loaded):
+    tok = loaded.tokenizer
+    return tok if hasattr(tok, "decode") else None
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    from adaspec.backends.torch_backend import resolve_dtype
+
+    return resolve_dtype(name)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _same_setting(row: dict, setting: Setting) -> bool:
+    return all(row.get(k) == v for k, v in setting.__dict__.items())
+
+
+def apply_baseline(row: dict, plains: Sequence[dict]) -> dict:
+    """Set a point's speedups from its group's plain runs: the median of them, so one plain run slowed by another
+    program does not skew the points measured after it. ``speedup`` is the decode speedup (TPOT ratio);
+    ``speedup_e2e`` adds the cold prefill (target, and draft model) for the run's length."""
+    tpot = statistics.median(p["tpot_ms"] for p in plains)
+    decode = statistics.median(p["decode_ms"] for p in plains)
+    row["plain_tpot_ms"] = tpot
+    row["plain_tokens_per_s"] = 1e3 / tpot if tpot > 0 else 0.0
+    row["plain_runs"] = len(plains)
+    row["speedup"] = tpot / row["tpot_ms"] if row["tpot_ms"] > 0 else math.nan
+    spec_e2e = row["ttft_ms"] + row["draft_prefill_ms"] + row["decode_ms"]
+    row["speedup_e2e"] = (row["ttft_ms"] + decode) / spec_e2e if spec_e2e > 0 else math.nan
+    row["tokens_per_s"] = row["new_tokens"] / (spec_e2e / 1e3) if spec_e2e > 0 else 0.0
+    return row
+
+
+def decode_tpot_ms(stats) -> float:
+    """Decode-phase time per output token: step time / tokens the steps emitted (the prefill excluded)."""
+    emitted = sum(st.emitted for st in stats.steps)
+    return sum(st.total_ms for st in stats.steps) / emitted if emitted else 0.0
+
+
+def _run_metrics(result, reading, meter: Meter) -> dict:
+    """Decode-phase metrics of one generation (steps only; the prefill is measured cold per group)."""
+    s = result.stats
+    steps = s.steps
+    decode_ms = sum(st.total_ms for st in steps)
+    emitted = sum(st.emitted for st in steps)
+    spec = [st for st in steps if st.drafted > 0]
+    rejections = sum(1 for st in spec if st.accepted < st.drafted)
+    n = max(len(steps), 1)
+    return {
+        "new_tokens": s.new_tokens, "steps": len(steps), "speculation_steps": len(spec),
+        "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+        "alpha": s.acceptance_rate,
+        "rejections": rejections,
+        "alpha_l": leviathan_alpha(s.accepted_tokens, rejections),
+        "tau": s.mean_accepted_tokens,
+        "mean_drafted": (s.draft_tokens / len(spec)) if spec else 0.0,
+        "plain_fraction": 1 - len(spec) / n if steps else 1.0,
+        "accepted_per_position": s.accepted_per_position,
+        "mean_context": statistics.fmean(st.context_len for st in steps) if steps else s.prompt_tokens,
+        "decode_ms": decode_ms,
+        "tpot_ms": decode_tpot_ms(s),
+        "decode_tokens_per_s": emitted / (decode_ms / 1e3) if decode_ms > 0 else 0.0,
+        "step_draft_ms": sum(st.draft_ms for st in steps) / n,
+        "step_verify_ms": sum(st.verify_ms for st in steps) / n,
+        "step_other_ms": sum(st.total_ms - st.draft_ms - st.verify_ms for st in steps) / n,
+        "step_total_ms": decode_ms / n,
+        "ttft_ms": s.ttft_ms, "prefill_ms_run": s.prefill_ms, "total_ms": s.total_ms,
+        "rss_bytes": rss_bytes(), "peak_rss_bytes": s.peak_rss_bytes,
+        "cpu_s_per_token": reading.cpu_s / max(s.new_tokens, 1),
+        "energy_j_per_token": reading.energy_j / max(s.new_tokens, 1) if reading.energy_j is not None else None,
+        "energy_source": meter.energy_source,
+        "k_trace": s.k_trace,
+        "loadavg_1m": _loadavg(),
+        "other_cpu": reading.other_cpu,
+    }
+
+
+def _loadavg() -> float | None:
+    """The 1-minute load average after a run (runnable processes; above the core count means another program
+    competed for the CPU during the measurement)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def resolve_cost(cost: str | None, model: CostModel, context: float) -> float:
+    """The calibrated drafter's per-token cost in ms: a number, ``ratio:C`` (C × a plain target step at this
+    context), or a draft model's fitted per-token time at this context."""
+    if cost is None:
+        return 0.0
+    if _is_number(cost):
+        return float(cost)
+    if cost.startswith("ratio:"):
+        return float(cost.split(":", 1)[1]) * model.verify_ms(1, context)
+    return model.draft_ms(cost, context)
+
+
+def fit_cost_model(micro_rows: list[dict], plain_rows: Sequence[dict] = ()) -> CostModel:
+    """Fit a :class:`CostModel` to one setting's micro rows (target and draft forwards). The per-step overhead is
+    the median non-forward time of the setting's plain runs (``step_other_ms``), else an ``overhead`` micro row,
+    else 0."""
+    target_rows = [r for r in micro_rows if r.get("role") == "target"]
+    verify = verify_samples(target_rows)
+    draft = [(r["model"], r["context"], r["ms"]) for r in micro_rows
+             if r.get("role") == "draft" and r.get("measure") == "forward"]
+    overhead = [r["step_other_ms"] for r in plain_rows if r.get("step_other_ms") is not None]
+    overhead = overhead or [r["ms"] for r in target_rows if r.get("measure") == "overhead"]
+    return CostModel.fit(verify, draft, statistics.median(overhead) if overhead else 0.0)
+
+
+def drafter_cost_key(row: dict):
+    """What :meth:`CostModel.draft_ms` needs for a point: ms for calibrated, None for n-gram, else the spec."""
+    if row["drafter"] == "calibrated":
+        return float(row["cost_ms"] or 0.0)
+    if row["drafter"] == "ngram":
+        return None
+    return row["drafter"]
+
+
+def predict_point(model: CostModel, row: dict) -> float:
+    """Cost-model speedup for a measured point, from its measured α (per position), mean draft length, share of
+    non-drafting steps and mean context."""
+    try:
+        d = drafter_cost_key(row)
+        if d is not None and not isinstance(d, float) and d not in model.draft:
+            return math.nan
+        k = row["mean_drafted"] if row["speculation_steps"] else row["k"]
+        return model.speedup(row["alpha_l"], k, row["mean_context"], d, row["plain_fraction"])
+    except (KeyError, ConfigError):
+        return math.nan
+
+
+def run_bench(cfg: dict, out: Path, **kwargs) -> dict:
+    """Run a normalised config (see :func:`adaspec.bench.grid.build_config`); see :class:`SweepRunner`."""
+    return SweepRunner(cfg, out, **kwargs).run()

@@ -1,0 +1,347 @@
+"""Goodput (cost-model) controller: before each step, the drafter and K that maximise expected tokens per second.
+
+Source: Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding"), Theorem 3.8 and §3.3:
+with i.i.d. acceptance α, K drafts emit E = (1 − α^(K+1)) / (1 − α) tokens per target forward, and the best K
+maximises E over the step's cost. Here the acceptance is position-dependent and every cost is measured on this
+machine, per context-length bucket, while decoding:
+
+    α_d[i]     P(draft position i of drafter d is accepted | positions < i were): forgetful counts of accepted /
+               reached positions (each speculative step multiplies the old counts by ``forget``, each plain step
+               by ``plain_forget``); a position with few observations is shrunk toward the position before it
+               (``shrink`` pseudo-observations; position 0 toward ``prior``).
+    t_d(d, L)  drafting time per token of drafter d at context bucket L: median of recent draft_ms / drafted.
+    t_v(n, L)  target verification time of n = K + 1 tokens at context bucket L: median of recent verify_ms per
+               measured n. A bucket lacking some n takes it from its nearest measured n scaled by the all-bucket
+               curve's shape; beyond the largest measured n that curve is extended linearly from its last two
+               points (flat with one point). So verification cost is measured, not assumed flat or linear: it is
+               nearly flat on memory-bound hardware and grows on compute-bound hardware.
+    o          engine overhead per step outside drafting and verification (median of recent steps).
+
+    E_d(K)  = 1 + Σ_{j=1..K} Π_{i<j} α_d[i]                     expected tokens emitted by the step
+    G(d, K) = E_d(K) / (K t_d(d, L) + t_v(K + 1, L) + o)         expected tokens per millisecond
+    G(plain) = 1 / (t_v(1, L) + o)
+
+K ranges over 1..k_max (and no further than a lookup drafter's match can propose). The controller speculates with
+the best (d, K) when G(d, K) >= min_gain · G(plain) and takes a plain step (K = 0) otherwise, so speculation never
+runs where it is predicted to lose. While plain it still probes the best speculative choice after ``probe_init``
+plain steps, doubling the gap up to ``probe_max`` while speculation keeps losing, to notice when the text turns
+predictable. A drafter never measured is tried once at ``k_init``; before any step was measured the first step is
+plain (it measures t_v(1)). Costs persist across requests (they belong to the machine); acceptance counts are
+scaled by ``carry`` at each new request (they belong to the text).
+
+**Stop within a step** (``confidence_stop``; SpecDec++'s threshold policy, Huang et al. 2024, with the threshold
+derived from the cost model instead of tuned): a drafter that reports its token probabilities q (a draft model
+does) may draft up to k_max tokens, and stops after token j once
+
+    Π_{i<=j} â(q_i) · α_d[j+1]  <  G(d, K) · (t_d(d, L) + t_v(j+3, L) − t_v(j+2, L)),
+
+i.e. when the next token's expected contribution per millisecond falls below the step's planned goodput, which is
+when drafting it would lower the step's tokens per millisecond. â(q) is the probability that a token drafted with
+probability q is accepted, calibrated online on verified outcomes (:class:`~adaspec.controllers.threshold.Calibration`).
+
+With a :class:`~adaspec.drafters.multi.MultiDrafter` the engine asks :meth:`GoodputController.choose_drafter`
+each step, which weighs every sub-drafter that can propose now (e.g. a free n-gram match against the draft model).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from adaspec.controllers.base import Controller
+from adaspec.controllers.threshold import Calibration
+from adaspec.drafters.base import DraftStop
+from adaspec.errors import ConfigError
+from adaspec.stats import StepRecord
+
+BUCKET_EDGES = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+"""Context-length bucket boundaries (tokens): bucket b holds contexts in [edge[b-1], edge[b])."""
+
+
+def bucket_of(context_len: int) -> int:
+    return bisect.bisect_right(BUCKET_EDGES, context_len)
+
+
+class Recent:
+    """Median of the last ``size`` samples: a running estimate robust to one-off outliers (a lazy prefill inside a
+    draft, a page fault), yet quick to follow a real change."""
+
+    def __init__(self, size: int = 9) -> None:
+        self.samples: deque[float] = deque(maxlen=size)
+
+    def add(self, x: float) -> None:
+        self.samples.append(float(x))
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.samples)
+
+    def __bool__(self) -> bool:
+        return bool(self.samples)
+
+
+class CostModel:
+    """Measured step costs in milliseconds: per-token draft time per drafter and verification time per number of
+    verified tokens, both by context bucket, plus the per-step overhead. See the module docstring."""
+
+    def __init__(self, window: int = 9) -> None:
+        self.window = window
+        self.draft: dict[str, dict[int, Recent]] = {}
+        self.verify: dict[int, dict[int, Recent]] = {}
+        self.shape: dict[int, Recent] = {}  # verification time per n, all buckets pooled
+        self.overhead = Recent(window)
+
+    def observe(self, step: StepRecord) -> None:
+        b = bucket_of(step.context_len)
+        n = step.drafted + 1
+        self.verify.setdefault(b, {}).setdefault(n, Recent(self.window)).add(step.verify_ms)
+        self.shape.setdefault(n, Recent(4 * self.window)).add(step.verify_ms)
+        if step.drafted:
+            per_token = step.draft_ms / step.drafted
+            self.draft.setdefault(step.drafter, {}).setdefault(b, Recent(self.window)).add(per_token)
+        self.overhead.add(max(0.0, step.total_ms - step.draft_ms - step.verify_ms))
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.verify)
+
+    def overhead_ms(self) -> float:
+        return self.overhead.value if self.overhead else 0.0
+
+    def draft_ms(self, drafter: str, b: int) -> float | None:
+        """Per-token draft time of ``drafter`` at bucket ``b`` (nearest measured bucket), None if never measured."""
+        per_bucket = self.draft.get(drafter)
+        if not per_bucket:
+            return None
+        return per_bucket[_nearest(per_bucket, b)].value
+
+    def verify_ms(self, n: int, b: int) -> float:
+        """Verification time of ``n`` tokens at bucket ``b``. Needs at least one measurement (``measured``)."""
+        own = self.verify[_nearest(self.verify, b)]
+        if n in own:
+            return own[n].value
+        ref = min(own, key=lambda m: (abs(m - n), m))
+        return own[ref].value * self._shape(n) / self._shape(ref)
+
+    def _shape(self, n: int) -> float:
+        """The pooled curve at ``n``: interpolated between measured n, extended linearly past the ends."""
+        xs = sorted(self.shape)
+        ys = [self.shape[x].value for x in xs]
+        if n in self.shape:
+            return self.shape[n].value
+        if len(xs) == 1:
+            return ys[0]
+        i = bisect.bisect_left(xs, n)
+        lo, hi = (0, 1) if i == 0 else (len(xs) - 2, len(xs) - 1) if i == len(xs) else (i - 1, i)
+        slope = (ys[hi] - ys[lo]) / (xs[hi] - xs[lo])
+        return max(ys[lo] + slope * (n - xs[lo]), 0.05 * min(ys))
+
+
+def _nearest(table: Mapping[int, object], b: int) -> int:
+    return min(table, key=lambda key: (abs(key - b), key))
+
+
+class Acceptance:
+    """Per-position acceptance of one drafter: forgetful counts, shrunk toward the previous position."""
+
+    def __init__(self, positions: int, forget: float, shrink: float, prior: float) -> None:
+        self.accepted = [0.0] * positions
+        self.reached = [0.0] * positions
+        self.forget, self.shrink, self.prior = forget, shrink, prior
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        for i in range(len(self.reached)):
+            self.accepted[i] *= self.forget
+            self.reached[i] *= self.forget
+        for i in range(min(drafted, len(self.reached))):
+            if i < accepted:
+                self.accepted[i] += 1.0
+                self.reached[i] += 1.0
+            else:  # the first rejected position; later ones were never judged
+                self.reached[i] += 1.0
+                break
+
+    def scale(self, factor: float) -> None:
+        self.accepted = [a * factor for a in self.accepted]
+        self.reached = [r * factor for r in self.reached]
+
+    def rates(self) -> list[float]:
+        """α[i] for each position i."""
+        out, previous = [], self.prior
+        for acc, reached in zip(self.accepted, self.reached):
+            previous = (acc + self.shrink * previous) / (reached + self.shrink)
+            out.append(previous)
+        return out
+
+
+def expected_tokens(alphas: list[float], k: int) -> float:
+    """E[tokens emitted] by a step drafting ``k`` tokens with conditional acceptances ``alphas``."""
+    total, reach = 1.0, 1.0
+    for a in alphas[:k]:
+        reach *= a
+        total += reach
+    return total
+
+
+@dataclass(frozen=True)
+class GoodputConfig:
+    """Settings of :class:`GoodputController` (see the module docstring for how each is used)."""
+
+    k_max: int = 8
+    k_init: int = 2
+    min_gain: float = 1.0
+    forget: float = 0.9
+    plain_forget: float = 0.98
+    shrink: float = 2.0
+    prior: float = 0.5
+    carry: float = 0.5
+    window: int = 9
+    probe_init: int = 6
+    probe_max: int = 48
+    confidence_stop: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k_init <= self.k_max:
+            raise ConfigError(f"need 1 <= k_init <= k_max, got {self.k_init}, {self.k_max}")
+        if self.min_gain <= 0:
+            raise ConfigError(f"min_gain must be > 0, got {self.min_gain}")
+        for name in ("forget", "plain_forget", "carry", "prior"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.shrink <= 0 or self.window < 1:
+            raise ConfigError("need shrink > 0 and window >= 1")
+        if not 1 <= self.probe_init <= self.probe_max:
+            raise ConfigError("need 1 <= probe_init <= probe_max")
+
+
+class GoodputController(Controller):
+    """Chooses (drafter, K) by maximising predicted tokens per second against plain decoding."""
+
+    name = "goodput"
+
+    def __init__(self, config: GoodputConfig | None = None, **overrides) -> None:
+        base = config or GoodputConfig()
+        self.config = GoodputConfig(**{**base.__dict__, **overrides}) if overrides else base
+        self.costs = CostModel(self.config.window)
+        self.acceptance: dict[str, Acceptance] = {}
+        self.calibration = Calibration()  # P(accept | draft probability q), for the stop within a step
+        self.stoppable: set[str] = set()  # drafters that consult the stop rule (model drafters do, lookups not)
+        self._q: list[float] = []
+        self._reach = 1.0
+        self._thresholds: list[float] | None = None
+        self.context_len = 0
+        self.last_choice: tuple[str | None, int, float, float] = (None, 0, 0.0, 0.0)  # drafter, K, G, G(plain)
+        self.reset()
+
+    def reset(self) -> None:
+        for acc in self.acceptance.values():
+            acc.scale(self.config.carry)
+        self._plan: tuple[str | None, int] | None = None
+        self.plain_run = 0
+        self.probe_gap = self.config.probe_init
+
+    # Decisions --------------------------------------------------------------------------------------------
+    def choose_drafter(self, options: Mapping[str, int | None]) -> str | None:
+        """Called by the engine with a MultiDrafter: ``options`` maps each sub-drafter to the tokens it can
+        propose now (0 = none, None = unlimited). Returns the drafter to use, None for a plain step."""
+        self._plan = self.decide(options)
+        return self._plan[0]
+
+    def next_k(self) -> int:
+        plan = self._plan if self._plan is not None else self.decide(None)
+        self._plan = None
+        return plan[1]
+
+    def decide(self, options: Mapping[str, int | None] | None) -> tuple[str | None, int]:
+        """(drafter, K) for the next step; (None, 0) = plain. Without ``options`` every drafter seen so far is a
+        candidate (a single drafter's name is learnt from the first speculative step)."""
+        c = self.config
+        if not self.costs.measured:
+            return None, 0
+        if options is None:
+            options = {name: None for name in self.costs.draft} or {"": None}
+        b = bucket_of(self.context_len)
+        overhead = self.costs.overhead_ms()
+        plain_gain = 1.0 / (self.costs.verify_ms(1, b) + overhead)
+        best: tuple[float, str | None, int] = (0.0, None, 0)
+        for name, cap in options.items():
+            k_top = c.k_max if cap is None else min(c.k_max, cap)
+            if k_top <= 0:
+                continue
+            per_token = self.costs.draft_ms(name, b)
+            if per_token is None:  # never measured: try it once
+                return name, min(c.k_init, k_top)
+            alphas = self._acceptance(name).rates()
+            for k in range(1, k_top + 1):
+                gain = expected_tokens(alphas, k) / (k * per_token + self.costs.verify_ms(k + 1, b) + overhead)
+                if gain > best[0]:
+                    best = (gain, name, k)
+        gain, name, k = best
+        self.last_choice = (name, k, gain, plain_gain)
+        if name is None:
+            return None, 0
+        if gain >= c.min_gain * plain_gain:
+            self.plain_run, self.probe_gap = 0, c.probe_init
+            return self._speculate(name, k, gain, b, options[name])
+        self.plain_run += 1
+        if self.plain_run > self.probe_gap:  # probe: speculation may pay again
+            self.plain_run, self.probe_gap = 0, min(2 * self.probe_gap, c.probe_max)
+            return self._speculate(name, k, gain, b, options[name])
+        return None, 0
+
+    def _speculate(self, name: str, k: int, gain: float, b: int, cap: int | None) -> tuple[str, int]:
+        """The step's plan. With the confidence stop and a drafter that consults it, the draft may run to k_max
+        and stops after token j once the calibrated probability that tokens 0..j all get accepted, times the
+        next position's acceptance, is below the planned goodput times the next token's cost: the marginal
+        token would lower the step's expected tokens per millisecond."""
+        self._thresholds = None
+        if not (self.config.confidence_stop and name in self.stoppable):
+            return name, k
+        k_top = self.config.k_max if cap is None else min(self.config.k_max, cap)
+        alphas = self._acceptance(name).rates()
+        per_token = self.costs.draft_ms(name, b) or 0.0
+        verify = [self.costs.verify_ms(n, b) for n in range(1, k_top + 2)]  # verify[n - 1] = t_v(n)
+        self._thresholds = [gain * (per_token + verify[j + 2] - verify[j + 1]) / max(alphas[j + 1], 1e-6)
+                            for j in range(k_top - 1)]
+        return name, k_top
+
+    def draft_stop(self) -> DraftStop | None:
+        if not self.config.confidence_stop:
+            return None
+
+        def stop(position: int, probs: torch.Tensor, token: int) -> bool:
+            if position == 0:
+                self._q.clear()
+                self._reach = 1.0
+            q = float(probs[token])
+            self._q.append(q)
+            self._reach *= self.calibration(q)
+            thresholds = self._thresholds
+            return thresholds is not None and position < len(thresholds) and self._reach < thresholds[position]
+
+        return stop
+
+    def _acceptance(self, name: str) -> Acceptance:
+        if name not in self.acceptance:
+            c = self.config
+            self.acceptance[name] = Acceptance(c.k_max, c.forget, c.shrink, c.prior)
+        return self.acceptance[name]
+
+    def update(self, step: StepRecord) -> None:
+        self.costs.observe(step)
+        self.context_len = step.context_len + step.emitted
+        if step.drafted:
+            self._acceptance(step.drafter).observe(step.drafted, step.accepted)
+            if self._q:  # this drafter asked the stop rule about its tokens
+                self.stoppable.add(step.drafter)
+                self.calibration.observe(self._q, step.drafted, step.accepted)
+        else:  # evidence about acceptance ages while nothing is drafted, so a probe weighs more
+            for acc in self.acceptance.values():
+                acc.scale(self.config.plain_forget)
+        self._q.clear()
+        self._thresholds = None

@@ -1,0 +1,106 @@
+"""Several drafters behind one: a per-step choice between them (e.g. free n-gram lookup, else the draft model).
+
+:class:`MultiDrafter` holds named drafters in preference order. Each step it proposes with one of them:
+
+* **routed** — when the controller has a ``choose_drafter(options)`` method, the engine calls :func:`route` before
+  the step: the controller sees :meth:`MultiDrafter.options` (name → how many tokens that drafter can propose now:
+  0 = nothing, e.g. no n-gram match; None = no limit) and returns a name, or None for a plain step;
+* **fallback** (any other controller) — the first drafter in order whose proposal is non-empty. With the default
+  order ``[ngram, model]`` this is the "use a prompt-lookup match when one of useful length exists (it costs
+  nothing), otherwise the draft model" rule of the hybrid drafter.
+
+Controllers see only names and counts and drafters never see the controller, so neither knows the other's
+internals. Each :class:`~adaspec.drafters.base.Draft` is tagged with the sub-drafter that made it
+(``Draft.source``), which the engine records in :attr:`StepRecord.drafter <adaspec.stats.StepRecord>`, so
+controllers keep per-drafter statistics.
+
+Sub-drafters are prefilled lazily: a draft model that a request never uses costs nothing (its prompt prefill
+would otherwise be paid even when every step is plain, or served by n-gram lookup). The first proposal of a
+sub-drafter in a request pays its prefill inside that step's draft time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
+from adaspec.errors import ConfigError
+from adaspec.sampling import SamplingParams
+
+
+class MultiDrafter(Drafter):
+    """Named drafters in preference order; one proposes per step (see the module docstring).
+
+    Args:
+        drafters: ``{name: drafter}`` in preference order (at least one).
+        lazy_prefill: prefill a sub-drafter on its first use in a request instead of at the request's start.
+    """
+
+    def __init__(self, drafters: Mapping[str, Drafter], *, lazy_prefill: bool = True) -> None:
+        if not drafters:
+            raise ConfigError("MultiDrafter needs at least one drafter")
+        self.drafters = dict(drafters)
+        self.name = "+".join(self.drafters)
+        self.lazy_prefill = lazy_prefill
+        self._prompt: list[int] = []
+        self._prefilled: set[str] = set()
+        self._selected: str | None = None
+        self._routed = False
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        self._prompt = list(prompt_ids)
+        self._prefilled.clear()
+        self._selected, self._routed = None, False
+        if not self.lazy_prefill:
+            for name in self.drafters:
+                self._ready(name)
+
+    def _ready(self, name: str) -> Drafter:
+        drafter = self.drafters[name]
+        if name not in self._prefilled:
+            drafter.prefill(self._prompt)
+            self._prefilled.add(name)
+        return drafter
+
+    def options(self, ids: list[int]) -> dict[str, int | None]:
+        """``{name: tokens it can propose now}``: for a lookup drafter (one with ``match(ids) -> (n, start)``, like
+        :class:`~adaspec.drafters.ngram.NgramDrafter`) the length of the continuation after its match (0 = no
+        match); None (no limit) for the others."""
+        out: dict[str, int | None] = {}
+        for name, drafter in self.drafters.items():
+            if hasattr(drafter, "match"):
+                n, start = self._ready(name).match(ids)
+                out[name] = len(ids) - start if n else 0
+            else:
+                out[name] = None
+        return out
+
+    def select(self, name: str | None) -> None:
+        """Use drafter ``name`` for the next proposal only (None: nothing; the engine then runs a plain step)."""
+        if name is not None and name not in self.drafters:
+            raise ConfigError(f"unknown drafter {name!r}; this MultiDrafter has {', '.join(self.drafters)}")
+        self._selected, self._routed = name, True
+
+    def propose(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
+                stop: DraftStop | None = None) -> Draft:
+        routed, selected = self._routed, self._selected
+        self._selected, self._routed = None, False
+        if k <= 0:
+            return empty_draft()
+        names = ([selected] if selected is not None else []) if routed else list(self.drafters)
+        for name in names:
+            draft = self._ready(name).propose(ids, k, sampling, generator, stop)
+            if len(draft):
+                draft.source = name
+                return draft
+        return empty_draft()
+
+
+def route(drafter: Drafter | None, controller, ids: list[int]) -> None:
+    """Before a step: let a controller with ``choose_drafter(options) -> name | None`` pick the sub-drafter of a
+    :class:`MultiDrafter`. A no-op for any other drafter or controller."""
+    choose = getattr(controller, "choose_drafter", None)
+    if choose is not None and isinstance(drafter, MultiDrafter):
+        drafter.select(choose(drafter.options(ids)))

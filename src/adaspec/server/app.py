@@ -1,0 +1,545 @@
+"""The FastAPI application: OpenAI-compatible routes, auth and body-size middlewares, OpenAI-style errors.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``stream``), ``GET /v1/models``,
+``GET /v1/models/{model}``, ``GET /health`` (no auth), ``GET /metrics`` (Prometheus text format).
+
+Request life: validate (pydantic; 400 with an OpenAI-style body naming the problem) → encode the prompt on the
+encode thread → check it against the context window → take a place in the FIFO queue (503 + Retry-After when
+full) → wait for the model (until the request's deadline: 504) → generate on the generation thread → answer. A
+client that goes away while queued leaves the queue; one that goes away while generating stops the generation
+after the current step, which frees the model for the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from adaspec.engine import GenerationConfig
+from adaspec.errors import AdaspecError, ConfigError, ContextLengthError
+from adaspec.server.metrics import ServerMetrics
+from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
+from adaspec.server.runtime import EngineHandle, Job, ModelHost, QueueFull, Scheduler
+
+log = logging.getLogger("adaspec.server")
+
+SAMPLING_EPS = 1e-5
+
+
+@dataclass
+class ServerConfig:
+    """Server settings (``adaspec serve`` flags).
+
+    Attributes:
+        served_model_name: the name clients pass as ``model`` (default: the target's name).
+        api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <api_key>``.
+        max_queue: requests that may wait for the model besides the running one; more get 503.
+        request_timeout: seconds from arrival (queue wait included) after which a request is stopped (504).
+        max_body_bytes: larger request bodies get 413.
+        default_max_tokens: ``max_tokens`` when a request gives none (capped by the context window).
+        max_tokens_limit: the largest ``max_tokens`` accepted (default: the context window).
+        metrics_namespace: prefix of the metric names.
+    """
+
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_queue: int = 32
+    request_timeout: float = 600.0
+    max_body_bytes: int = 1 << 20
+    default_max_tokens: int = 256
+    max_tokens_limit: int | None = None
+    metrics_namespace: str = "adaspec"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Middlewares (pure ASGI, so streaming and disconnect detection pass through untouched)
+# --------------------------------------------------------------------------------------------------------------
+
+
+async def _send_json(send, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
+    data = json.dumps(body).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": data})
+
+
+class AuthMiddleware:
+    """Bearer-token check on every HTTP route except ``/health``."""
+
+    def __init__(self, app, api_key: str, open_paths: tuple[str, ...] = ("/health",)) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+        self.open_paths = open_paths
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
+            return await self.app(scope, receive, send)
+        given = b""
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                given = value
+                break
+        if not hmac.compare_digest(given, self.expected):
+            message = ("missing API key: send it as 'Authorization: Bearer <key>'" if not given
+                       else "incorrect API key provided")
+            return await _send_json(send, 401, error_body(message, code="invalid_api_key"),
+                                    {"www-authenticate": "Bearer"})
+        return await self.app(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Reads the whole request body up front, answering 413 beyond ``max_bytes`` (declared or actual), then
+    replays it to the app; later ``receive`` calls (disconnect detection) pass through."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_big = error_body(f"request body exceeds this server's limit of {self.max_bytes} bytes",
+                             code="request_too_large")
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    return await _send_json(send, 400, error_body("invalid Content-Length header"))
+                if declared > self.max_bytes:
+                    return await _send_json(send, 413, too_big)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_bytes:
+                return await _send_json(send, 413, too_big)
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One readable line naming the offending fields, and the first field's name as OpenAI's ``param``."""
+    parts, param = [], None
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        kind = err.get("type", "")
+        if kind == "json_invalid":
+            ctx = err.get("ctx", {}) or {}
+            return f"the request body is not valid JSON: {ctx.get('error', err.get('msg'))}", None
+        # Union members add their type names to the location ('str', 'list[int]', ...); keep the field path.
+        loc = [x for x in loc if not any(c in x for c in "[]") and x not in
+               ("str", "int", "float", "bool", "dict", "list", "function-after", "constrained-str")]
+        where = ".".join(loc) or "body"
+        if where == "body" and kind == "missing":
+            return "the request needs a JSON object body", None
+        msg = err.get("msg", "invalid value")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        text = f"{where}: {msg}"
+        if text not in parts:
+            parts.append(text)
+        if param is None and loc:
+            param = loc[0]
+    if not parts:
+        return "invalid request", None
+    shown = parts[:5]
+    more = f" (and {len(parts) - 5} more)" if len(parts) > 5 else ""
+    return "invalid request: " + "; ".join(shown) + more, param
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class _SSEResponse(StreamingResponse):
+    """A streaming response whose ``cleanup`` always runs, even when the body iterator never started (a client
+    that disconnects before the first byte)."""
+
+    def __init__(self, content: AsyncIterator[str], cleanup: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+        self._cleanup = cleanup
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._cleanup()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The application
+# --------------------------------------------------------------------------------------------------------------
+
+
+def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
+    """Build the ASGI app around a loaded :class:`ModelHost`."""
+    config = config or ServerConfig()
+    served = config.served_model_name or host.name
+    metrics = ServerMetrics(served, namespace=config.metrics_namespace)
+    scheduler = Scheduler(config.max_queue)
+    metrics.running.labels(served).set_function(lambda: scheduler.running)
+    metrics.waiting.labels(served).set_function(lambda: scheduler.waiting)
+    metrics.speculation_state(0 if host.default.plain else host.engine_for(host.default).controller.next_k())
+    created = int(time.time())
+    limit = min(config.max_tokens_limit or host.max_context, host.max_context)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        host.cancel_current()  # stop a running generation so shutdown does not wait for it
+
+    app = FastAPI(title="adaspec", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI-compatible API over adaspec's adaptive, lossless speculative decoding.")
+    app.state.host = host
+    app.state.metrics = metrics
+    app.state.scheduler = scheduler
+    app.state.config = config
+
+    # Errors --------------------------------------------------------------------------------------------------
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        message, param = _validation_message(exc)
+        if request.url.path in ("/v1/completions", "/v1/chat/completions"):
+            metrics.outcome("invalid")
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        return JSONResponse(error_body(message, type="invalid_request_error"), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body(f"internal server error: {type(exc).__name__}", type="server_error"),
+                            status_code=500)
+
+    # Small routes --------------------------------------------------------------------------------------------
+    @app.get("/health", summary="Liveness and queue state (no auth)")
+    async def health() -> dict:
+        return {"status": "ok", "model": served, "running": scheduler.running, "waiting": scheduler.waiting,
+                "max_queue": scheduler.max_waiting}
+
+    def model_card() -> dict:
+        return {"id": served, "object": "model", "created": created, "owned_by": "adaspec",
+                "root": host.name, "max_model_len": host.max_context,
+                "speculation": {**host.default.as_dict(), "available_drafters": host.available_drafters()}}
+
+    @app.get("/v1/models", summary="The served model")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}", summary="One model")
+    async def get_model(model: str) -> dict:
+        check_model(model)
+        return model_card()
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    # Generation ----------------------------------------------------------------------------------------------
+    def check_model(name: str | None) -> None:
+        if name is not None and name not in (served, host.name):
+            raise APIError(404, f"the model {name!r} does not exist on this server; it serves {served!r}",
+                           param="model", code="model_not_found")
+
+    def resolve_settings(body) -> EngineHandle:
+        opts = body.speculation
+        try:
+            settings = host.normalise(opts.drafter, opts.controller, opts.k) if opts else host.default
+        except ConfigError as e:
+            raise APIError(400, str(e), param="speculation") from None
+        return host.engine_for(settings)
+
+    async def encode(body, chat: bool) -> list[int]:
+        loop = asyncio.get_running_loop()
+        try:
+            if chat:
+                messages = [m.as_template_message() for m in body.messages]
+                ids = await loop.run_in_executor(host.encode_executor, host.encode_chat, messages)
+            elif isinstance(body.prompt, str):
+                ids = await loop.run_in_executor(host.encode_executor, host.encode_text, body.prompt)
+            else:
+                vocab = host.target.backend.vocab_size
+                bad = [t for t in body.prompt if t >= vocab]
+                if bad:
+                    raise APIError(400, f"prompt token id {bad[0]} is out of range: this model's vocabulary has "
+                                        f"{vocab} ids", param="prompt")
+                ids = list(body.prompt)
+        except APIError:
+            raise
+        except AdaspecError as e:
+            raise APIError(400, str(e), param="messages" if chat else "prompt") from None
+        except Exception as e:  # e.g. jinja2 TemplateError from a chat template
+            if type(e).__module__.startswith("jinja2"):
+                raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from None
+            raise
+        if not ids:
+            raise APIError(400, "the prompt is empty (no tokens)", param="messages" if chat else "prompt")
+        return ids
+
+    def generation_config(body, prompt_len: int, chat: bool) -> GenerationConfig:
+        ctx = host.max_context
+        param = "messages" if chat else "prompt"
+        if prompt_len >= ctx:
+            raise APIError(400, f"this model's maximum context length is {ctx} tokens, but the prompt has "
+                                f"{prompt_len} tokens; shorten it to at most {ctx - 1}", param=param,
+                           code="context_length_exceeded")
+        if body.max_tokens is None:
+            max_tokens = max(1, min(config.default_max_tokens, limit, ctx - prompt_len))
+        else:
+            max_tokens = body.max_tokens
+            if max_tokens > limit:
+                raise APIError(400, f"max_tokens={max_tokens} exceeds this server's limit of {limit}",
+                               param="max_tokens")
+            if prompt_len + max_tokens > ctx:
+                raise APIError(400, f"this model's maximum context length is {ctx} tokens; you requested "
+                                    f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} "
+                                    f"in the completion); reduce the prompt or max_tokens", param="max_tokens",
+                               code="context_length_exceeded")
+        seed = body.seed % (1 << 64) if body.seed is not None else None
+        # Like vLLM, temperatures this close to 0 mean greedy (dividing logits by them overflows to inf/NaN).
+        temperature = body.temperature if body.temperature >= SAMPLING_EPS else 0.0
+        try:
+            return GenerationConfig(max_new_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
+                                    top_k=max(0, body.top_k), seed=seed, stop=body.stop_list,
+                                    ignore_eos=body.ignore_eos)
+        except ConfigError as e:
+            raise APIError(400, str(e)) from None
+
+    def retry_after() -> str:
+        per = host.service_s or 10.0
+        return str(max(1, min(3600, math.ceil(per * (scheduler.waiting + 1)))))
+
+    async def wait_for_slot(ticket: asyncio.Future, deadline: float) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(ticket), timeout=max(0.0, deadline - time.monotonic()))
+        except BaseException as e:
+            scheduler.abandon(ticket)
+            if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
+                metrics.outcome("timeout")
+                raise APIError(504, f"the request waited longer than this server's timeout of "
+                                    f"{config.request_timeout:g} s for the model", type="timeout_error",
+                               code="timeout") from None
+            raise
+
+    def start_job(handle: EngineHandle, ids: list[int], cfg: GenerationConfig, arrival: float,
+                  deadline: float) -> Job:
+        """Start generating; the slot is released when the generation thread finishes."""
+        loop = asyncio.get_running_loop()
+        job = Job(host, handle, ids, cfg, arrival, deadline, metrics, loop)
+        try:
+            fut = loop.run_in_executor(host.generate_executor, job.run)
+        except BaseException:
+            scheduler.release()
+            raise
+        fut.add_done_callback(lambda _: scheduler.release())
+        return job
+
+    async def prepare(request: Request, body, chat: bool):
+        arrival = time.monotonic()
+        check_model(body.model)
+        handle = resolve_settings(body)
+        ids = await encode(body, chat)
+        cfg = generation_config(body, len(ids), chat)
+        return arrival, handle, ids, cfg
+
+    def timeout_error() -> APIError:
+        return APIError(504, f"generation stopped: the request ran past this server's timeout of "
+                             f"{config.request_timeout:g} s", type="timeout_error", code="timeout")
+
+    def job_error(job: Job) -> APIError:
+        if isinstance(job.error, AdaspecError):
+            return APIError(400, str(job.error), param="prompt" if isinstance(job.error, ContextLengthError) else None)
+        return APIError(500, f"generation failed: {type(job.error).__name__}", type="server_error")
+
+    def usage(job: Job) -> dict:
+        s = job.result.stats
+        return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens,
+                "total_tokens": s.prompt_tokens + s.new_tokens}
+
+    async def generate(request: Request, body, chat: bool):
+        try:
+            arrival, handle, ids, cfg = await prepare(request, body, chat)
+        except APIError:
+            metrics.outcome("invalid")
+            raise
+        deadline = arrival + config.request_timeout
+        try:
+            ticket = scheduler.reserve()
+        except QueueFull:
+            metrics.outcome("rejected")
+            raise APIError(503, f"the server is busy: {scheduler.waiting} requests are already waiting for the "
+                                f"model (queue limit {scheduler.max_waiting}); retry later",
+                           type="server_busy", code="queue_full", headers={"retry-after": retry_after()}) from None
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        if body.stream:
+            return stream_response(request, body, chat, rid, ticket, handle, ids, cfg, arrival, deadline)
+        return await complete(request, body, chat, rid, ticket, handle, ids, cfg, arrival, deadline)
+
+    async def _disconnected(request: Request) -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    async def complete(request, body, chat, rid, ticket, handle, ids, cfg, arrival, deadline):
+        watcher = asyncio.ensure_future(_disconnected(request))
+        job = None
+        try:
+            waiting = asyncio.ensure_future(wait_for_slot(ticket, deadline))
+            done, _ = await asyncio.wait({waiting, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if waiting not in done:  # the client left while queued
+                waiting.cancel()
+                try:
+                    await waiting
+                except BaseException:
+                    pass
+                metrics.outcome("cancelled")
+                return Response(status_code=499)
+            waiting.result()  # raises the 504 if it timed out
+            job = start_job(handle, ids, cfg, arrival, deadline)
+            while True:
+                getter = asyncio.ensure_future(job.events.get())
+                done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    job.cancel.set()
+                    return Response(status_code=499)
+                kind, _item = getter.result()
+                if kind == "end":
+                    break
+        finally:
+            watcher.cancel()
+            if job is not None and job.finished is None:
+                job.cancel.set()
+        if job.error is not None:
+            raise job_error(job)
+        if job.outcome == "timeout" or job.result is None:
+            raise timeout_error()
+        result = job.result
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+                      "logprobs": None, "finish_reason": result.finish_reason}
+        else:
+            choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": served, "choices": [choice], "usage": usage(job), "speculation": job.summary()}
+
+    def stream_response(request, body, chat, rid, ticket, handle, ids, cfg, arrival, deadline):
+        state: dict = {"job": None, "holding": False}
+        created_at = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(delta_text: str | None, finish: str | None = None, *, role: bool = False, **extra) -> dict:
+            if chat:
+                delta = {"role": "assistant", "content": ""} if role else (
+                    {"content": delta_text} if delta_text is not None else {})
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish}
+            return {"id": rid, "object": obj, "created": created_at, "model": served, "choices": [choice], **extra}
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                await wait_for_slot(ticket, deadline)
+            except APIError as e:  # timed out in the queue
+                state["holding"] = None
+                yield _sse(e.body())
+                yield "data: [DONE]\n\n"
+                return
+            except BaseException:  # cancelled (client gone) while queued; wait_for_slot gave the place back
+                state["holding"] = None
+                metrics.outcome("cancelled")
+                raise
+            state["holding"] = True
+            job = state["job"] = start_job(handle, ids, cfg, arrival, deadline)
+            if chat:
+                yield _sse(chunk(None, role=True))
+            while True:
+                kind, item = await job.events.get()
+                if kind == "chunk":
+                    if item.text:
+                        yield _sse(chunk(item.text))
+                elif kind == "end":
+                    break
+            if job.error is not None:
+                yield _sse(job_error(job).body())
+            elif job.outcome == "timeout" or job.result is None:
+                yield _sse(timeout_error().body())
+            else:
+                yield _sse(chunk(None, job.result.finish_reason, speculation=job.summary()))
+                if body.include_usage:
+                    yield _sse({"id": rid, "object": obj, "created": created_at, "model": served, "choices": [],
+                                "usage": usage(job)})
+            yield "data: [DONE]\n\n"
+
+        def cleanup() -> None:
+            job = state["job"]
+            if job is not None:
+                if job.finished is None:
+                    job.cancel.set()  # client gone mid-stream: stop after the current step
+            elif state["holding"] is False:  # never reached the model: give the queue place back
+                scheduler.abandon(ticket)
+                metrics.outcome("cancelled")
+
+        return _SSEResponse(events(), cleanup)
+
+    @app.post("/v1/completions", summary="Text completion (OpenAI-compatible)")
+    async def completions(request: Request, body: CompletionRequest):
+        return await generate(request, body, chat=False)
+
+    @app.post("/v1/chat/completions", summary="Chat completion (OpenAI-compatible)")
+    async def chat_completions(request: Request, body: ChatCompletionRequest):
+        return await generate(request, body, chat=True)
+
+    # Middlewares: the last added runs first. Auth before reading any body.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    if config.api_key:
+        app.add_middleware(AuthMiddleware, api_key=config.api_key)
+    return app

@@ -1,0 +1,64 @@
+"""Entry point of ``adaspec serve`` (the argument parser lives in :mod:`adaspec.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+
+from adaspec.errors import AdaspecError
+
+API_KEY_ENV = "ADASPEC_API_KEY"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from adaspec.server.app import ServerConfig, create_app
+        from adaspec.server.runtime import ModelHost
+    except ImportError as e:
+        raise AdaspecError(f"adaspec serve needs the 'serve' extra ({e.name} is missing): "
+                           "pip install 'adaspec[serve]'") from None
+
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if not _is_loopback(args.host) and not api_key:
+        print(f"adaspec: warning: listening on {args.host} without an API key; anyone who can reach this port can "
+              f"use the model (set --api-key or {API_KEY_ENV})", file=sys.stderr)
+    if args.max_queue < 0:
+        raise AdaspecError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.request_timeout <= 0:
+        raise AdaspecError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
+    print(f"adaspec: loading {args.target} (drafter {args.draft}, controller {args.controller})...", file=sys.stderr)
+    host = ModelHost.load(args.target, args.draft, controller=args.controller, k=args.k, dtype=args.dtype,
+                          threads=args.threads, extra_drafters=args.allow_drafter)
+    if not args.no_warmup:
+        host.warmup()
+    config = ServerConfig(served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
+                          request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
+                          default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit,
+                          metrics_namespace=args.metrics_namespace)
+    import prometheus_client
+
+    prometheus_client.disable_created_metrics()  # no *_created series (as vLLM)
+    app = create_app(host, config)
+    plain = f", plain step {host.plain_ms:.1f} ms" if host.plain_ms else ""
+    print(f"adaspec: serving {config.served_model_name or host.name} on http://{args.host}:{args.port}/v1 "
+          f"(auth {'on' if api_key else 'off'}, queue {args.max_queue}{plain})", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    finally:
+        host.shutdown()
+    return 0

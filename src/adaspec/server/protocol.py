@@ -1,0 +1,251 @@
+"""Request and response shapes of the OpenAI-compatible API (pydantic), and OpenAI-style errors.
+
+Requests follow OpenAI's ``/v1/completions`` and ``/v1/chat/completions`` bodies. Unknown fields are rejected
+(as OpenAI does), and OpenAI fields adaspec cannot honour (penalties, logprobs, tools, ``n`` > 1, ...) are
+accepted only at their neutral value, so a client never gets silently different behaviour. Extensions:
+
+* ``speculation``: ``{"drafter": ..., "controller": ..., "k": ...}``, this request's speculation settings
+  (server-side defaults for what is left out);
+* ``top_k`` and ``ignore_eos`` (as in vLLM).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+# --------------------------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------------------------
+
+
+class APIError(Exception):
+    """An error answered to the client with an OpenAI-style body::
+
+        {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+    """
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Requests
+# --------------------------------------------------------------------------------------------------------------
+
+MAX_STOP = 16
+MAX_STOP_CHARS = 256
+MAX_TOKENS_CAP = 1 << 31  # anything above is rejected by validation; the real limit is checked per model
+
+StopString = Annotated[str, StringConstraints(max_length=MAX_STOP_CHARS)]
+
+
+class SpeculationOptions(BaseModel):
+    """Per-request speculation settings (adaspec extension). Missing fields take the server's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    drafter: str | None = Field(
+        None, max_length=200,
+        description="'none' (plain decoding), 'ngram', 'layerskip:N', or a draft model the server has loaded")
+    controller: Literal["adaptive", "heuristic", "fixed"] | None = Field(
+        None, description="draft-length controller")
+    k: int | None = Field(None, ge=0, le=32, description="fixed K, or the initial K of adaptive/heuristic")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+def _neutral(name: str, value: Any, neutral: tuple) -> Any:
+    if value not in neutral and not (isinstance(value, (dict, list)) and not value):
+        raise ValueError(f"{name} is not supported by adaspec; leave it out (or set it to {neutral[0]!r})")
+    return value
+
+
+class _CommonRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, max_length=256, description="the served model's name (default: that model)")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CAP, description="tokens to generate at most")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(0, ge=-1, le=1 << 20, description="extension: keep the k most likely tokens (0 or -1: off)")
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 64) - 1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, description="number of choices; only 1 is supported")
+    user: str | None = Field(None, max_length=256)
+    presence_penalty: float = Field(0.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = Field(False, description="extension: keep generating past end-of-sequence tokens")
+    speculation: SpeculationOptions | None = Field(None, description="extension: speculation settings")
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(f"n={v} is not supported: adaspec returns one choice per request (n must be 1); "
+                             "send separate requests for more samples")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, v: float, info) -> float:
+        return _neutral(info.field_name, v, (0.0,))
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v, info):
+        return _neutral(info.field_name, v, (None,))
+
+    @property
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class CompletionRequest(_CommonRequest):
+    """``POST /v1/completions``: a raw prompt (no chat template)."""
+
+    prompt: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[
+        list[TokenIds], Field(min_length=1)] = Field(..., description="a string, or a list of token ids")
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v, info):
+        return _neutral(info.field_name, v, (False,))
+
+    @field_validator("suffix", "logprobs")
+    @classmethod
+    def _none_only(cls, v, info):
+        return _neutral(info.field_name, v, (None,))
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v, info):
+        return _neutral(info.field_name, v, (None, 1))
+
+    @field_validator("prompt")
+    @classmethod
+    def _single_prompt(cls, v):
+        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
+            if len(v) != 1:
+                raise ValueError(f"batched prompts are not supported ({len(v)} prompts given); send one request "
+                                 "per prompt")
+            return v[0]
+        return v
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = Field(None, max_length=256)
+    # Fields clients echo back from earlier responses; accepted while empty.
+    refusal: str | None = None
+    tool_calls: list[Any] | None = None
+    function_call: Any | None = None
+    audio: Any | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("tool_calls", "function_call", "audio")
+    @classmethod
+    def _empty(cls, v, info):
+        return _neutral(info.field_name, v, (None,))
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+    def as_template_message(self) -> dict:
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": self.text}
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(_CommonRequest):
+    """``POST /v1/chat/completions``: messages rendered with the model's chat template."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CAP, description="alias of max_tokens")
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v, info):
+        return _neutral(info.field_name, v, (None, False))
+
+    @field_validator("top_logprobs", "tools", "functions")
+    @classmethod
+    def _none_only(cls, v, info):
+        return _neutral(info.field_name, v, (None,))
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v, info):
+        return _neutral(info.field_name, v, (None, "none"))
+
+    @model_validator(mode="after")
+    def _max_tokens_alias(self):
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise ValueError(f"max_tokens ({self.max_tokens}) and max_completion_tokens "
+                                 f"({self.max_completion_tokens}) disagree; give one of them")
+            self.max_tokens = self.max_completion_tokens
+        return self

@@ -1,0 +1,165 @@
+"""``adaspec map``: maps and report from a small synthetic results file with a known cost law."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from adaspec.bench.costmodel import CostModel, expected_tokens
+from adaspec.bench.report import analyse, findings, to_html
+from adaspec.cli import main
+from adaspec.compare import read_results
+
+SETTING = {"target": "big", "dtype": "bfloat16", "threads": 2, "backend": "torch", "batch": 1}
+DRAFT = "small"
+
+
+def t_verify(n, ctx):
+    return 200 + 8 * (n - 1) + 0.02 * ctx + 0.006 * (n - 1) * ctx
+
+
+def t_draft(ctx):
+    return 70 + 0.01 * ctx
+
+
+def synthetic_rows(seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    rows = [{"kind": "meta", "key": "meta-1", "argv": ["adaspec", "bench", "--quick"],
+             "machine": {"cpu": "Test CPU", "cores": 2, "cpu_flags": "", "memory_bytes": 24 * 2**30, "torch": "x"}},
+            {"kind": "memory", "key": "mem-1", **SETTING, "target_param_bytes": 3 * 2**30,
+             "target_rss_delta_bytes": 3 * 2**30, "target_kv_bytes_per_token": 28672,
+             "drafts": {DRAFT: {"param_bytes": 2**30, "rss_delta_bytes": int(1.1 * 2**30),
+                                "kv_bytes_per_token": 12288}, "ngram": {"param_bytes": 0, "rss_delta_bytes": 0,
+                                                                        "kv_bytes_per_token": 0}}}]
+    i = 0
+    for ctx in (256, 1024, 2048):
+        for n in (1, 2, 3, 5, 9):
+            rows.append({"kind": "micro", "key": f"m{i}", "micro_key": "mt", **SETTING, "model": "big",
+                         "role": "target", "measure": "forward", "context": ctx, "n": n, "ms": t_verify(n, ctx),
+                         "samples": []})
+            i += 1
+        rows.append({"kind": "micro", "key": f"m{i}", "micro_key": "md", **SETTING, "model": DRAFT, "role": "draft",
+                     "measure": "forward", "context": ctx, "n": 1, "ms": t_draft(ctx), "samples": []})
+        i += 1
+    rows.append({"kind": "micro", "key": "mo", "micro_key": "mo", **SETTING, "model": "big", "role": "target",
+                 "measure": "overhead", "context": 256, "n": 1, "ms": 2.0, "samples": []})
+    model = CostModel({n: (200 + 8 * (n - 1), 0.02 + 0.006 * (n - 1)) for n in (1, 2, 3, 5, 9)},
+                      {DRAFT: (70.0, 0.01)}, 2.0)
+
+    def point(sweep, drafter, k, ctx, alpha, cost_ms=None, temp=0.0, controller="fixed", plain_fraction=0.0):
+        nonlocal i
+        i += 1
+        mean_ctx = ctx + 16
+        cost = cost_ms if drafter == "calibrated" else (None if drafter == "ngram" else drafter)
+        speedup = model.speedup(alpha, k, mean_ctx, cost, plain_fraction) * (1 + rng.uniform(-0.02, 0.02))
+        steps = 20
+        spec_steps = round(steps * (1 - plain_fraction))
+        accepted = round(alpha * 40)
+        plain_tpot = model.plain_step_ms(mean_ctx)
+        return {"kind": "point", "key": f"p{i}", **SETTING, "sweep": sweep, "drafter": drafter, "k": k,
+                "controller": controller, "context": ctx, "prompt_tokens": ctx, "temperature": temp,
+                "workload": "humaneval", "alpha_dial": alpha if drafter == "calibrated" else None,
+                "cost_ms": cost_ms, "alpha_l": alpha, "alpha": alpha * 0.8, "tau": expected_tokens(alpha, k),
+                "speculation_steps": spec_steps, "accepted_tokens": accepted, "rejections": 40 - accepted,
+                "mean_drafted": k, "plain_fraction": plain_fraction, "mean_context": mean_ctx,
+                "speedup": speedup, "speedup_e2e": speedup * 0.9, "ttft_ms": 3000.0, "tpot_ms": plain_tpot / speedup,
+                "tokens_per_s": 1000 / (plain_tpot / speedup), "decode_tokens_per_s": 1000 / (plain_tpot / speedup),
+                "cpu_s_per_token": 0.4, "energy_j_per_token": None,
+                "energy_source": "not measurable here", "step_draft_ms": k * (cost_ms or 0),
+                "step_verify_ms": model.verify_ms(k + 1, mean_ctx), "step_other_ms": 2.0, "new_tokens": 32,
+                "steps": steps, "offpath_positions": 0 if drafter == "calibrated" else None}
+
+    for alpha in (0.4, 0.6, 0.8, 0.95):
+        for k in (2, 4, 8):
+            rows.append(point("alpha-k", "calibrated", k, 256, alpha, cost_ms=t_draft(272)))
+    for ctx in (1024, 2048):
+        for k in (2, 4):
+            rows.append(point("context-k", "calibrated", k, ctx, 0.8, cost_ms=t_draft(ctx + 16)))
+    rows.append(point("real", DRAFT, 4, 256, 0.9))
+    rows.append(point("real", "ngram", 4, 256, 0.6, plain_fraction=0.5))
+    rows.append({"kind": "plain", "key": "g1", **SETTING, "context": 256, "temperature": 0.0, "step_verify_ms": 205.0,
+                 "step_other_ms": 2.0, "tpot_ms": 207.0, "decode_tokens_per_s": 1000 / 207})
+    return rows
+
+
+@pytest.fixture
+def results(tmp_path) -> Path:
+    path = tmp_path / "bench.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows()))
+    return path
+
+
+def test_report_from_synthetic_results(results, tmp_path, capsys):
+    report = tmp_path / "docs" / "boundary.md"
+    assert main(["map", str(results), "--report", str(report), "--img-dir", str(tmp_path / "docs" / "img"),
+                 "--html", str(tmp_path / "docs" / "b.html")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    out = {"figures": {"bfloat16-t2-torch": {
+        name: tmp_path / "docs" / "img" / f"boundary-bfloat16-t2-torch-{suffix}.png"
+        for name, suffix in (("alpha_k", "alpha-k"), ("context_k", "context-k"), ("alpha_curves", "speedup-vs-alpha"),
+                             ("verify_cost", "verify-cost"), ("time_split", "time-split"))}},
+           "analyses": analyse(read_results(results))}
+    md = report.read_text()
+    for needle in ("## Overview", "Minimum α at which speculation pays", "Best K per context", "stops paying",
+                   "Memory cost of the draft", "Against the rules of thumb", "pays above ~70% acceptance",
+                   "draft 1/10–1/20 of the target", "adaspec bench --quick", f"adaspec map {results}",
+                   "not measurable here"):
+        assert needle in md, needle
+    figs = out["figures"]["bfloat16-t2-torch"]
+    assert set(figs) == {"alpha_k", "context_k", "alpha_curves", "verify_cost", "time_split"}
+    for path in figs.values():
+        assert path.stat().st_size < 150_000 and path.read_bytes()[:4] == b"\x89PNG"
+        assert f"]({Path('img') / path.name})" in md  # linked relative to the report
+    html = (tmp_path / "docs" / "b.html").read_text()
+    assert "<table" in html and "<img" in html and "<h2>" in html
+    # The numbers the report states are the cost model's.
+    (a,) = out["analyses"]
+    assert a.median_error < 0.03  # synthetic points are the law ± 2%
+    assert a.reference_alpha == pytest.approx(0.9, abs=0.02)  # the real draft's measured α
+    f = findings(a)
+    for k in (1, 2, 4, 8):
+        want = a.model.min_alpha(k, a.map_context + 16, f["cal_cost_ms"])
+        assert f["min_alpha"][k] == pytest.approx(want)
+        assert re.search(rf"K = {k}: {want:.2f}", md)
+
+
+def test_analysis_ignores_settings_without_micro(results):
+    rows = read_results(results)
+    rows = [r for r in rows if r["kind"] != "micro"]
+    assert analyse(rows) == []
+
+
+def test_map_cli_error(tmp_path):
+    assert main(["map", str(tmp_path / "missing.jsonl"), "--report", str(tmp_path / "r.md")]) == 2
+
+
+def test_html_conversion():
+    html = to_html("# T\n\n- a **b**\n\n| x | y |\n|---|---|\n| 1 | `2` |\n\n```bash\nls <x>\n```\n", "T")
+    assert "<h1>T</h1>" in html and "<li>a <b>b</b></li>" in html and "<td><code>2</code></td>" in html
+    assert "ls &lt;x&gt;" in html
+
+
+def test_profile_advice_on_tiny_models(tmp_path, monkeypatch):
+    from bench_tiny import tiny_loader
+
+    from adaspec.bench.advise import format_advice, profile_workload
+
+    monkeypatch.setattr("adaspec.bench.prompts.corpus_text",
+                        lambda max_chars=600_000: "Some real background text, sentence after sentence. " * 200)
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"prompt": f"def add_{i}(a, b):\n    return a + b\n" * 3}) + "\n"
+                                for i in range(4)))
+    advice = profile_workload(str(workload), target="tiny-target", drafts=["tiny-draft", "ngram"], sample=2,
+                              max_new_tokens=12, loader=tiny_loader, threads=1, bootstrap=200)
+    assert advice["enable"] in ("yes", "no", "marginal") and advice["sample"] == 2
+    assert {c["drafter"] for c in advice["candidates"]} == {"tiny-draft", "ngram"}
+    lo, hi = advice["ci95"]
+    assert lo <= hi and advice["reason"]
+    rec = advice["recommended"]
+    assert (rec["k"] == 0) == (advice["enable"] == "no")
+    json.dumps(advice)
+    assert "expected speedup" in format_advice(advice)

@@ -1,0 +1,274 @@
+"""The goodput (cost-model) controller on scripted StepRecords and on a simulated machine (no model, no timing)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from adaspec.controllers import GoodputController, make_controller
+from adaspec.controllers.goodput import Acceptance, CostModel, Recent, bucket_of, expected_tokens
+from adaspec.errors import ConfigError
+from adaspec.stats import StepRecord
+
+
+def rec(drafted: int, accepted: int, *, draft_ms: float = 0.0, verify_ms: float = 100.0, ctx: int = 100,
+        drafter: str = "d", k: int | None = None, overhead: float = 0.0) -> StepRecord:
+    return StepRecord(k=drafted if k is None else k, drafted=drafted, accepted=accepted, emitted=accepted + 1,
+                      context_len=ctx, draft_ms=draft_ms, verify_ms=verify_ms,
+                      total_ms=draft_ms + verify_ms + overhead, drafter=drafter if drafted else "")
+
+
+class Machine:
+    """A simulated target + drafter: per-token draft cost, verify cost curve t_v(n), per-position acceptance."""
+
+    def __init__(self, draft_ms: float, verify, alphas, *, seed: int = 0, ctx: int = 100) -> None:
+        self.draft_ms, self.verify, self.alphas = draft_ms, verify, alphas
+        self.rng = random.Random(seed)
+        self.ctx = ctx
+
+    def step(self, k: int, drafter: str = "d") -> StepRecord:
+        accepted = 0
+        while accepted < k and self.rng.random() < self.alphas[min(accepted, len(self.alphas) - 1)]:
+            accepted += 1
+        return rec(k, accepted, draft_ms=k * self.draft_ms, verify_ms=self.verify(k + 1), ctx=self.ctx,
+                   drafter=drafter)
+
+    def goodput(self, k: int) -> float:
+        return expected_tokens(list(self.alphas) + [self.alphas[-1]] * 16, k) / (k * self.draft_ms + self.verify(k + 1))
+
+    def best_k(self, k_max: int = 8) -> int:
+        return max(range(k_max + 1), key=self.goodput)
+
+
+def drive(ctrl, machine: Machine, steps: int) -> list[int]:
+    ks = []
+    for _ in range(steps):
+        k = ctrl.next_k()
+        ks.append(k)
+        ctrl.update(machine.step(k))
+    return ks
+
+
+# Pieces -------------------------------------------------------------------------------------------------------
+def test_expected_tokens_matches_leviathan_closed_form():
+    for alpha in (0.0, 0.3, 0.8, 1.0):
+        for k in range(6):
+            closed = k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+            assert expected_tokens([alpha] * 8, k) == pytest.approx(closed)
+    assert expected_tokens([0.5, 0.4], 2) == pytest.approx(1 + 0.5 + 0.2)
+
+
+def test_recent_is_a_median():
+    r = Recent(5)
+    assert not r
+    for x in (10, 11, 9, 500, 10):
+        r.add(x)
+    assert r.value == 10  # the outlier does not move it
+    for x in (20, 20, 20):
+        r.add(x)
+    assert r.value == 20  # the window follows a real change
+
+
+def test_buckets():
+    assert bucket_of(0) == bucket_of(255) == 0
+    assert bucket_of(256) == 1 and bucket_of(1023) == 2 and bucket_of(10**9) == 8
+
+
+def test_cost_model_verify_curve_is_measured_and_filled_from_its_shape():
+    costs = CostModel()
+    assert not costs.measured
+    costs.observe(rec(0, 0, verify_ms=100.0))
+    assert costs.measured
+    assert costs.verify_ms(5, 0) == 100.0  # one point: flat until measured
+    costs.observe(rec(2, 1, draft_ms=20.0, verify_ms=120.0))  # n = 3
+    assert costs.verify_ms(1, 0) == 100.0 and costs.verify_ms(3, 0) == 120.0
+    assert costs.verify_ms(2, 0) == pytest.approx(110.0)  # interpolated
+    assert costs.verify_ms(5, 0) == pytest.approx(140.0)  # extended linearly: 10 ms per token
+    assert costs.draft_ms("d", 0) == 10.0 and costs.draft_ms("other", 0) is None
+    # Another bucket with only plain steps measured takes its shape from the pooled curve.
+    for _ in range(3):
+        costs.observe(rec(0, 0, verify_ms=200.0, ctx=5000))
+    b = bucket_of(5000)
+    assert costs.verify_ms(1, b) == 200.0
+    assert costs.verify_ms(3, b) == pytest.approx(200.0 * costs._shape(3) / costs._shape(1))
+    assert costs.draft_ms("d", b) == 10.0  # nearest measured bucket
+    assert costs.verify_ms(1, bucket_of(300)) == 100.0  # nearest bucket for an unmeasured one
+
+
+def test_cost_model_overhead_and_a_compute_bound_curve():
+    costs = CostModel()
+    for n in range(1, 10):
+        costs.observe(rec(n - 1, 0, draft_ms=5.0 * (n - 1), verify_ms=50.0 * n, overhead=3.0))
+    assert costs.overhead_ms() == pytest.approx(3.0)
+    assert [costs.verify_ms(n, 0) for n in (1, 4, 9)] == [50.0, 200.0, 450.0]
+    assert costs.verify_ms(12, 0) == pytest.approx(600.0)
+
+
+def test_acceptance_is_position_dependent_and_shrunk():
+    acc = Acceptance(4, forget=1.0, shrink=2.0, prior=0.5)
+    assert acc.rates() == [0.5] * 4
+    for _ in range(20):
+        acc.observe(4, 1)  # position 0 always accepted, position 1 always rejected
+    a = acc.rates()
+    assert a[0] == pytest.approx(21 / 22)
+    assert a[1] == pytest.approx(2 * a[0] / 22)  # 0 of 20, shrunk toward a[0]
+    assert a[2] == pytest.approx(a[1]) and a[3] == pytest.approx(a[1])  # never reached: the previous position
+    acc.scale(0.0)
+    assert acc.rates() == [0.5] * 4
+
+
+def test_acceptance_forgets():
+    acc = Acceptance(2, forget=0.5, shrink=1e-6, prior=0.5)
+    for _ in range(10):
+        acc.observe(1, 1)
+    acc.observe(1, 0)
+    assert acc.rates()[0] == pytest.approx(1 / 2, abs=0.01)  # the last rejection weighs as much as all the rest
+
+
+# Decisions ----------------------------------------------------------------------------------------------------
+def test_first_step_is_plain_then_an_unmeasured_drafter_is_tried_at_k_init():
+    ctrl = GoodputController(k_init=3)
+    assert ctrl.next_k() == 0
+    ctrl.update(rec(0, 0))
+    assert ctrl.next_k() == 3
+    ctrl.update(rec(3, 3, draft_ms=30.0, verify_ms=101.0))
+    assert ctrl.next_k() > 0
+
+
+@pytest.mark.parametrize("draft_ms,verify,alphas", [
+    (10.0, lambda n: 100.0, [0.9]),                   # memory-bound, good drafter: long drafts
+    (10.0, lambda n: 100.0 + 40.0 * (n - 1), [0.9]),   # compute-bound verification: shorter
+    (40.0, lambda n: 100.0, [0.7]),                    # expensive drafter
+    (5.0, lambda n: 100.0 + 2 * n, [0.6, 0.8, 0.9]),   # acceptance rises with position
+    (10.0, lambda n: 100.0 + 3 * n, [0.3, 0.2]),       # a poor drafter
+])
+def test_goodput_finds_the_best_k_of_a_simulated_machine(draft_ms, verify, alphas):
+    machine = Machine(draft_ms, verify, alphas, seed=1)
+    ctrl = GoodputController()
+    ks = drive(ctrl, machine, 400)[-200:]
+    best = machine.best_k()
+    chosen = max(set(ks), key=ks.count)
+    # The most used K is the optimum or a neighbour within 3% of its goodput.
+    assert machine.goodput(chosen) >= 0.97 * machine.goodput(best), (chosen, best)
+    assert sum(machine.goodput(k) for k in ks) / len(ks) >= 0.93 * machine.goodput(best)
+
+
+def test_goodput_stays_plain_when_nothing_pays_and_probes_with_backoff():
+    machine = Machine(60.0, lambda n: 100.0 + 5 * n, [0.2])  # best K is 0
+    assert machine.best_k() == 0
+    ctrl = GoodputController(probe_init=4, probe_max=16)
+    ks = drive(ctrl, machine, 300)
+    assert sum(k > 0 for k in ks[50:]) <= 20  # only the probes
+    spec_positions = [i for i, k in enumerate(ks) if k > 0 and i >= 50]
+    gaps = [b - a for a, b in zip(spec_positions, spec_positions[1:])]
+    assert gaps and max(gaps) == 17  # the probe gap doubles to probe_max (16 plain steps, then the probe)
+
+
+def test_goodput_returns_from_plain_when_the_text_turns_predictable():
+    ctrl = GoodputController(probe_init=4, probe_max=16)
+    drive(ctrl, Machine(30.0, lambda n: 100.0, [0.1], seed=2), 150)
+    assert ctrl.next_k() == 0 or ctrl.plain_run == 0
+    ks = drive(ctrl, Machine(30.0, lambda n: 100.0, [0.95], seed=3), 120)
+    assert sum(k > 0 for k in ks[-40:]) >= 38
+
+
+def test_goodput_min_gain():
+    machine = Machine(10.0, lambda n: 100.0, [0.2])  # speculation pays a little (K=1: 1.2 / 110 > 1 / 100)
+    assert machine.best_k() >= 1
+    eager = GoodputController()
+    reluctant = GoodputController(min_gain=1.3)
+    assert sum(k > 0 for k in drive(eager, machine, 200)[100:]) > 90
+    assert sum(k > 0 for k in drive(reluctant, Machine(10.0, lambda n: 100.0, [0.2]), 200)[100:]) < 20
+
+
+def test_goodput_uses_the_context_bucket_of_the_current_step():
+    ctrl = GoodputController()
+    fast = Machine(10.0, lambda n: 100.0, [0.8], ctx=100)
+    slow = Machine(10.0, lambda n: 100.0 + 60.0 * (n - 1), [0.8], ctx=6000)
+    drive(ctrl, fast, 200)
+    k_short = ctrl.next_k()
+    drive(ctrl, slow, 200)
+    k_long = ctrl.next_k()
+    assert k_short > k_long >= 0
+
+
+def test_goodput_reset_keeps_costs_and_carries_acceptance():
+    ctrl = GoodputController(carry=0.5)
+    drive(ctrl, Machine(10.0, lambda n: 100.0, [0.9]), 100)
+    reached = list(ctrl.acceptance["d"].reached)
+    ctrl.reset()
+    assert ctrl.acceptance["d"].reached == pytest.approx([r * 0.5 for r in reached])
+    assert ctrl.costs.measured and ctrl.next_k() > 0  # no calibration step again
+
+
+def test_goodput_routes_between_drafters():
+    ctrl = GoodputController()
+    ctrl.update(rec(0, 0, verify_ms=100.0))
+    # Two drafters measured: a free lookup with modest acceptance and a costly model with high acceptance.
+    for _ in range(30):
+        ctrl.update(rec(8, 2, draft_ms=0.1, verify_ms=100.0, drafter="ngram"))
+        ctrl.update(rec(2, 2, draft_ms=60.0, verify_ms=100.0, drafter="model"))
+    assert ctrl.choose_drafter({"ngram": 10, "model": None}) == "ngram"  # ~3 tokens for free beats 3 for 160 ms
+    assert ctrl.next_k() >= 3
+    assert ctrl.choose_drafter({"ngram": 0, "model": None}) == "model"  # no match: the model
+    assert ctrl.next_k() >= 1
+    assert ctrl.choose_drafter({"ngram": 2, "model": None}) in ("ngram", "model")
+    k = ctrl.next_k()
+    assert k >= 1
+    assert ctrl.choose_drafter({"ngram": 2}) == "ngram" and ctrl.next_k() <= 2  # capped by the match
+    ctrl.choose_drafter({"fresh": None})
+    assert ctrl.next_k() == ctrl.config.k_init  # a new drafter is tried once at k_init
+    assert ctrl.choose_drafter({"ngram": 0}) is None and ctrl.next_k() == 0  # nothing can propose: plain
+
+
+def test_goodput_config_validation():
+    for kw in (dict(k_init=0), dict(k_init=9), dict(min_gain=0), dict(forget=1.5), dict(carry=-0.1),
+               dict(shrink=0), dict(window=0), dict(probe_init=0), dict(probe_init=9, probe_max=8)):
+        with pytest.raises(ConfigError):
+            GoodputController(**kw)
+
+
+def test_make_controller_goodput():
+    g = make_controller("goodput")
+    assert isinstance(g, GoodputController) and g.config.k_init == 2 and g.config.k_max == 8
+    g = make_controller("goodput", 12)
+    assert g.config.k_init == 12 and g.config.k_max == 12
+    assert make_controller("goodput", 0).next_k() == 0
+
+
+def _peaked(q: float, vocab: int = 10) -> torch.Tensor:
+    probs = torch.full((vocab,), (1 - q) / (vocab - 1))
+    probs[0] = q
+    return probs
+
+
+def _draft(stop, qs: list[float], k: int) -> int:
+    """Tokens drafted before the stop rule ends the draft (asked after every token but the K-th)."""
+    for i, q in enumerate(qs[:k]):
+        if i == k - 1 or stop(i, _peaked(q), 0):
+            return i + 1
+    return min(k, len(qs))
+
+
+def test_goodput_stop_within_a_step_follows_calibrated_confidence():
+    rng = random.Random(4)
+    ctrl = GoodputController()
+    stop = ctrl.draft_stop()
+    ctrl.update(rec(0, 0, verify_ms=100.0))
+    assert ctrl.next_k() == 2  # an unmeasured drafter: k_init, and it turns out to consult the stop rule
+    assert stop(0, _peaked(0.9), 0) is False  # no plan yet: no stop
+    ctrl.update(rec(2, 2, draft_ms=20.0))
+    assert "d" in ctrl.stoppable
+    for _ in range(150):  # tokens the draft is sure of (q = 0.95) are accepted, unsure ones (q = 0.3) rejected
+        k = ctrl.next_k()
+        assert k == 8
+        qs = [0.3 if rng.random() < 0.2 else 0.95 for _ in range(k)]
+        n = _draft(stop, qs, k)
+        accepted = next((i for i, q in enumerate(qs[:n]) if q < 0.5), n)
+        ctrl.update(rec(n, accepted, draft_ms=10.0 * n, k=k))
+    assert ctrl.calibration(0.95) > 0.9 and ctrl.calibration(0.3) < 0.1
+    assert _draft(stop, [0.95] * 8, ctrl.next_k()) >= 6  # sure all along: a long draft
+    assert _draft(stop, [0.95, 0.3] + [0.95] * 6, ctrl.next_k()) == 2  # stops right after the unsure token
+    assert GoodputController(confidence_stop=False).draft_stop() is None

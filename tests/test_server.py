@@ -1,0 +1,607 @@
+"""Tests of ``adaspec serve`` against live servers on loopback (uvicorn in a thread, a pre-bound 127.0.0.1 socket).
+
+The fast tests use a tiny random-weight Llama built in-process (byte-level BPE tokenizer trained on a few lines, a
+ChatML chat template), saved to a temporary folder and loaded through the same code path as a real model; it is
+its own draft model, so speculation is accepted and the spec-decode counters move. ``@pytest.mark.slow`` tests use
+``smollm2-135m-instruct`` from the zoo. Nothing is downloaded; all traffic stays on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+import torch  # noqa: E402
+import uvicorn  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from adaspec.cli import main as cli_main  # noqa: E402
+from adaspec.server.app import ServerConfig, create_app  # noqa: E402
+from adaspec.server.runtime import ModelHost, QueueFull, Scheduler, compress_trace  # noqa: E402
+
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CONTEXT = 2048
+PROMPT = "Write a Python function that reverses a string."
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Fixtures: a tiny model folder, hosts, live servers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def build_tiny_model(folder: Path) -> Path:
+    """A 2-layer random Llama (hidden 64) with a trained byte-level BPE tokenizer and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+              "The quick brown fox jumps over the lazy dog. Hello world, héllo wörld ✓ 你好",
+              "Write a Python function that reverses a string. user assistant system"] * 20
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|endoftext|>",
+                                 pad_token="<|endoftext|>")
+    hf.chat_template = CHATML
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(hf), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
+                      eos_token_id=hf.eos_token_id, bos_token_id=hf.bos_token_id, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)  # decisive argmaxes (a random model's logits are near-uniform)
+    model.save_pretrained(folder)
+    hf.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny-llama")))
+
+
+def make_host(tiny: str, *, draft: str | None = None, controller: str = "fixed", k: int | None = 4) -> ModelHost:
+    host = ModelHost.load(tiny, draft or tiny, controller=controller, k=k, dtype="float32", threads=1,
+                          progress=False)
+    host.warmup(steps=2)
+    return host
+
+
+class LiveServer:
+    """uvicorn serving ``app`` on a pre-bound 127.0.0.1 socket, in a daemon thread."""
+
+    def __init__(self, app) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            assert self.thread.is_alive(), "server thread died"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.sock.close()
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0,
+                             timeout=kw.pop("timeout", 60), **kw)
+
+
+@contextmanager
+def live(host: ModelHost, **config) -> Iterator[LiveServer]:
+    with LiveServer(create_app(host, ServerConfig(**config))) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def host(tiny) -> ModelHost:
+    h = make_host(tiny)
+    yield h
+    h.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(host) -> Iterator[LiveServer]:
+    with live(host, max_queue=64) as srv:
+        yield srv
+
+
+def scrape(url: str, **headers) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(snap: dict, name: str, **labels) -> float:
+    """Sum of the samples called ``name`` whose labels include ``labels``."""
+    want = {k: str(v) for k, v in labels.items()}
+    return sum(v for (n, lab), v in snap.items() if n == name and want.items() <= dict(lab).items())
+
+
+def wait_until(cond, timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def health(url: str) -> dict:
+    return httpx.get(url + "/health", timeout=10).json()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# OpenAI client: stream == non-stream == adaspec generate
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _cli_text(capsys, target: str, draft: str, *extra: str, max_new_tokens: int, chat: bool = True) -> str:
+    capsys.readouterr()
+    args = ["generate", PROMPT, "--target", target, "--draft", draft, "--dtype", "float32", "--threads", "1",
+            "--max-new-tokens", str(max_new_tokens), "--json", *extra]
+    if not chat:
+        args.append("--no-chat")
+    assert cli_main(args) == 0
+    return json.loads(capsys.readouterr().out)["text"]
+
+
+def test_openai_client_stream_equals_nonstream_equals_generate(server, tiny, capsys):
+    client = server.client()
+    kw = dict(model=client.models.list().data[0].id, temperature=0, max_tokens=24)
+    chat = client.chat.completions.create(messages=[{"role": "user", "content": PROMPT}], **kw)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        messages=[{"role": "user", "content": PROMPT}], stream=True, **kw) if c.choices)
+    assert chat.choices[0].message.content == streamed
+    assert chat.usage.completion_tokens >= 1
+    assert chat.model_extra["speculation"]["draft_tokens"] > 0  # it did speculate
+    assert streamed == _cli_text(capsys, tiny, tiny, "--controller", "fixed", "--k", "4", max_new_tokens=24)
+
+    comp = client.completions.create(prompt=PROMPT, **kw)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(prompt=PROMPT, stream=True, **kw))
+    assert comp.choices[0].text == streamed
+    assert streamed == _cli_text(capsys, tiny, tiny, "--controller", "fixed", "--k", "4", max_new_tokens=24,
+                                 chat=False)
+
+    # Plain decoding per request gives the same greedy text (lossless), and the usage chunk comes when asked for.
+    chunks = list(client.chat.completions.create(
+        messages=[{"role": "user", "content": PROMPT}], stream=True, stream_options={"include_usage": True},
+        extra_body={"speculation": {"drafter": "none"}}, **kw))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == chat.choices[0].message.content
+    assert chunks[-1].usage.total_tokens == chat.usage.total_tokens
+    final = [c for c in chunks if c.choices and c.choices[0].finish_reason][0]
+    assert final.model_extra["speculation"]["draft_tokens"] == 0
+
+
+def test_stop_seed_and_sampling_fields(server):
+    client = server.client()
+    base = client.completions.create(model=health(server.url)["model"], prompt=PROMPT, max_tokens=16, temperature=0)
+    text = base.choices[0].text
+    assert len(text) >= 4
+    cut = text[2:4]
+    stopped = client.completions.create(model=base.model, prompt=PROMPT, max_tokens=16, temperature=0, stop=[cut])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == text[:text.index(cut)]
+    a, b = (client.completions.create(model=base.model, prompt=PROMPT, max_tokens=12, temperature=0.9, top_p=0.9,
+                                      seed=7).choices[0].text for _ in range(2))
+    assert a == b  # same seed, same sample
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [{"controller": "fixed", "k": 3}, {"drafter": "ngram", "controller": "fixed", "k": 2},
+                                  {"drafter": "layerskip:1", "controller": "adaptive"}])
+def test_metrics_move_by_exactly_the_request_counts(server, spec):
+    before = scrape(server.url)
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": PROMPT * 2, "max_tokens": 40, "temperature": 0, "speculation": spec})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    s = body["speculation"]
+    after = scrape(server.url)
+
+    def delta(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("adaspec:spec_decode_num_drafts_total") == s["speculation_steps"]
+    assert delta("adaspec:spec_decode_num_draft_tokens_total") == s["draft_tokens"]
+    assert delta("adaspec:spec_decode_num_accepted_tokens_total") == s["accepted_tokens"]
+    assert delta("adaspec:spec_decode_num_plain_steps_total") == s["plain_steps"]
+    for pos, n in enumerate(s["accepted_per_position"]):
+        assert delta("adaspec:spec_decode_num_accepted_tokens_per_pos_total", position=pos) == n
+    assert delta("adaspec:spec_decode_num_accepted_tokens_per_pos_total") == s["accepted_tokens"]
+    assert delta("adaspec:generation_tokens_total") == body["usage"]["completion_tokens"]
+    assert delta("adaspec:prompt_tokens_total") == body["usage"]["prompt_tokens"]
+    reason = body["choices"][0]["finish_reason"]
+    assert delta("adaspec:request_success_total", finished_reason=reason) == 1
+    assert delta("adaspec:requests_total", outcome=reason) == 1
+    assert delta("adaspec:e2e_request_latency_seconds_count") == 1
+    assert delta("adaspec:time_to_first_token_seconds_count") == 1
+    assert delta("adaspec:request_queue_time_seconds_count") == 1
+    if s["accepted_tokens"]:
+        assert s["acceptance_rate"] == pytest.approx(s["accepted_tokens"] / s["draft_tokens"], abs=1e-4)
+    assert value(after, "adaspec:spec_decode_k") >= 0
+    assert value(after, "adaspec:spec_decode_active") in (0.0, 1.0)
+    assert set(s["time_ms"]) == {"queue", "prefill", "draft", "verify", "other", "total"}
+    assert s["speedup_estimate"] is not None and s["speedup_estimate"] > 0
+    assert value(after, "adaspec:num_requests_running") == 0
+
+
+def test_fallback_is_visible(server):
+    """A drafter that is never right makes the adaptive controller switch speculation off: K gauge 0, active 0,
+    and a fallback counted."""
+    before = scrape(server.url)
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": "The quick brown fox", "max_tokens": 60, "temperature": 0, "ignore_eos": True,
+        "speculation": {"drafter": "layerskip:1", "controller": "adaptive", "k": 2}}).json()
+    s = r["speculation"]
+    after = scrape(server.url)
+    if s["k_trace"]["fallbacks"]:
+        assert value(after, "adaspec:spec_decode_num_fallbacks_total") - value(
+            before, "adaspec:spec_decode_num_fallbacks_total") == s["k_trace"]["fallbacks"]
+        assert "0x" in s["k_trace"]["compressed"]
+    else:  # the truncated draft agreed often enough to pay: speculation stayed on
+        assert s["acceptance_rate"] >= 0.2
+    assert value(after, "adaspec:spec_decode_active") == (1.0 if value(after, "adaspec:spec_decode_k") > 0 else 0.0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Concurrency, queue overflow, disconnects, timeouts
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_16_clients_x_4_requests_all_answered(server):
+    before = scrape(server.url)
+
+    async def client(i: int, http: httpx.AsyncClient) -> list[str]:
+        ids = []
+        for j in range(4):
+            body = {"prompt": f"{i} {j} {PROMPT}", "max_tokens": 4, "temperature": 0}
+            if (i + j) % 2:
+                async with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                    assert r.status_code == 200
+                    lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+                assert lines[-1] == "data: [DONE]"
+                ids.append(json.loads(lines[0][6:])["id"])
+            else:
+                r = await http.post("/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                ids.append(r.json()["id"])
+        return ids
+
+    async def run():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120,
+                                     limits=httpx.Limits(max_connections=32)) as http:
+            return await asyncio.gather(*(client(i, http) for i in range(16)))
+
+    ids = [x for batch in asyncio.run(run()) for x in batch]
+    assert len(ids) == 64 and len(set(ids)) == 64
+    after = scrape(server.url)
+    answered = sum(value(after, "adaspec:requests_total", outcome=o)
+                   - value(before, "adaspec:requests_total", outcome=o) for o in ("stop", "length"))
+    assert answered == 64
+    assert value(after, "adaspec:requests_total", outcome="rejected") == value(before, "adaspec:requests_total",
+                                                                             outcome="rejected")
+    assert health(server.url)["running"] == 0 and health(server.url)["waiting"] == 0
+
+
+def test_queue_overflow_answers_503_with_retry_after(host):
+    with live(host, max_queue=2) as srv:
+        async def one(http):
+            return await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 80, "ignore_eos": True,
+                                                            "temperature": 0, "speculation": {"drafter": "none"}})
+
+        async def run():
+            async with httpx.AsyncClient(base_url=srv.url, timeout=120) as http:
+                return await asyncio.gather(*(one(http) for _ in range(8)))
+
+        responses = asyncio.run(run())
+        codes = sorted(r.status_code for r in responses)
+        assert set(codes) <= {200, 503}, codes
+        assert codes.count(200) >= 3 and codes.count(503) >= 1, codes
+        for r in responses:
+            if r.status_code == 503:
+                assert int(r.headers["retry-after"]) >= 1
+                assert r.json()["error"]["code"] == "queue_full"
+        snap = scrape(srv.url)
+        assert value(snap, "adaspec:requests_total", outcome="rejected") == codes.count(503)
+        assert health(srv.url) == {**health(srv.url), "running": 0, "waiting": 0}
+
+
+def test_scheduler_is_fifo_and_bounded():
+    async def run():
+        s = Scheduler(max_waiting=2)
+        first = s.reserve()
+        assert first.done()
+        a, b = s.reserve(), s.reserve()
+        with pytest.raises(QueueFull):
+            s.reserve()
+        s.abandon(a)  # a waiter leaves: its place frees
+        c = s.reserve()
+        s.release()
+        assert b.done() and not c.done()
+        s.release()
+        assert c.done()
+        s.release()
+        assert not s.busy and s.waiting == 0
+
+    asyncio.run(run())
+
+
+LONG = {"prompt": PROMPT, "max_tokens": 1800, "ignore_eos": True, "temperature": 0,
+        "speculation": {"drafter": "none"}}
+
+
+def test_disconnect_mid_stream_frees_the_slot(server):
+    before = scrape(server.url)
+    http = httpx.Client(base_url=server.url, timeout=60)
+    with http.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as r:
+        assert r.status_code == 200
+        seen, lines = 0, r.iter_lines()  # keep the iterator referenced: closing it closes the connection
+        for line in lines:
+            seen += line.startswith("data: ")
+            if seen >= 3:
+                break
+        assert health(server.url)["running"] == 1
+        # A second client queues behind it, then gives up (client-side timeout closes its connection).
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", json={**LONG, "max_tokens": 4}, timeout=0.5)
+        wait_until(lambda: health(server.url)["waiting"] == 0, what="the queued client to leave the queue")
+    http.close()  # mid-stream disconnect
+    wait_until(lambda: health(server.url)["running"] == 0, what="the slot to be freed")
+    after = scrape(server.url)
+    assert value(after, "adaspec:requests_total", outcome="cancelled") - value(
+        before, "adaspec:requests_total", outcome="cancelled") == 2
+    assert value(after, "adaspec:generation_tokens_total") == value(before, "adaspec:generation_tokens_total")
+    # The freed model answers the next request.
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3}, timeout=60)
+    assert r.status_code == 200
+
+
+def test_disconnect_non_streaming_cancels_generation(server):
+    before = scrape(server.url)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=LONG, timeout=0.5)
+    wait_until(lambda: health(server.url)["running"] == 0, what="the slot to be freed")
+    after = scrape(server.url)
+    assert value(after, "adaspec:requests_total", outcome="cancelled") - value(
+        before, "adaspec:requests_total", outcome="cancelled") == 1
+
+
+def test_request_timeout(host):
+    with live(host, request_timeout=0.4) as srv:
+        r = httpx.post(srv.url + "/v1/completions", json=LONG, timeout=60)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=60, json={
+                **{k: v for k, v in LONG.items() if k != "prompt"}, "stream": True,
+                "messages": [{"role": "user", "content": "hi"}]}) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[-2][6:])["error"]["code"] == "timeout"
+        assert value(scrape(srv.url), "adaspec:requests_total", outcome="timeout") == 2
+        assert health(srv.url)["running"] == 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bad input, auth, body limit
+# --------------------------------------------------------------------------------------------------------------
+
+C, CC = "/v1/completions", "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+BAD = [
+    (C, b"{not json", 400, "not valid JSON"),
+    (C, b"[1, 2]", 400, "valid dictionary"),
+    (C, b"", 400, "needs a JSON object body"),
+    (C, {"max_tokens": 4}, 400, "prompt: Field required"),
+    (C, {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    (C, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    (C, {"prompt": "x", "max_tokens": 10**12}, 400, "max_tokens"),
+    (C, {"prompt": "x", "max_tokens": CONTEXT + 1}, 400, "max_tokens"),
+    (C, {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
+    (C, {"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    (C, {"prompt": "x", "temperature": -0.5}, 400, "temperature"),
+    (C, {"prompt": "x", "top_p": 0}, 400, "top_p"),
+    (C, {"prompt": "x", "stream": "yes please"}, 400, "stream"),
+    (C, {"prompt": "x", "stop": [1, 2]}, 400, "stop"),
+    (C, {"prompt": "x", "stop": ["a"] * 17}, 400, "stop"),
+    (C, {"prompt": "x", "seed": 2**70}, 400, "seed"),
+    (C, {"prompt": "x", "n": 2}, 400, "n=2 is not supported"),
+    (C, {"prompt": "x", "logprobs": 3}, 400, "logprobs is not supported"),
+    (C, {"prompt": "x", "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    (C, {"prompt": "x", "unknown_field": 1}, 400, "unknown_field"),
+    (C, {"prompt": "x", "model": "gpt-4o"}, 404, "does not exist"),
+    (C, {"prompt": "x", "model": 7}, 400, "model"),
+    (C, {"prompt": ""}, 400, "empty"),
+    (C, {"prompt": ["a", "b"]}, 400, "batched prompts"),
+    (C, {"prompt": [10**9]}, 400, "out of range"),
+    (C, {"prompt": [5] * CONTEXT}, 400, "context length"),
+    (C, {"prompt": [5] * (CONTEXT - 10), "max_tokens": 20}, 400, "context length"),
+    (C, {"prompt": "x", "speculation": {"drafter": "gpt2"}}, 400, "not available"),
+    (C, {"prompt": "x", "speculation": {"drafter": "layerskip:99"}}, 400, "layerskip"),
+    (C, {"prompt": "x", "speculation": {"controller": "magic"}}, 400, "controller"),
+    (C, {"prompt": "x", "speculation": {"k": -1}}, 400, "speculation.k"),
+    (C, {"prompt": "x", "speculation": {"K": 2}}, 400, "speculation.K"),
+    (CC, {"messages": []}, 400, "messages"),
+    (CC, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
+    (CC, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+     "messages"),
+    (CC, {"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context length"),
+    (CC, {"messages": MSG, "n": 3}, 400, "n=3"),
+    (CC, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools is not supported"),
+    (CC, {"messages": MSG, "max_tokens": 5, "max_completion_tokens": 6}, 400, "disagree"),
+    (CC, {"messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("/v1/models/nope", None, 404, "does not exist"),
+    ("/v1/nothing", {"x": 1}, 404, "no route"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,needle", BAD, ids=[f"{i}" for i in range(len(BAD))])
+def test_bad_input_answers_4xx_with_openai_error(server, path, body, status, needle):
+    if body is None:
+        r = httpx.get(server.url + path, timeout=30)
+    elif isinstance(body, bytes):
+        r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=30)
+    else:
+        r = httpx.post(server.url + path, json=body, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert needle.lower() in err["message"].lower(), err["message"]
+
+
+def test_bad_requests_never_hurt_the_server(server):
+    assert httpx.post(server.url + C, content=b"\xff\xfe\x00garbage", timeout=30).status_code == 400
+    assert httpx.post(server.url + C, json={"prompt": "x", "temperature": 1e-300, "max_tokens": 3},
+                      timeout=30).status_code == 200  # treated as greedy, no NaN
+    assert httpx.get(server.url + C, timeout=30).status_code == 405
+    assert health(server.url)["status"] == "ok"
+
+
+def test_body_size_limit(host):
+    with live(host, max_body_bytes=2000) as srv:
+        r = httpx.post(srv.url + C, json={"prompt": "x" * 5000}, timeout=30)
+        assert r.status_code == 413 and "limit of 2000 bytes" in r.json()["error"]["message"]
+
+        def chunked():  # no Content-Length: counted as it arrives
+            for _ in range(10):
+                yield b" " * 500
+
+        r = httpx.post(srv.url + C, content=chunked(), headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 413
+        assert httpx.post(srv.url + C, json={"prompt": "x", "max_tokens": 2}, timeout=30).status_code == 200
+
+
+def test_api_key_is_enforced_on_every_route_but_health(host):
+    with live(host, api_key="s3cret") as srv:
+        assert httpx.get(srv.url + "/health").status_code == 200
+        for method, path in [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", C), ("POST", CC),
+                             ("GET", "/openapi.json"), ("GET", "/nothing")]:
+            r = httpx.request(method, srv.url + path, json={"prompt": "x"})
+            assert r.status_code == 401, path
+            assert r.json()["error"]["code"] == "invalid_api_key"
+            r = httpx.request(method, srv.url + path, headers={"authorization": "Bearer wrong"})
+            assert r.status_code == 401, path
+        assert httpx.get(srv.url + "/metrics", headers={"authorization": "Bearer s3cret"}).status_code == 200
+        good = srv.client(api_key="s3cret")
+        assert good.models.list().data[0].id == host.name
+        assert good.completions.create(model=host.name, prompt="x", max_tokens=2).usage.completion_tokens >= 1
+        with pytest.raises(openai.AuthenticationError):
+            srv.client(api_key="nope").models.list()
+
+
+def test_models_and_health(server, host):
+    models = httpx.get(server.url + "/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == host.name
+    assert models["data"][0]["max_model_len"] == CONTEXT
+    assert httpx.get(server.url + f"/v1/models/{host.name}").json()["id"] == host.name
+    assert health(server.url)["status"] == "ok"
+
+
+def test_compress_trace():
+    assert compress_trace([4, 4, 4, 0]) == "4x3 0"
+    assert compress_trace([]) == ""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Schema-driven fuzzing: no 5xx
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_schemathesis_fuzz_finds_no_server_error(host):
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    budget_s = 25.0
+    with live(host, max_tokens_limit=8, max_queue=64) as srv:
+        schema = schemathesis.openapi.from_url(srv.url + "/openapi.json")
+        strategy = st.one_of(schema.as_strategy(schemathesis.GenerationMode.POSITIVE),
+                             schema.as_strategy(schemathesis.GenerationMode.NEGATIVE))
+        started = time.monotonic()
+        calls = []
+
+        @settings(max_examples=150, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(case=strategy)
+        def fuzz(case):
+            if time.monotonic() - started > budget_s:
+                return  # time bound: the remaining examples pass without a call
+            response = case.call(base_url=srv.url, timeout=60)
+            calls.append(response.status_code)
+            assert response.status_code < 500, (case.method, case.path, case.body, response.text[:500])
+
+        fuzz()
+        assert len(calls) >= 20
+        assert health(srv.url)["status"] == "ok"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The real small model (slow): the OpenAI client against smollm2-135m-instruct
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smollm2_openai_stream_equals_nonstream_equals_generate(capsys):
+    model = "smollm2-135m-instruct"
+    h = ModelHost.load(model, "ngram", controller="adaptive", dtype="float32", threads=2, progress=False)
+    try:
+        with live(h) as srv:
+            client = srv.client()
+            kw = dict(model=model, temperature=0, max_tokens=32)
+            msgs = [{"role": "user", "content": PROMPT}]
+            full = client.chat.completions.create(messages=msgs, **kw)
+            streamed = "".join(c.choices[0].delta.content or ""
+                               for c in client.chat.completions.create(messages=msgs, stream=True, **kw) if c.choices)
+            assert full.choices[0].message.content == streamed
+            assert len(streamed) > 20
+            assert streamed == _cli_text(capsys, model, "ngram", max_new_tokens=32)
+            spec = full.model_extra["speculation"]
+            assert spec["drafter"] == "ngram" and spec["steps"] >= 1
+    finally:
+        h.shutdown()
+
+
+def test_serve_cli_flags(capsys):
+    from adaspec.cli import build_parser
+    from adaspec.server.main import _is_loopback
+
+    args = build_parser().parse_args(["serve", "--port", "0", "--api-key", "k", "--allow-drafter", "a",
+                                      "--allow-drafter", "b"])
+    assert args.host == "127.0.0.1" and args.allow_drafter == ["a", "b"] and args.func.__name__ == "cmd_serve"
+    assert cli_main(["serve", "--max-queue", "-1"]) == 2  # rejected before any model is loaded
+    assert "--max-queue must be >= 0" in capsys.readouterr().err
+    assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
+    assert not _is_loopback("0.0.0.0") and not _is_loopback("example.org")
