@@ -104,7 +104,7 @@ def test_report_from_synthetic_results(results, tmp_path, capsys):
                              ("verify_cost", "verify-cost"), ("time_split", "time-split"))}},
            "analyses": analyse(read_results(results))}
     md = report.read_text()
-    for needle in ("## Overview", "Minimum α at which speculation pays", "Best K per context", "stops paying",
+    for needle in ("## Overview", "Minimum α at which speculation pays", "Best K per context", "Context range where speculation pays",
                    "Memory cost of the draft", "Against the rules of thumb", "pays above ~70% acceptance",
                    "draft 1/10–1/20 of the target", "adaspec bench --quick", f"adaspec map {results}",
                    "not measurable here"):

@@ -135,3 +135,11 @@ def test_sampling_params_valid_and_greedy_flag():
     # ConfigError is also a ValueError
     with pytest.raises(ValueError):
         SamplingParams(temperature=-1)
+
+
+def test_tiny_temperature_is_greedy_not_nan():
+    from adaspec.sampling import SamplingParams, logits_to_probs
+
+    logits = torch.tensor([[0.0, 3.0, 1.0]])
+    probs = logits_to_probs(logits, SamplingParams(temperature=1e-300))
+    assert torch.equal(probs, torch.tensor([[0.0, 1.0, 0.0]]))

@@ -16,12 +16,15 @@ import torch
 from adaspec.errors import ConfigError
 
 
+GREEDY_EPS = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen from logits.
 
     Attributes:
-        temperature: 0 means greedy (argmax); > 0 divides logits before softmax.
+        temperature: 0 (anything below 1e-5) means greedy (argmax); otherwise logits are divided by it.
         top_k: keep the k most likely tokens (0 = off).
         top_p: keep the smallest set of tokens whose probability mass reaches top_p (1.0 = off).
 
@@ -43,7 +46,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below 1e-5 are greedy (as in vLLM): dividing logits by them overflows to NaN."""
+        return self.temperature < GREEDY_EPS
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -57,6 +57,15 @@ def expected_tokens(alpha: float, k: float) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def _non_decreasing(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """A line that does not fall with context (a cost never does; a negative fitted slope is noise)."""
+    a, b = fit_line(x, y)
+    if b < 0:
+        w = 1.0 / np.maximum(np.asarray(y, dtype=float), 1e-9)
+        return float(np.sum(w * np.asarray(y, dtype=float)) / np.sum(w)), 0.0
+    return a, b
+
+
 def _fit_verify(by_n: dict[int, list[tuple[int, float]]]) -> dict[int, tuple[float, float]]:
     """T_v(n, L) = a_n + (c + d (n - 1)) L: a free intercept per n, and a context slope that is linear and
     non-decreasing in n (attention over L cached tokens costs ∝ n L). Per-n slopes fitted separately from a few
@@ -112,8 +121,13 @@ class CostModel:
         by_d: dict[str, list[tuple[int, float]]] = {}
         for name, ctx, ms in draft_samples:
             by_d.setdefault(name, []).append((int(ctx), float(ms)))
-        draft = {name: fit_line([c for c, _ in pts], [m for _, m in pts]) for name, pts in by_d.items()}
+        draft = {name: _non_decreasing([c for c, _ in pts], [m for _, m in pts]) for name, pts in by_d.items()}
         return cls(verify, draft, float(overhead_ms))
+
+    @property
+    def k_max(self) -> int:
+        """The longest draft whose verify width was measured (predictions beyond it would extrapolate in n)."""
+        return max(self.verify) - 1
 
     # Cost curves --------------------------------------------------------------------------------------------
     def verify_ms(self, n: float, context: float) -> float:

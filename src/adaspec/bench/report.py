@@ -33,7 +33,6 @@ SETTING_KEYS = ("target", "dtype", "threads", "backend", "batch")
 BUCKETS = [("under 2K", 256, 2048), ("2K–8K", 2048, 8192), ("beyond 8K", 8192, 32768)]
 RULES = {"alpha_pays": 0.7, "alpha_loses": 0.4, "k": {"under 2K": (4, 8), "2K–8K": (3, 5), "beyond 8K": (2, 3)},
          "size_ratio": (1 / 20, 1 / 10)}
-K_RANGE = list(range(1, 13))
 
 
 @dataclass
@@ -63,6 +62,11 @@ class SettingAnalysis:
     def slug(self) -> str:
         s = self.setting
         return f"{s['dtype']}-t{s['threads']}-{s['backend']}"
+
+    @property
+    def k_range(self) -> list[int]:
+        """Draft lengths whose verify width was measured."""
+        return list(range(1, max(self.model.k_max, 1) + 1))
 
     @property
     def median_error(self) -> float:
@@ -170,12 +174,13 @@ def fig_alpha_k(a: SettingAnalysis, path: Path) -> Path:
     cal = [p for p in a.points if p["drafter"] == "calibrated" and p["context"] == a.map_context]
     cost = statistics.median(p["cost_ms"] for p in cal) if cal else a.model.draft_ms(a.draft_cost, a.map_context)
     alphas = np.linspace(0, 1, 101)
-    z = np.array([[a.model.speedup(al, k, a.map_context + 16, cost) for al in alphas] for k in K_RANGE])
+    z = np.array([[a.model.speedup(al, k, a.map_context + 16, cost) for al in alphas] for k in a.k_range])
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     norm = _norm(np.concatenate([z.ravel(), [p["speedup"] for p in cal]]))
-    mesh = ax.pcolormesh(alphas, K_RANGE, z, cmap="RdBu", norm=norm, shading="nearest")
-    cs = ax.contour(alphas, K_RANGE, z, levels=[1.0], colors="black", linewidths=1.5)
-    ax.clabel(cs, fmt={1.0: "speedup = 1"}, fontsize=8)
+    mesh = ax.pcolormesh(alphas, a.k_range, z, cmap="RdBu", norm=norm, shading="nearest")
+    if np.nanmin(z) < 1 < np.nanmax(z):
+        cs = ax.contour(alphas, a.k_range, z, levels=[1.0], colors="black", linewidths=1.5)
+        ax.clabel(cs, fmt={1.0: "speedup = 1"}, fontsize=8)
     for p in cal:
         ax.scatter(p["alpha_l"], p["k"], color=_colour(norm, p["speedup"]), edgecolors="black", s=60, zorder=3)
         ax.annotate(f"{p['speedup']:.2f}", (p["alpha_l"], p["k"]), textcoords="offset points", xytext=(5, 4),
@@ -194,12 +199,12 @@ def fig_context_k(a: SettingAnalysis, path: Path) -> Path:
     lo, hi = min(contexts), max(max(contexts), 16384)
     xs = np.geomspace(lo, hi, 60)
     pts = [p for p in a.points if p["drafter"] == "calibrated" and p["alpha_dial"] == a.context_alpha]
-    z = np.array([[a.model.speedup(a.context_alpha, k, x, a.draft_cost) for x in xs] for k in K_RANGE])
+    z = np.array([[a.model.speedup(a.context_alpha, k, x, a.draft_cost) for x in xs] for k in a.k_range])
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     norm = _norm(np.concatenate([z.ravel(), [p["speedup"] for p in pts]]))
-    mesh = ax.pcolormesh(xs, K_RANGE, z, cmap="RdBu", norm=norm, shading="nearest")
+    mesh = ax.pcolormesh(xs, a.k_range, z, cmap="RdBu", norm=norm, shading="nearest")
     if np.nanmin(z) < 1 < np.nanmax(z):
-        cs = ax.contour(xs, K_RANGE, z, levels=[1.0], colors="black", linewidths=1.5)
+        cs = ax.contour(xs, a.k_range, z, levels=[1.0], colors="black", linewidths=1.5)
         ax.clabel(cs, fmt={1.0: "speedup = 1"}, fontsize=8)
     for p in pts:
         ax.scatter(p["mean_context"], p["k"], color=_colour(norm, p["speedup"]), edgecolors="black", s=60, zorder=3)
@@ -356,9 +361,9 @@ def findings(a: SettingAnalysis) -> dict:
     ctx0 = a.map_context + 16
     cal = [p for p in a.points if p["drafter"] == "calibrated" and p["context"] == a.map_context]
     cal_cost = statistics.median(p["cost_ms"] for p in cal) if cal else m.draft_ms(a.draft_cost, ctx0)
-    min_alpha = {k: m.min_alpha(k, ctx0, cal_cost) for k in K_RANGE}
+    min_alpha = {k: m.min_alpha(k, ctx0, cal_cost) for k in a.k_range}
     evidence = {}
-    for k in K_RANGE:
+    for k in a.k_range:
         mine = [p for p in cal if p["k"] == k]
         if mine:
             wins = [p["alpha_l"] for p in mine if p["speedup"] >= 1]
@@ -367,9 +372,10 @@ def findings(a: SettingAnalysis) -> dict:
     best_k = {}
     for name, lo, hi in BUCKETS:
         mid = math.sqrt(lo * hi)
-        best_k[name] = (mid, *m.best_k(a.reference_alpha, mid, a.draft_cost, K_RANGE))
-    k_ref, _ = m.best_k(a.reference_alpha, ctx0, a.draft_cost, K_RANGE)
-    break_even = {k: m.break_even_context(a.reference_alpha, k, a.draft_cost) for k in sorted({1, 2, 4, max(k_ref, 1)})}
+        best_k[name] = (mid, *m.best_k(a.reference_alpha, mid, a.draft_cost, a.k_range))
+    k_ref, _ = m.best_k(a.reference_alpha, ctx0, a.draft_cost, a.k_range)
+    break_even = {k: paying_range(m, a.reference_alpha, k, a.draft_cost) for k in sorted({1, 2, 4, max(k_ref, 1)})
+                  if k <= m.k_max}
     c = m.draft_ms(a.draft_cost, ctx0) / m.plain_step_ms(ctx0)
     verify_ratio = {n: m.verify_ms(n, ctx0) / m.verify_ms(1, ctx0) for n in (2, 3, 5, 9)}
     mem = a.memory or {}
@@ -377,6 +383,27 @@ def findings(a: SettingAnalysis) -> dict:
             "cost_ratio": c, "cal_cost_ms": cal_cost, "cal_cost_ratio": cal_cost / m.plain_step_ms(ctx0),
             "verify_ratio": verify_ratio, "plain_ms": m.plain_step_ms(ctx0), "memory": mem,
             "max_measured_context": max((r["context"] for r in a.micro if r.get("measure") == "forward"), default=0)}
+
+
+def paying_range(model: CostModel, alpha: float, k: int, drafter, lo: float = 128, hi: float = 131072):
+    """``(first, last)`` context lengths (on a log grid from ``lo`` to ``hi``) between which speedup ≥ 1, or None
+    when it never pays there."""
+    grid = np.geomspace(lo, hi, 97)
+    pays = [c for c in grid if model.speedup(alpha, k, c, drafter) >= 1.0]
+    return (float(pays[0]), float(pays[-1])) if pays else None
+
+
+def _fmt_range(r, lo: float = 128, hi: float = 131072) -> str:
+    if r is None:
+        return "never pays"
+    first, last = r
+    if first <= lo and last >= hi:
+        return "pays at every context up to 128K"
+    if first <= lo:
+        return f"stops paying beyond ~{_ctx(last)}"
+    if last >= hi:
+        return f"pays only beyond ~{_ctx(first)}"
+    return f"pays between ~{_ctx(first)} and ~{_ctx(last)}"
 
 
 def _fmt_alpha(x: float) -> str:
@@ -437,7 +464,7 @@ def _overview(analyses: list[SettingAnalysis]) -> list[str]:
              "|---|---:|---:|---:|---|---|---|"]
     for a in analyses:
         f = findings(a)
-        k, s = a.model.best_k(a.reference_alpha, a.map_context + 16, a.draft_cost, K_RANGE)
+        k, s = a.model.best_k(a.reference_alpha, a.map_context + 16, a.draft_cost, a.k_range)
         real = [p for p in a.points if p["drafter"] != "calibrated"]
         best_real = max(real, key=lambda p: p["speedup"], default=None)
         plain_tps = statistics.median(p["decode_tokens_per_s"] for p in a.plains) if a.plains else math.nan
@@ -479,8 +506,8 @@ def _summary(a: SettingAnalysis, f: dict) -> list[str]:
              f"{a.draft_label}: "
              + "; ".join(f"{name}: K = {k} ({s:.2f}×)" if k else f"{name}: do not speculate"
                          for name, (_, k, s) in best.items()) + ".",
-             f"- **Context beyond which speculation stops paying** at α = {a.reference_alpha:.2f}: "
-             + ", ".join(f"K = {k}: {_ctx(x)}" for k, x in f["break_even"].items())
+             f"- **Context range where speculation pays** at α = {a.reference_alpha:.2f}: "
+             + ", ".join(f"K = {k}: {_fmt_range(x)}" for k, x in f["break_even"].items())
              + f" (measured up to {f['max_measured_context']} tokens; beyond that the fitted lines are "
                "extrapolated).",
              ]

@@ -25,12 +25,11 @@ class ModelDrafter(Drafter):
         self._stable = 0  # prefix length of _cached known to equal the engine's sequence
 
     def prefill(self, prompt_ids: list[int]) -> None:
+        # Lazy: the first proposal feeds the prompt (chunked) through _sync, so a request that never speculates
+        # (the controller chose K = 0 throughout) never pays for the draft's prefill.
         self.backend.reset()
-        # Keep the last prompt token out of the cache so the first proposal has a token to run.
-        if len(prompt_ids) > 1:
-            self.backend.forward(prompt_ids[:-1], 1)
-        self._cached = list(prompt_ids[:-1])
-        self._stable = len(self._cached)
+        self._cached = []
+        self._stable = 0
 
     def _sync(self, ids: list[int]) -> list[int]:
         """Roll the cache back to the prefix shared with ``ids``; return the tokens still to feed (never empty)."""

@@ -104,7 +104,8 @@ def run_config(url: str, model: str, *, concurrency: int, requests: int, max_tok
                 rec.update(tokens=resp["usage"]["completion_tokens"], alpha=s.get("acceptance_rate"),
                            tau=s.get("mean_accepted_tokens"), speedup_estimate=s.get("speedup_estimate"),
                            queue_ms=s.get("time_ms", {}).get("queue"), ttft_ms=s.get("ttft_ms"),
-                           draft_tokens=s.get("draft_tokens"))
+                           draft_tokens=s.get("draft_tokens"), time_ms=s.get("time_ms"),
+                           k_trace=s.get("k_trace", {}).get("compressed"))
             with lock:
                 records.append(rec)
 
@@ -131,6 +132,7 @@ def run_config(url: str, model: str, *, concurrency: int, requests: int, max_tok
         "mean_queue_s": round(statistics.fmean(r["queue_ms"] for r in ok) / 1e3, 2) if ok else None,
         "mean_alpha": round(statistics.fmean(r["alpha"] for r in spec), 3) if spec else None,
         "mean_tau": round(statistics.fmean(r["tau"] for r in spec), 3) if spec else None,
+        "records": records,
         "mean_speedup_estimate": round(statistics.fmean(r["speedup_estimate"] for r in ok
                                                         if r.get("speedup_estimate")), 3)
         if any(r.get("speedup_estimate") for r in ok) else None,
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                                api_key=args.api_key, deadline=deadline, timeout=args.request_timeout)
                 r["mode"] = mode
                 runs.append(r)
-                print(json.dumps(r), file=sys.stderr, flush=True)
+                print(json.dumps({k: v for k, v in r.items() if k != "records"}), file=sys.stderr, flush=True)
         result = {"model": model, "speculation_default": card.get("speculation", {}),
                   "max_tokens": args.max_tokens, "serve_args": serve_args,
                   "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, {platform.python_version()}",
