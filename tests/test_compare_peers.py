@@ -107,3 +107,43 @@ def test_peer_greedy_equals_plain_in_fp32(qwen, qwen_indep, plain_tokens, method
 def test_peer_needs_a_draft_model(qwen):
     with pytest.raises(ConfigError):
         PeerRunner(parse_peer("hf:constant"), qwen, None)
+
+
+def test_run_compare_end_to_end_on_tiny_models(tmp_path, monkeypatch, qwen, qwen_indep, tokenizer):
+    """The whole command on tiny saved models: every kind of method, prompt cache, resume, report."""
+    import json
+
+    import transformers
+
+    from adaspec.compare import read_results, run_compare
+
+    qwen.save_pretrained(tmp_path / "target")
+    qwen_indep.save_pretrained(tmp_path / "draft")
+    # AutoTokenizer would pick Qwen2's own tokenizer class for a qwen2 folder; hand out the word-level one.
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in [
+        ("w3 w17 w42 w5 w9 w9 w12 w3 w17 w42", "a"), ("w7 w8 w9 w7 w8", "b"), ("w1 w2 w3 w4", "a")]))
+    methods = ["plain", "fixed:2", "goodput", "hybrid/goodput", "bandit", "entropy", "hf:constant:2", "hf:pld"]
+    out = tmp_path / "r.jsonl"
+    kw = dict(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), methods=methods,
+              workloads=[str(data)], limit=None, max_new_tokens=12, temperatures=[0.0, 1.0], out=out,
+              dtype="float32", threads=1, progress=False)
+    run_compare(**kw, time_limit_s=0.0)  # stops before the second prompt
+    assert {r["prompt_id"] for r in read_results(out)} == {"0"}
+    run_compare(**kw)  # resumes
+    rows = read_results(out)
+    assert len(rows) == 3 * 2 * len(methods)
+    assert [r["prompt_id"] for r in rows[::len(methods) * 2]] == ["0", "1", "2"]  # round-robin: a, b, a
+    greedy = [r for r in rows if r["temperature"] == 0.0]
+    by_prompt = {}
+    for r in greedy:
+        by_prompt.setdefault(r["prompt_id"], {})[r["method"]] = r["token_ids"]
+    for outputs in by_prompt.values():  # fp32: every method's greedy output is plain decoding's
+        assert all(ids == outputs["plain"] for ids in outputs.values()), outputs
+    assert all(r["prompt_cache"] and 1 <= r["new_tokens"] <= 12 for r in rows)
+    assert all(r["decode_tokens"] == r["new_tokens"] - 1 and r["decode_ms"] is not None for r in rows)
+    assert all(r["prompt_prefill_ms"] > 0 for r in rows)
+    assert all(r["prefill_ms"] is not None for r in rows if r["controller"] != "hf")
+    report = markdown_report(rows, "hybrid/goodput")
+    assert "## Target check" in report and "### a, temperature 0" in report and "### b, temperature 1" in report

@@ -200,7 +200,9 @@ def test_goodput_reset_keeps_costs_and_carries_acceptance():
     reached = list(ctrl.acceptance["d"].reached)
     ctrl.reset()
     assert ctrl.acceptance["d"].reached == pytest.approx([r * 0.5 for r in reached])
-    assert ctrl.costs.measured and ctrl.next_k() > 0  # no calibration step again
+    assert ctrl.costs.measured and ctrl.next_k() == 0  # the first step of a request is plain...
+    ctrl.update(rec(0, 0))
+    assert ctrl.next_k() > 0  # ...then it speculates at once
 
 
 def test_goodput_routes_between_drafters():
@@ -272,3 +274,49 @@ def test_goodput_stop_within_a_step_follows_calibrated_confidence():
     assert _draft(stop, [0.95] * 8, ctrl.next_k()) >= 6  # sure all along: a long draft
     assert _draft(stop, [0.95, 0.3] + [0.95] * 6, ctrl.next_k()) == 2  # stops right after the unsure token
     assert GoodputController(confidence_stop=False).draft_stop() is None
+
+
+def test_draft_cost_and_catch_up_cost_are_measured_apart():
+    ctrl = GoodputController()
+    ctrl.update(rec(0, 0, ctx=100))
+    ctrl.update(rec(2, 2, draft_ms=5000.0, ctx=101))  # first draft: feeds the whole sequence (a lazy prefill)
+    assert ctrl.costs.draft_ms("d", 0) == 2500.0  # stands in until a step without catch-up
+    ctrl.update(rec(2, 2, draft_ms=40.0, ctx=104))  # drafted the step before: only 2 tokens to feed
+    assert ctrl.costs.draft_ms("d", 0) == 20.0
+    assert ctrl.costs.feed_ms("d", 0) == 5.0  # not measured yet: a quarter of the draft time per token
+    for ctx in range(107, 117):
+        ctrl.update(rec(0, 0, ctx=ctx))
+    ctrl.update(rec(1, 1, draft_ms=80.0, ctx=117))  # 12 tokens behind: 10 beyond the steady 2, 60 ms of catch-up
+    assert ctrl.costs.feed_ms("d", 0) == 6.0 and ctrl.costs.draft_ms("d", 0) == 20.0
+    ctrl.reset()
+    ctrl.update(rec(0, 0, ctx=300))
+    ctrl.update(rec(2, 2, draft_ms=2000.0, ctx=301))  # a new request: lazily prefilled again
+    assert ctrl.costs.draft_ms("d", 0) == 20.0
+    assert 6.0 < ctrl.costs.feed_ms("d", 0) < 7.0  # that prefill was catch-up too: (2000 - 40) / 299 ms per token
+
+
+def test_catch_up_cost_keeps_a_lagging_draft_model_out_unless_it_pays_back():
+    def trained(feed_ms: float) -> GoodputController:
+        ctrl = GoodputController(horizon=16)
+        ctx = 100
+        ctrl.update(rec(0, 0, ctx=ctx))
+        for i in range(20):  # steady drafting: 3 tokens per 130 ms against 1 per 100 ms plain
+            ctx += 1 if i == 0 else 3
+            ctrl.update(rec(2, 2, draft_ms=20.0, ctx=ctx))
+        for _ in range(12):
+            ctx += 1
+            ctrl.update(rec(0, 0, ctx=ctx))
+        ctrl.update(rec(2, 2, draft_ms=20.0 + 10 * feed_ms, ctx=ctx + 1))  # 12 behind: 10 tokens of catch-up
+        ctrl.reset()  # a new request with a 1000-token prompt: the draft model has seen none of it
+        ctrl.update(rec(0, 0, ctx=1000))
+        return ctrl
+
+    assert trained(feed_ms=0.5).next_k() > 0  # 1000 tokens × 0.5 ms, spread over 16 steps: still pays
+    cheap_to_skip = trained(feed_ms=30.0)
+    assert cheap_to_skip.costs.feed_ms("d", 0) == pytest.approx(30.0)
+    assert cheap_to_skip.next_k() == 0  # 30 s of catch-up for a 2x gain on 16 steps does not pay
+    probes = []
+    for i in range(60):  # and no probe either: catching up costs far more than the probe budget
+        probes.append(cheap_to_skip.next_k())
+        cheap_to_skip.update(rec(0, 0, ctx=1001 + i))
+    assert probes == [0] * 60

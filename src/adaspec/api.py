@@ -10,6 +10,11 @@ local Hugging Face folder, or a Hugging Face hub id. ``draft`` also accepts ``"n
 ``"layerskip:N"`` (the target's first N layers, sharing its weights), ``"A+B"`` (several drafters, one chosen per
 step: :class:`~adaspec.drafters.multi.MultiDrafter`), ``"hybrid"`` (= ``ngram+`` the default draft model) and
 ``"none"`` (plain decoding).
+
+Backends: a model spec may end in ``@torch`` (default: PyTorch, the GGUF converted once to a bf16/fp32 HF folder) or
+``@llamacpp`` (llama.cpp via llama-cpp-python, running the GGUF file itself, quantised; zoo names and ``.gguf``
+paths only). Target and draft may use different backends, e.g. target ``qwen2.5-coder-1.5b-instruct`` with draft
+``qwen2.5-coder-1.5b-instruct@llamacpp`` (quantised self-drafting), as long as their tokenizers agree.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from adaspec.backends.base import Backend
 from adaspec.backends.torch_backend import TorchBackend, load_causal_lm, truncated_layers
 from adaspec.controllers import make_controller
 from adaspec.controllers.base import Controller
@@ -39,23 +45,61 @@ def set_threads(threads: int | None) -> int:
     return n
 
 
+BACKENDS = ("torch", "llamacpp")
+_BACKEND_ALIASES = {"torch": "torch", "pytorch": "torch", "pt": "torch", "llamacpp": "llamacpp",
+                    "llama.cpp": "llamacpp", "llama_cpp": "llamacpp", "gguf": "llamacpp"}
+
+
+def split_backend(spec: str) -> tuple[str, str]:
+    """``"name@llamacpp"`` -> ``("name", "llamacpp")``; no suffix -> ``(spec, "torch")``.
+
+    Raises:
+        ConfigError: an unknown backend after ``@``.
+    """
+    name, sep, backend = str(spec).rpartition("@")
+    if not sep:
+        return spec, "torch"
+    key = backend.strip().lower()
+    if key not in _BACKEND_ALIASES:
+        raise ConfigError(f"unknown backend {backend!r} in model spec {spec!r}; use @{' or @'.join(BACKENDS)}")
+    return name, _BACKEND_ALIASES[key]
+
+
 @dataclass
 class LoadedModel:
-    """A backend plus the tokenizer and the resolved spec it came from."""
+    """A backend plus the tokenizer and the resolved spec it came from (``name`` carries ``@llamacpp`` for
+    llama.cpp models, so a model on two backends has two names)."""
 
-    backend: TorchBackend
+    backend: Backend
     tokenizer: object
     name: str
 
 
-def load_model(spec: str, *, dtype: str = "bfloat16", device: str = "cpu", progress: bool = True) -> LoadedModel:
-    """Resolve ``spec`` (fetching/converting a zoo model on first use) and load it on the PyTorch backend.
+def load_model(spec: str, *, dtype: str = "bfloat16", device: str = "cpu", progress: bool = True,
+               threads: int | None = None) -> LoadedModel:
+    """Resolve ``spec`` and load it on the backend its ``@backend`` suffix names (default PyTorch).
+
+    PyTorch: a zoo model is fetched and converted on first use; ``dtype``/``device`` apply. llama.cpp: the GGUF runs
+    as it is (its own quantisation; ``dtype`` does not apply) with ``threads`` threads (default: PyTorch's current
+    thread count, which :func:`set_threads` sets).
 
     Raises:
         UnknownModelError, ModelFetchError, CorruptModelError: see :func:`adaspec.models.resolve`.
+        ConfigError: unknown backend, or llama-cpp-python missing.
     """
     from transformers import AutoTokenizer
 
+    spec, backend = split_backend(spec)
+    if backend == "llamacpp":
+        from adaspec.backends.llamacpp_backend import LlamaCppBackend, import_llama_cpp
+        from adaspec.models import resolve_gguf
+
+        import_llama_cpp()  # fail before fetching anything when the extra is not installed
+        name, gguf_file, tok_dir = resolve_gguf(spec, progress=progress)
+        label = f"{name}@llamacpp"
+        tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+        return LoadedModel(LlamaCppBackend(gguf_file, label, threads=threads or torch.get_num_threads()),
+                           tokenizer, label)
     resolved = resolve(spec, progress=progress)
     model = load_causal_lm(resolved.path, dtype=dtype, device=device)
     tokenizer = AutoTokenizer.from_pretrained(resolved.path)
@@ -92,6 +136,8 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str = "bfloat1
             n = int(spec.split(":", 1)[1])
         except ValueError:
             raise ConfigError(f"expected layerskip:N with an integer N, got {spec!r}") from None
+        if not isinstance(target.backend, TorchBackend):
+            raise ConfigError(f"layerskip drafting needs a PyTorch target; {target.name} runs on another backend")
         backend = TorchBackend(truncated_layers(target.backend.model, n), f"{target.name}[:{n} layers]")
         return ModelDrafter(backend)
     draft = load_model(spec, dtype=dtype, device=device, progress=progress)

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(cmp)
     preset = cmp.add_mutually_exclusive_group()
     preset.add_argument("--quick", action="store_const", const="quick", dest="preset",
-                        help="every category at T = 0 and 1, 1 prompt, 48 tokens, main methods (~15 min, 2 cores)")
+                        help="humaneval, gsm8k, Spec-Bench translation; T = 0 and 1; 1 prompt, 32 tokens; main methods")
     preset.add_argument("--full", action="store_const", const="full", dest="preset",
                         help="every category at T = 0 and 1, 10 prompts, 128 tokens, every method (hours)")
     cmp.add_argument("--methods", default=None,
@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--report", default=None, help="also write the Markdown summary here")
     cmp.add_argument("--time-limit", type=float, default=None, metavar="MIN",
                      help="start no new prompt after MIN minutes (rerun to continue)")
+    cmp.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
+                     help="every method prefills the prompt itself (default: one untimed prefill per prompt, "
+                          "shared by all methods, so rows time decoding)")
     cmp.add_argument("--default-method", default=None,
                      help="the method the target check is about (default: adaspec's default configuration)")
     cmp.set_defaults(func=cmd_compare)
@@ -167,7 +170,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                       max_new_tokens=pick(args.max_new_tokens, "max_new_tokens", 128),
                       temperatures=[float(t) for t in pick(args.temperatures, "temperatures", [0.0])],
                       out=Path(args.out), dtype=args.dtype, threads=args.threads, seed=args.seed,
-                      time_limit_s=args.time_limit * 60 if args.time_limit else None)
+                      time_limit_s=args.time_limit * 60 if args.time_limit else None, prompt_cache=args.prompt_cache)
     report = markdown_report(read_results(out), args.default_method or DEFAULT_METHOD)
     print(report)
     if args.report:

@@ -18,8 +18,13 @@ The parameter names are those of transformers 5.x (``generation/configuration_ut
 *assistant's* ``generation_config``, so each peer keeps its own copy of it (the heuristic schedule writes its K
 back there after each call, which is how transformers carries it across calls).
 
-The whole ``generate`` call is timed (both prefills included, as in adaspec's rows); tokens are the new tokens;
-α and τ are not exposed by transformers, so they are None in the rows.
+The whole ``generate`` call is timed (compare subtracts the target's prompt prefill, measured on the same prompt,
+to time decoding as for adaspec's methods). α and τ are not exposed by transformers, so they are None in the rows.
+
+transformers 5.24's assisted generation and prompt lookup return wrong tokens when ``generate`` starts from a
+pre-filled cache (``past_key_values``/``cache`` holding the prompt prefix: the output drifts from greedy decoding
+after a few steps, while plain ``generate`` from the same cache is right; see tests/test_compare_peers.py), so
+peers always prefill the prompt themselves (compare leaves prefills out of its decoding times).
 """
 
 from __future__ import annotations
@@ -124,14 +129,15 @@ class PeerRunner:
             start = time.perf_counter()
             with torch.inference_mode():
                 out = self.target.generate(ids, **kwargs)
-            total_ms = (time.perf_counter() - start) * 1e3
+            end = time.perf_counter()
         finally:
             if saved is not None:
                 self.draft.generation_config = saved
         new = out[0, ids.shape[1]:].tolist()
         finish = "stop" if new and new[-1] in self.eos else "length"
+        total_ms = (end - start) * 1e3
         return {"finish_reason": finish, "token_ids": new, "prompt_tokens": len(prompt_ids),
-                "new_tokens": len(new), "total_ms": round(total_ms, 2),
+                "new_tokens": len(new), "total_ms": round(total_ms, 2), "decode_ms": None, "decode_tokens": None,
                 "tokens_per_s": round(len(new) / (total_ms / 1e3), 3) if total_ms > 0 else 0.0,
                 "steps": None, "speculation_steps": None, "draft_tokens": None, "accepted_tokens": None,
                 "acceptance_rate": None, "mean_accepted_tokens": None, "prefill_ms": None, "draft_ms": None,

@@ -9,7 +9,11 @@ machine, per context-length bucket, while decoding:
                reached positions (each speculative step multiplies the old counts by ``forget``, each plain step
                by ``plain_forget``); a position with few observations is shrunk toward the position before it
                (``shrink`` pseudo-observations; position 0 toward ``prior``).
-    t_d(d, L)  drafting time per token of drafter d at context bucket L: median of recent draft_ms / drafted.
+    t_d(d, L)  drafting time per token of drafter d at context bucket L: median of recent draft_ms / drafted over
+               steps without catch-up (d drafted the step before, so it only feeds the last draft and correction).
+    f_d        catch-up time per token: a drafter that sat out some steps (or, prefilled lazily, never ran in this
+               request) first feeds the c tokens it missed; measured from such steps as
+               (draft_ms − drafted · t_d) / (c − 2).
     t_v(n, L)  target verification time of n = K + 1 tokens at context bucket L: median of recent verify_ms per
                measured n. A bucket lacking some n takes it from its nearest measured n scaled by the all-bucket
                curve's shape; beyond the largest measured n that curve is extended linearly from its last two
@@ -17,16 +21,20 @@ machine, per context-length bucket, while decoding:
                nearly flat on memory-bound hardware and grows on compute-bound hardware.
     o          engine overhead per step outside drafting and verification (median of recent steps).
 
-    E_d(K)  = 1 + Σ_{j=1..K} Π_{i<j} α_d[i]                     expected tokens emitted by the step
-    G(d, K) = E_d(K) / (K t_d(d, L) + t_v(K + 1, L) + o)         expected tokens per millisecond
+    E_d(K)  = 1 + Σ_{j=1..K} Π_{i<j} α_d[i]                            expected tokens emitted by the step
+    G(d, K) = E_d(K) / (K t_d(d, L) + t_v(K + 1, L) + o + f_d c / H)    expected tokens per millisecond
     G(plain) = 1 / (t_v(1, L) + o)
+
+where the one-off catch-up f_d · c is spread over the ``horizon`` H steps that switching to d is expected to
+last. (Where a long prompt costs seconds to feed to a draft model, speculating for a short answer does not pay.)
 
 K ranges over 1..k_max (and no further than a lookup drafter's match can propose). The controller speculates with
 the best (d, K) when G(d, K) >= min_gain · G(plain) and takes a plain step (K = 0) otherwise, so speculation never
 runs where it is predicted to lose. While plain it still probes the best speculative choice after ``probe_init``
 plain steps, doubling the gap up to ``probe_max`` while speculation keeps losing, to notice when the text turns
-predictable. A drafter never measured is tried once at ``k_init``; before any step was measured the first step is
-plain (it measures t_v(1)). Costs persist across requests (they belong to the machine); acceptance counts are
+predictable, unless the probe's catch-up would cost more than ``probe_budget`` plain steps. A drafter never
+measured is tried once at ``k_init``. The first step of every request is plain (it costs nothing against plain
+decoding and tells the controller the context length, which the catch-up cost needs). Costs persist across requests (they belong to the machine); acceptance counts are
 scaled by ``carry`` at each new request (they belong to the text).
 
 **Stop within a step** (``confidence_stop``; SpecDec++'s threshold policy, Huang et al. 2024, with the threshold
@@ -86,24 +94,40 @@ class Recent:
 
 
 class CostModel:
-    """Measured step costs in milliseconds: per-token draft time per drafter and verification time per number of
-    verified tokens, both by context bucket, plus the per-step overhead. See the module docstring."""
+    """Measured step costs in milliseconds: per-token draft time and per-token catch-up time per drafter, and
+    verification time per number of verified tokens, by context bucket, plus the per-step overhead. See the module
+    docstring."""
+
+    STEADY = 2  # a drafter that drafted the step before has at most 2 tokens to feed (last draft + correction)
 
     def __init__(self, window: int = 9) -> None:
         self.window = window
         self.draft: dict[str, dict[int, Recent]] = {}
+        self.first_draft: dict[str, Recent] = {}  # per-token draft time of steps with catch-up, until steady ones
+        self.feed: dict[str, Recent] = {}  # per-token time of feeding missed tokens (catch-up, lazy prefill)
         self.verify: dict[int, dict[int, Recent]] = {}
         self.shape: dict[int, Recent] = {}  # verification time per n, all buckets pooled
         self.overhead = Recent(window)
 
-    def observe(self, step: StepRecord) -> None:
+    def observe(self, step: StepRecord, behind: int = 0) -> None:
+        """Record a step. ``behind``: tokens of the sequence its drafter had not seen before drafting (at most
+        :attr:`STEADY` when it also drafted the step before; the whole prompt for a lazily prefilled draft model's
+        first draft). The time of feeding those beyond STEADY is catch-up, a cost of switching drafters, measured
+        apart from the draft time per token."""
         b = bucket_of(step.context_len)
         n = step.drafted + 1
         self.verify.setdefault(b, {}).setdefault(n, Recent(self.window)).add(step.verify_ms)
         self.shape.setdefault(n, Recent(4 * self.window)).add(step.verify_ms)
         if step.drafted:
-            per_token = step.draft_ms / step.drafted
-            self.draft.setdefault(step.drafter, {}).setdefault(b, Recent(self.window)).add(per_token)
+            d, extra = step.drafter, behind - self.STEADY
+            if extra <= 0:
+                self.draft.setdefault(d, {}).setdefault(b, Recent(self.window)).add(step.draft_ms / step.drafted)
+            elif d in self.draft:
+                per_token = self.draft_ms(d, b)
+                self.feed.setdefault(d, Recent(self.window)).add(max(step.draft_ms - step.drafted * per_token, 0.0)
+                                                                 / extra)
+            else:
+                self.first_draft.setdefault(d, Recent(self.window)).add(step.draft_ms / step.drafted)
         self.overhead.add(max(0.0, step.total_ms - step.draft_ms - step.verify_ms))
 
     @property
@@ -114,11 +138,20 @@ class CostModel:
         return self.overhead.value if self.overhead else 0.0
 
     def draft_ms(self, drafter: str, b: int) -> float | None:
-        """Per-token draft time of ``drafter`` at bucket ``b`` (nearest measured bucket), None if never measured."""
+        """Per-token draft time of ``drafter`` at bucket ``b`` (nearest measured bucket), None if never measured.
+        Until a step without catch-up was seen, the per-token time of steps with catch-up stands in (too high)."""
         per_bucket = self.draft.get(drafter)
-        if not per_bucket:
-            return None
-        return per_bucket[_nearest(per_bucket, b)].value
+        if per_bucket:
+            return per_bucket[_nearest(per_bucket, b)].value
+        first = self.first_draft.get(drafter)
+        return first.value if first else None
+
+    def feed_ms(self, drafter: str, b: int) -> float:
+        """Per-token catch-up time of ``drafter`` (before it was measured: a quarter of its draft time per token,
+        as a draft model feeding several tokens in one forward is cheaper per token than drafting them)."""
+        if drafter in self.feed:
+            return self.feed[drafter].value
+        return 0.25 * (self.draft_ms(drafter, b) or 0.0)
 
     def verify_ms(self, n: int, b: int) -> float:
         """Verification time of ``n`` tokens at bucket ``b``. Needs at least one measurement (``measured``)."""
@@ -204,6 +237,8 @@ class GoodputConfig:
     probe_init: int = 6
     probe_max: int = 48
     confidence_stop: bool = True
+    horizon: int = 16
+    probe_budget: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_init <= self.k_max:
@@ -217,6 +252,8 @@ class GoodputConfig:
             raise ConfigError("need shrink > 0 and window >= 1")
         if not 1 <= self.probe_init <= self.probe_max:
             raise ConfigError("need 1 <= probe_init <= probe_max")
+        if self.horizon < 1 or self.probe_budget < 0:
+            raise ConfigError("need horizon >= 1 and probe_budget >= 0")
 
 
 class GoodputController(Controller):
@@ -242,6 +279,8 @@ class GoodputController(Controller):
         for acc in self.acceptance.values():
             acc.scale(self.config.carry)
         self._plan: tuple[str | None, int] | None = None
+        self.synced: dict[str, int] = {}  # per drafter: tokens of this request's sequence it has seen
+        self.fresh = True  # no step of this request seen yet: the context length is unknown
         self.plain_run = 0
         self.probe_gap = self.config.probe_init
 
@@ -261,14 +300,14 @@ class GoodputController(Controller):
         """(drafter, K) for the next step; (None, 0) = plain. Without ``options`` every drafter seen so far is a
         candidate (a single drafter's name is learnt from the first speculative step)."""
         c = self.config
-        if not self.costs.measured:
+        if not self.costs.measured or self.fresh:  # a request's first step is plain: it tells the context length
             return None, 0
         if options is None:
-            options = {name: None for name in self.costs.draft} or {"": None}
+            options = {name: None for name in {*self.costs.draft, *self.costs.first_draft}} or {"": None}
         b = bucket_of(self.context_len)
         overhead = self.costs.overhead_ms()
-        plain_gain = 1.0 / (self.costs.verify_ms(1, b) + overhead)
-        best: tuple[float, str | None, int] = (0.0, None, 0)
+        plain_ms = self.costs.verify_ms(1, b) + overhead
+        best: tuple[float, str | None, int, float] = (0.0, None, 0, 0.0)
         for name, cap in options.items():
             k_top = c.k_max if cap is None else min(c.k_max, cap)
             if k_top <= 0:
@@ -276,22 +315,27 @@ class GoodputController(Controller):
             per_token = self.costs.draft_ms(name, b)
             if per_token is None:  # never measured: try it once
                 return name, min(c.k_init, k_top)
+            behind = self.context_len - self.synced.get(name, 0)
+            catch_up = self.costs.feed_ms(name, b) * max(behind - CostModel.STEADY, 0)
             alphas = self._acceptance(name).rates()
             for k in range(1, k_top + 1):
-                gain = expected_tokens(alphas, k) / (k * per_token + self.costs.verify_ms(k + 1, b) + overhead)
+                step_ms = k * per_token + self.costs.verify_ms(k + 1, b) + overhead + catch_up / c.horizon
+                gain = expected_tokens(alphas, k) / step_ms
                 if gain > best[0]:
-                    best = (gain, name, k)
-        gain, name, k = best
-        self.last_choice = (name, k, gain, plain_gain)
+                    best = (gain, name, k, catch_up)
+        gain, name, k, catch_up = best
+        self.last_choice = (name, k, gain, 1.0 / plain_ms)
         if name is None:
             return None, 0
-        if gain >= c.min_gain * plain_gain:
+        if gain >= c.min_gain / plain_ms:
             self.plain_run, self.probe_gap = 0, c.probe_init
             return self._speculate(name, k, gain, b, options[name])
         self.plain_run += 1
-        if self.plain_run > self.probe_gap:  # probe: speculation may pay again
+        if self.plain_run > self.probe_gap:  # probe (at the best K, not extended): speculation may pay again
             self.plain_run, self.probe_gap = 0, min(2 * self.probe_gap, c.probe_max)
-            return self._speculate(name, k, gain, b, options[name])
+            if catch_up <= c.probe_budget * plain_ms:  # unless catching up would cost more than plain steps
+                self._thresholds = None
+                return name, k
         return None, 0
 
     def _speculate(self, name: str, k: int, gain: float, b: int, cap: int | None) -> tuple[str, int]:
@@ -333,8 +377,12 @@ class GoodputController(Controller):
         return self.acceptance[name]
 
     def update(self, step: StepRecord) -> None:
-        self.costs.observe(step)
+        behind = step.context_len - self.synced.get(step.drafter, 0) if step.drafted else 0
+        self.costs.observe(step, behind)
+        if step.drafted:  # it has fed the context and its drafts but the last; those past the rejection are gone
+            self.synced[step.drafter] = step.context_len + min(step.drafted - 1, step.accepted)
         self.context_len = step.context_len + step.emitted
+        self.fresh = False
         if step.drafted:
             self._acceptance(step.drafter).observe(step.drafted, step.accepted)
             if self._q:  # this drafter asked the stop rule about its tokens

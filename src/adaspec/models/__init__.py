@@ -15,6 +15,7 @@ from .zoo import (
     gguf_path,
     model_status,
     resolve,
+    resolve_gguf,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "gguf_path",
     "model_status",
     "resolve",
+    "resolve_gguf",
 ]

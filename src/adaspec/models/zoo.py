@@ -47,6 +47,7 @@ __all__ = [
     "gguf_path",
     "model_status",
     "resolve",
+    "resolve_gguf",
 ]
 
 MARKER_NAME = "adaspec.json"
@@ -942,6 +943,48 @@ def resolve(spec: str, *, fetch_missing: bool = True, progress: bool = True) -> 
     if _HUB_ID.match(text) and not text.startswith((".", "~")):
         return ResolvedModel(spec=text, name=text, path=text, gguf=None, is_local=False)
     raise UnknownModelError(_unknown_message(text))
+
+
+def resolve_gguf(spec: str, *, progress: bool = True) -> tuple[str, Path, Path]:
+    """Resolve a model spec for a backend that runs GGUF files as they are (llama.cpp): no conversion.
+
+    Returns ``(name, gguf_file, tokenizer_dir)``: a zoo name gives its assembled, verified GGUF (fetched when
+    missing); a path gives that ``.gguf`` file. ``tokenizer_dir`` holds a Hugging Face tokenizer equal to the
+    GGUF's own (the converted folder when the model was converted, else the tokenizer alone, extracted once into
+    ``tokenizers/<name>-<hash>/``).
+
+    Raises:
+        UnknownModelError: ``spec`` is a Hugging Face folder or hub id (they hold no GGUF file) or unknown.
+    """
+    text = str(spec).strip()
+    key = text.lower()
+    if key in ZOO:
+        entry = ZOO[key]
+        path = fetch_gguf(entry.name, progress=progress)
+        name = entry.name
+        if _converted_marker(entry.name) is not None:
+            return name, path, converted_dir(entry.name)
+        digest = entry.gguf_sha256[:12]
+    else:
+        path = Path(text).expanduser()
+        if not (path.is_file() and path.suffix.lower() == ".gguf"):
+            raise UnknownModelError(_unknown_message(
+                text, "the llama.cpp backend runs GGUF files: pass a zoo name or a path to a .gguf file"))
+        path = path.resolve()
+        name = path.stem
+        digest = adhoc_converted_dir(path).name.removeprefix("gguf-")[:12]
+    tok_dir = cache_root() / "tokenizers" / f"{name}-{digest}"
+    if not (tok_dir / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        tmp = tok_dir.with_name(tok_dir.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with _transformers_progress(progress):
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tok.save_pretrained(str(tmp))
+        shutil.rmtree(tok_dir, ignore_errors=True)
+        os.replace(tmp, tok_dir)
+    return name, path, tok_dir
 
 
 # --------------------------------------------------------------------------------------------------

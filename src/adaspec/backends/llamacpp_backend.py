@@ -1,0 +1,153 @@
+"""A llama.cpp model (a GGUF file, run as it is, quantised) behind the :class:`Backend` interface.
+
+Uses llama-cpp-python's low-level bindings (the ``llama_*`` C API): one ``llama_batch`` per call with the logits flag
+set only on the positions the caller asks for (prefill asks for one row, verification for K + 1), and
+``llama_memory_seq_rm`` to truncate the KV cache on rejection. The high-level ``llama_cpp.Llama`` object only loads
+the model and creates the context. Optional dependency: ``pip install -e ".[llamacpp]"`` (builds llama.cpp from
+source, about 6 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from adaspec.backends.base import Backend
+from adaspec.errors import ConfigError, ContextLengthError
+
+
+def import_llama_cpp():
+    """Import ``llama_cpp`` or raise a ConfigError that says how to install it."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise ConfigError("the llama.cpp backend needs llama-cpp-python: pip install -e \".[llamacpp]\" "
+                          f"(builds llama.cpp from source, ~6 min on 2 cores); import failed: {e}") from None
+    return llama_cpp
+
+
+class LlamaCppBackend(Backend):
+    """A GGUF model on llama.cpp, one sequence (seq_id 0), batch size 1.
+
+    Args:
+        model_path: path to a ``.gguf`` file (any quantisation llama.cpp supports).
+        name: display name (default: the file name without suffix).
+        max_context: context window in tokens = llama.cpp's ``n_ctx`` (default: the model's training context,
+            capped at 8192 to bound the KV cache: f16 K/V, ``2 * n_layer * n_kv_heads * head_dim * 2`` bytes per
+            token).
+        threads: threads for decoding and batch evaluation (default: all cores).
+        n_batch: tokens per ``llama_decode`` call; longer inputs (prefill) are split.
+
+    Logits are returned as float32 ``[num_logits, V]`` CPU tensors. Raises ConfigError when llama-cpp-python is
+    not installed or the file cannot be loaded.
+    """
+
+    def __init__(self, model_path: str | Path, name: str | None = None, *, max_context: int | None = None,
+                 threads: int | None = None, n_batch: int = 512, verbose: bool = False) -> None:
+        llama_cpp = import_llama_cpp()
+        self._lib = llama_cpp
+        path = Path(model_path)
+        if not path.is_file():
+            raise ConfigError(f"llama.cpp backend: no GGUF file at {path}")
+        self.name = name or path.stem
+        self.path = path
+        threads = threads or os.cpu_count() or 1
+        n_ctx = max_context or 0  # 0: let llama.cpp take the training context, capped below
+        if not n_ctx:
+            n_ctx = min(_gguf_context_length(path) or 4096, 8192)
+        try:
+            self._llama = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                                          n_threads=threads, n_threads_batch=threads, logits_all=False,
+                                          verbose=verbose)
+        except (ValueError, RuntimeError) as e:
+            raise ConfigError(f"llama.cpp could not load {path}: {e}") from None
+        self._ctx = self._llama.ctx
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self.n_batch = n_batch
+        self.threads = threads
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self.vocab_size = int(self._llama.n_vocab())
+        self.max_context = int(self._llama.n_ctx())
+        self._len = 0
+
+    @property
+    def seq_len(self) -> int:
+        return self._len
+
+    def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
+        n = len(input_ids)
+        if not 1 <= num_logits <= n:
+            raise ValueError(f"num_logits must be in [1, {n}], got {num_logits}")
+        if self._len + n > self.max_context:
+            raise ContextLengthError(
+                f"{self.name}: {self._len + n} tokens exceed the context window of {self.max_context}")
+        lib, batch = self._lib, self._batch
+        first_logit = n - num_logits
+        rows: list[np.ndarray] = []
+        for start in range(0, n, self.n_batch):
+            chunk = input_ids[start:start + self.n_batch]
+            batch.n_tokens = len(chunk)
+            wanted = []
+            for j, tok in enumerate(chunk):
+                i = start + j
+                batch.token[j] = int(tok)
+                batch.pos[j] = self._len + i
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                batch.logits[j] = i >= first_logit
+                if i >= first_logit:
+                    wanted.append(j)
+            rc = lib.llama_decode(self._ctx, batch)
+            if rc != 0:  # nothing of this chunk stays cached: keep the invariant and say why
+                lib.llama_memory_seq_rm(self._mem, 0, self._len + start, -1)
+                self._len += start
+                raise RuntimeError(f"{self.name}: llama_decode returned {rc} at position {self._len}")
+            for j in wanted:
+                ptr = lib.llama_get_logits_ith(self._ctx, j)
+                rows.append(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy())
+        self._len += n
+        return torch.from_numpy(np.stack(rows))
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self._len:
+            raise ValueError(f"cannot truncate a cache of {self._len} tokens to {length}")
+        if length < self._len:
+            if not self._lib.llama_memory_seq_rm(self._mem, 0, length, -1):
+                raise RuntimeError(f"{self.name}: llama.cpp refused to remove cache positions {length}..")
+        self._len = length
+
+    def close(self) -> None:
+        """Free the batch and the model (also done at garbage collection)."""
+        if getattr(self, "_batch", None) is not None:
+            self._lib.llama_batch_free(self._batch)
+            self._batch = None
+        llama = getattr(self, "_llama", None)
+        if llama is not None:
+            llama.close()
+            self._llama = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def _gguf_context_length(path: Path) -> int | None:
+    """The model's training context length from the GGUF metadata (``<arch>.context_length``), or None."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return None
+    try:
+        reader = GGUFReader(str(path))
+        arch_field = reader.fields.get("general.architecture")
+        arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field else None
+        field = reader.fields.get(f"{arch}.context_length") if arch else None
+        return int(field.parts[field.data[0]][0]) if field else None
+    except Exception:
+        return None
