@@ -1,6 +1,8 @@
 # Quick start:   make demo   (venv + package + default models, then a real --compare run)
 #                make test   (venv + package + test models, then the test suite)
 PY ?= python3
+# llama-cpp-python (the llama.cpp backend) builds llama.cpp from source once (~6-10 min on 2 cores; pip caches the
+# wheel). Its multimodal library is not needed here. Add e.g. CMAKE_ARGS=-DGGML_CUDA=on for a GPU build.
 VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring and type hints.
@@ -10,7 +12,7 @@ PROMPT ?= Write a Python function that returns the n-th Fibonacci number iterati
 $(BIN)/adaspec: pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e ".[test]"
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF $(CMAKE_ARGS)" $(BIN)/python -m pip install -q -c constraints-cpu.txt -e ".[test,llamacpp]"
 	touch $(BIN)/adaspec
 
 setup: $(BIN)/adaspec

@@ -17,14 +17,16 @@ from adaspec.models.cli import add_models_parser
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET,
-                   help="target model: zoo name, .gguf file, HF folder or hub id (default: %(default)s)")
+                   help="target model: zoo name, .gguf file, HF folder or hub id; append @llamacpp to run a zoo "
+                        "name or .gguf on llama.cpp instead of PyTorch (default: %(default)s)")
     p.add_argument("--draft", default=DEFAULT_DRAFT,
-                   help="drafter: model spec, 'ngram', 'layerskip:N' or 'none' (default: %(default)s)")
+                   help="drafter: model spec (NAME@llamacpp for llama.cpp), 'ngram', 'layerskip:N', 'A+B', "
+                        "'hybrid' or 'none' (default: %(default)s)")
     p.add_argument("--controller", default="adaptive",
                    help="draft-length controller: adaptive (default), heuristic or fixed")
     p.add_argument("--k", type=int, default=None, help="draft length K (fixed), or the initial K of adaptive")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="PyTorch dtype")
-    p.add_argument("--threads", type=int, default=None, help="PyTorch threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch and llama.cpp (default: all cores)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -61,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="every category at T = 0 and 1, 10 prompts, 128 tokens, every method (hours)")
     cmp.add_argument("--methods", default=None,
                      help="comma-separated methods: plain, fixed:K, CONTROLLER[:K], DRAFTER/CONTROLLER[:K], "
-                          "hybrid/CONTROLLER, hf:constant[:K], hf:heuristic, hf:dynamic, hf:pld "
+                          "hybrid/CONTROLLER, hf:constant[:K], hf:heuristic, hf:dynamic, hf:pld, llamacpp:pld[:N] "
                           "(default: plain,adaptive,fixed:2,fixed:4,fixed:8)")
     cmp.add_argument("--workloads", default=None,
                      help="comma-separated: humaneval, gsm8k, specbench, specbench:<category>, or JSONL paths "

@@ -39,6 +39,7 @@ CONTROLLER_METHODS = ("goodput", "hybrid/goodput", "adaptive", "heuristic", "con
                       "hybrid/bandit", "hybrid/fixed:4")
 PEER_METHODS = ("hf:constant:4", "hf:heuristic", "hf:dynamic", "hf:pld")
 SPECBENCH = "specbench"
+PEER_LIBRARIES = ("hf", "llamacpp")  # Method.controller of a peer: the library whose speculative decoding it runs
 
 PRESETS = {
     # About 15-20 minutes on 2 CPU cores (AVX2, bf16) with the default pair: three workloads (code, maths, and a
@@ -73,7 +74,7 @@ def parse_method(text: str, default_draft: str) -> Method:
         return Method("plain", None, "fixed", 0)
     peer = parse_peer(text)
     if peer is not None:
-        return Method(text, default_draft if peer.needs_draft_model else None, "hf", peer.k)
+        return Method(text, default_draft if peer.needs_draft_model else None, peer.library, peer.k)
     drafter, _, rest = text.rpartition("/")
     name, _, k = rest.partition(":")
     if name not in CONTROLLERS:
@@ -149,7 +150,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
 
         target_backend = PrefixCacheBackend(tgt.backend)
     drafters: dict = {}
-    specs = {m.drafter for m in parsed if m.drafter and m.controller != "hf"}
+    specs = {m.drafter for m in parsed if m.drafter and m.controller not in PEER_LIBRARIES}
     for spec in sorted(specs, key=lambda x: "+" in x):  # single drafters first: composites share them
         drafters[spec] = make_drafter(spec, tgt, dtype=dtype, progress=progress, reuse=drafters)
     lm = SpeculativeLM(tgt, None, make_controller("fixed", 0))
@@ -159,9 +160,9 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
         return SpeculativeEngine(target_backend, drafter, make_controller(m.controller, m.k),
                                  tokenizer=tgt.tokenizer)
 
-    runners = {m.label: engine(m) for m in parsed if m.controller != "hf"}
-    runners.update(_peer_runners([m for m in parsed if m.controller == "hf"], tgt, drafters, runners["plain"],
-                                 dtype=dtype, progress=progress))
+    runners = {m.label: engine(m) for m in parsed if m.controller not in PEER_LIBRARIES}
+    peers = [m for m in parsed if m.controller in PEER_LIBRARIES]
+    runners.update(_peer_runners(peers, tgt, drafters, runners["plain"], dtype=dtype, progress=progress))
     for r in runners.values():
         r.warmup()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +187,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                 if (workload, prompt.id, m.label, temp) in done:
                     continue
                 runner = runners[m.label]
-                if m.controller == "hf":
+                if m.controller in PEER_LIBRARIES:
                     result = runner.generate(ids, max_new_tokens=max_new_tokens, temperature=temp, seed=seed)
                     if prompt_cache:  # transformers prefills itself: leave out the same work, measured above
                         result.update(decode_ms=round(result["total_ms"] - prompt_prefill_ms, 2),
@@ -243,6 +244,16 @@ def _peer_runners(methods: list[Method], tgt, drafters: dict, plain: Speculative
     runners = {}
     for m in methods:
         peer = parse_peer(m.label)
+        if peer.library == "llamacpp":
+            from adaspec.api import split_backend
+            from adaspec.models import resolve_gguf
+            from adaspec.peers import LlamaCppPeerRunner
+
+            gguf = (getattr(tgt.backend, "path", None)
+                    or resolve_gguf(split_backend(tgt.name)[0], progress=progress)[1])
+            runners[m.label] = LlamaCppPeerRunner(peer, gguf, threads=__import__("torch").get_num_threads(),
+                                                  eos_token_ids=plain.eos_token_ids)
+            continue
         runners[m.label] = PeerRunner(peer, tgt.backend.model, draft_model(m.drafter) if m.drafter else None,
                                       eos_token_ids=plain.eos_token_ids, pad_token_id=tgt.tokenizer.pad_token_id)
     return runners

@@ -36,18 +36,30 @@ class LlamaCppBackend(Backend):
     Args:
         model_path: path to a ``.gguf`` file (any quantisation llama.cpp supports).
         name: display name (default: the file name without suffix).
-        max_context: context window in tokens = llama.cpp's ``n_ctx`` (default: the model's training context,
-            capped at 8192 to bound the KV cache: f16 K/V, ``2 * n_layer * n_kv_heads * head_dim * 2`` bytes per
-            token).
+        max_context: context window in tokens = llama.cpp's ``n_ctx`` (default 8192, to bound the KV cache, which
+            llama.cpp allocates up front: f16 K/V, ``2 * n_layer * n_kv_heads * head_dim * 2`` bytes per token);
+            never more than the model's training context.
         threads: threads for decoding and batch evaluation (default: all cores).
         n_batch: tokens per ``llama_decode`` call; longer inputs (prefill) are split.
+        batch_invariant: never evaluate a batch of one token after the first: a one-token forward re-runs the
+            previous token with it (the cache drops and recomputes that position).
+
+    **Numerics.** llama.cpp evaluates a one-token batch with other kernels (quantised matrix-vector products) than a
+    batch of two or more (matrix-matrix products, whose rows do not depend on each other or on the batch size: a
+    row's logits are bit-identical however the tokens are split into batches of >= 2). Plain decoding feeds one
+    token per step and verification K + 1, so by default greedy speculative decoding equals plain greedy decoding
+    except where the two kernels flip a near-tie (|Δlogit| below about 1 on the 135M test model, Q4_1).
+    ``batch_invariant=True`` makes every logit come from the matrix-matrix kernels, so greedy speculative output is
+    token-for-token identical to plain greedy output on the same backend, at the cost of a two-token forward per
+    plain step (about 1.5x a one-token step on a 2-core CPU).
 
     Logits are returned as float32 ``[num_logits, V]`` CPU tensors. Raises ConfigError when llama-cpp-python is
     not installed or the file cannot be loaded.
     """
 
     def __init__(self, model_path: str | Path, name: str | None = None, *, max_context: int | None = None,
-                 threads: int | None = None, n_batch: int = 512, verbose: bool = False) -> None:
+                 threads: int | None = None, n_batch: int = 512, batch_invariant: bool = False,
+                 verbose: bool = False) -> None:
         llama_cpp = import_llama_cpp()
         self._lib = llama_cpp
         path = Path(model_path)
@@ -56,9 +68,7 @@ class LlamaCppBackend(Backend):
         self.name = name or path.stem
         self.path = path
         threads = threads or os.cpu_count() or 1
-        n_ctx = max_context or 0  # 0: let llama.cpp take the training context, capped below
-        if not n_ctx:
-            n_ctx = min(_gguf_context_length(path) or 4096, 8192)
+        n_ctx = max_context or 8192
         try:
             self._llama = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                                           n_threads=threads, n_threads_batch=threads, logits_all=False,
@@ -71,7 +81,9 @@ class LlamaCppBackend(Backend):
         self.threads = threads
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self.vocab_size = int(self._llama.n_vocab())
-        self.max_context = int(self._llama.n_ctx())
+        self.max_context = min(int(self._llama.n_ctx()), int(self._llama._model.n_ctx_train()))
+        self.batch_invariant = batch_invariant
+        self._ids: list[int] = []  # token ids in the cache (batch-invariant mode re-runs the last one)
         self._len = 0
 
     @property
@@ -79,22 +91,34 @@ class LlamaCppBackend(Backend):
         return self._len
 
     def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
-        n = len(input_ids)
+        ids = [int(t) for t in input_ids]
+        n = len(ids)
         if not 1 <= num_logits <= n:
             raise ValueError(f"num_logits must be in [1, {n}], got {num_logits}")
         if self._len + n > self.max_context:
             raise ContextLengthError(
                 f"{self.name}: {self._len + n} tokens exceed the context window of {self.max_context}")
+        if self.batch_invariant and n == 1 and self._ids:  # re-run the previous token so no batch has one row
+            prev = self._ids[-1]
+            self.truncate(self._len - 1)
+            return self._decode([prev, ids[0]], 1)
+        return self._decode(ids, num_logits)
+
+    def _decode(self, ids: list[int], num_logits: int) -> torch.Tensor:
+        """``llama_decode`` over ``ids`` in chunks of at most ``n_batch`` (never a last chunk of one token after
+        others when batch-invariant), logits only for the last ``num_logits`` positions."""
         lib, batch = self._lib, self._batch
+        n = len(ids)
+        starts = list(range(0, n, self.n_batch))
+        if self.batch_invariant and n > 1 and n % self.n_batch == 1:
+            starts[-1] -= 1
         first_logit = n - num_logits
         rows: list[np.ndarray] = []
-        for start in range(0, n, self.n_batch):
-            chunk = input_ids[start:start + self.n_batch]
-            batch.n_tokens = len(chunk)
+        for start, end in zip(starts, starts[1:] + [n]):
+            batch.n_tokens = end - start
             wanted = []
-            for j, tok in enumerate(chunk):
-                i = start + j
-                batch.token[j] = int(tok)
+            for j, i in enumerate(range(start, end)):
+                batch.token[j] = ids[i]
                 batch.pos[j] = self._len + i
                 batch.n_seq_id[j] = 1
                 batch.seq_id[j][0] = 0
@@ -104,11 +128,13 @@ class LlamaCppBackend(Backend):
             rc = lib.llama_decode(self._ctx, batch)
             if rc != 0:  # nothing of this chunk stays cached: keep the invariant and say why
                 lib.llama_memory_seq_rm(self._mem, 0, self._len + start, -1)
+                self._ids.extend(ids[:start])
                 self._len += start
                 raise RuntimeError(f"{self.name}: llama_decode returned {rc} at position {self._len}")
             for j in wanted:
                 ptr = lib.llama_get_logits_ith(self._ctx, j)
                 rows.append(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy())
+        self._ids.extend(ids)
         self._len += n
         return torch.from_numpy(np.stack(rows))
 
@@ -118,6 +144,7 @@ class LlamaCppBackend(Backend):
         if length < self._len:
             if not self._lib.llama_memory_seq_rm(self._mem, 0, length, -1):
                 raise RuntimeError(f"{self.name}: llama.cpp refused to remove cache positions {length}..")
+        del self._ids[length:]
         self._len = length
 
     def close(self) -> None:
@@ -135,19 +162,3 @@ class LlamaCppBackend(Backend):
             self.close()
         except Exception:  # interpreter shutdown
             pass
-
-
-def _gguf_context_length(path: Path) -> int | None:
-    """The model's training context length from the GGUF metadata (``<arch>.context_length``), or None."""
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        return None
-    try:
-        reader = GGUFReader(str(path))
-        arch_field = reader.fields.get("general.architecture")
-        arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field else None
-        field = reader.fields.get(f"{arch}.context_length") if arch else None
-        return int(field.parts[field.data[0]][0]) if field else None
-    except Exception:
-        return None
