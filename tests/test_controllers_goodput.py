@@ -261,8 +261,10 @@ def test_goodput_stop_within_a_step_follows_calibrated_confidence():
     ctrl.update(rec(0, 0, verify_ms=100.0))
     assert ctrl.next_k() == 2  # an unmeasured drafter: k_init, and it turns out to consult the stop rule
     assert stop(0, _peaked(0.9), 0) is False  # no plan yet: no stop
-    ctrl.update(rec(2, 2, draft_ms=20.0))
+    ctrl.update(rec(2, 2, draft_ms=20.0))  # the first draft feeds the whole prompt: not a steady measurement
     assert "d" in ctrl.stoppable
+    assert ctrl.next_k() == 2  # so it is tried again, now steady (it drafted the step before)
+    ctrl.update(rec(2, 2, draft_ms=20.0, ctx=103))
     for _ in range(150):  # tokens the draft is sure of (q = 0.95) are accepted, unsure ones (q = 0.3) rejected
         k = ctrl.next_k()
         assert k == 8
@@ -279,20 +281,21 @@ def test_goodput_stop_within_a_step_follows_calibrated_confidence():
 def test_draft_cost_and_catch_up_cost_are_measured_apart():
     ctrl = GoodputController()
     ctrl.update(rec(0, 0, ctx=100))
-    ctrl.update(rec(2, 2, draft_ms=5000.0, ctx=101))  # first draft: feeds the whole sequence (a lazy prefill)
-    assert ctrl.costs.draft_ms("d", 0) == 2500.0  # stands in until a step without catch-up
+    ctrl.update(rec(2, 2, draft_ms=634.0, ctx=101))  # first draft: feeds the whole sequence (a lazy prefill)
+    assert ctrl.costs.draft_ms("d", 0) is None  # not a draft time: unknown until a step without catch-up
+    assert ctrl.next_k() == 2  # so the drafter is tried again
     ctrl.update(rec(2, 2, draft_ms=40.0, ctx=104))  # drafted the step before: only 2 tokens to feed
     assert ctrl.costs.draft_ms("d", 0) == 20.0
-    assert ctrl.costs.feed_ms("d", 0) == 5.0  # not measured yet: a quarter of the draft time per token
+    assert ctrl.costs.feed_ms("d", 0) == 6.0  # the first draft, booked as catch-up: (634 - 2 * 20) / (101 - 2)
     for ctx in range(107, 117):
         ctrl.update(rec(0, 0, ctx=ctx))
-    ctrl.update(rec(1, 1, draft_ms=80.0, ctx=117))  # 12 tokens behind: 10 beyond the steady 2, 60 ms of catch-up
-    assert ctrl.costs.feed_ms("d", 0) == 6.0 and ctrl.costs.draft_ms("d", 0) == 20.0
+    ctrl.update(rec(1, 1, draft_ms=60.0, ctx=117))  # 12 tokens behind: 10 beyond the steady 2, 40 ms of catch-up
+    assert ctrl.costs.feed_ms("d", 0) == 5.0 and ctrl.costs.draft_ms("d", 0) == 20.0  # median of 6 and 4
     ctrl.reset()
     ctrl.update(rec(0, 0, ctx=300))
     ctrl.update(rec(2, 2, draft_ms=2000.0, ctx=301))  # a new request: lazily prefilled again
     assert ctrl.costs.draft_ms("d", 0) == 20.0
-    assert 6.0 < ctrl.costs.feed_ms("d", 0) < 7.0  # that prefill was catch-up too: (2000 - 40) / 299 ms per token
+    assert ctrl.costs.feed_ms("d", 0) == 6.0  # median of 6, 4 and (2000 - 40) / 299 = 6.6
 
 
 def test_catch_up_cost_keeps_a_lagging_draft_model_out_unless_it_pays_back():
@@ -301,8 +304,8 @@ def test_catch_up_cost_keeps_a_lagging_draft_model_out_unless_it_pays_back():
         ctx = 100
         ctrl.update(rec(0, 0, ctx=ctx))
         for i in range(20):  # steady drafting: 3 tokens per 130 ms against 1 per 100 ms plain
-            ctx += 1 if i == 0 else 3
-            ctrl.update(rec(2, 2, draft_ms=20.0, ctx=ctx))
+            ctx += 1 if i == 0 else 3  # (the first draft also feeds the 99 prompt tokens it has not seen)
+            ctrl.update(rec(2, 2, draft_ms=20.0 + (99 * feed_ms if i == 0 else 0.0), ctx=ctx))
         for _ in range(12):
             ctx += 1
             ctrl.update(rec(0, 0, ctx=ctx))

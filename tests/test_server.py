@@ -605,3 +605,14 @@ def test_serve_cli_flags(capsys):
     assert "--max-queue must be >= 0" in capsys.readouterr().err
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
     assert not _is_loopback("0.0.0.0") and not _is_loopback("example.org")
+
+
+def test_request_schema_offers_every_controller():
+    """The per-request ``speculation.controller`` choices are exactly the engine's controllers."""
+    import typing
+
+    from adaspec.controllers import CONTROLLERS
+    from adaspec.server.protocol import SpeculationOptions
+
+    literal = typing.get_args(SpeculationOptions.model_fields["controller"].annotation)[0]
+    assert set(typing.get_args(literal)) == set(CONTROLLERS)

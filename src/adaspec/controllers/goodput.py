@@ -32,10 +32,12 @@ K ranges over 1..k_max (and no further than a lookup drafter's match can propose
 the best (d, K) when G(d, K) >= min_gain · G(plain) and takes a plain step (K = 0) otherwise, so speculation never
 runs where it is predicted to lose. While plain it still probes the best speculative choice after ``probe_init``
 plain steps, doubling the gap up to ``probe_max`` while speculation keeps losing, to notice when the text turns
-predictable, unless the probe's catch-up would cost more than ``probe_budget`` plain steps. A drafter never
-measured is tried once at ``k_init``. The first step of every request is plain (it costs nothing against plain
-decoding and tells the controller the context length, which the catch-up cost needs). Costs persist across requests (they belong to the machine); acceptance counts are
-scaled by ``carry`` at each new request (they belong to the text).
+predictable, unless the probe's catch-up would cost more than ``probe_budget`` plain steps. A drafter whose draft
+time was never measured without catch-up is tried at ``k_init`` (twice in a row for a lazily prefilled draft model:
+the first try feeds it the whole prompt, the second measures t_d, and the first is then booked as catch-up f_d). The
+first step of every request is plain (it costs nothing against plain decoding and tells the controller the context
+length, which the catch-up cost needs). Costs persist across requests (they belong to the machine); acceptance
+counts are scaled by ``carry`` at each new request (they belong to the text).
 
 **Stop within a step** (``confidence_stop``; SpecDec++'s threshold policy, Huang et al. 2024, with the threshold
 derived from the cost model instead of tuned): a drafter that reports its token probabilities q (a draft model
@@ -103,7 +105,8 @@ class CostModel:
     def __init__(self, window: int = 9) -> None:
         self.window = window
         self.draft: dict[str, dict[int, Recent]] = {}
-        self.first_draft: dict[str, Recent] = {}  # per-token draft time of steps with catch-up, until steady ones
+        self.unsteady: dict[str, list[tuple[float, int, int]]] = {}  # (draft_ms, drafted, extra) of steps with
+        # catch-up seen before any steady step of that drafter: split into draft and feed time once one is seen
         self.feed: dict[str, Recent] = {}  # per-token time of feeding missed tokens (catch-up, lazy prefill)
         self.verify: dict[int, dict[int, Recent]] = {}
         self.shape: dict[int, Recent] = {}  # verification time per n, all buckets pooled
@@ -122,13 +125,17 @@ class CostModel:
             d, extra = step.drafter, behind - self.STEADY
             if extra <= 0:
                 self.draft.setdefault(d, {}).setdefault(b, Recent(self.window)).add(step.draft_ms / step.drafted)
+                for draft_ms, drafted, extra_then in self.unsteady.pop(d, []):
+                    self._observe_feed(d, b, draft_ms, drafted, extra_then)
             elif d in self.draft:
-                per_token = self.draft_ms(d, b)
-                self.feed.setdefault(d, Recent(self.window)).add(max(step.draft_ms - step.drafted * per_token, 0.0)
-                                                                 / extra)
+                self._observe_feed(d, b, step.draft_ms, step.drafted, extra)
             else:
-                self.first_draft.setdefault(d, Recent(self.window)).add(step.draft_ms / step.drafted)
+                self.unsteady.setdefault(d, []).append((step.draft_ms, step.drafted, extra))
         self.overhead.add(max(0.0, step.total_ms - step.draft_ms - step.verify_ms))
+
+    def _observe_feed(self, d: str, b: int, draft_ms: float, drafted: int, extra: int) -> None:
+        per_token = self.draft_ms(d, b) or 0.0
+        self.feed.setdefault(d, Recent(self.window)).add(max(draft_ms - drafted * per_token, 0.0) / extra)
 
     @property
     def measured(self) -> bool:
@@ -138,13 +145,12 @@ class CostModel:
         return self.overhead.value if self.overhead else 0.0
 
     def draft_ms(self, drafter: str, b: int) -> float | None:
-        """Per-token draft time of ``drafter`` at bucket ``b`` (nearest measured bucket), None if never measured.
-        Until a step without catch-up was seen, the per-token time of steps with catch-up stands in (too high)."""
+        """Per-token draft time of ``drafter`` at bucket ``b`` (nearest measured bucket), None until a step without
+        catch-up was measured (a step with catch-up mixes feeding the missed tokens into the draft time)."""
         per_bucket = self.draft.get(drafter)
         if per_bucket:
             return per_bucket[_nearest(per_bucket, b)].value
-        first = self.first_draft.get(drafter)
-        return first.value if first else None
+        return None
 
     def feed_ms(self, drafter: str, b: int) -> float:
         """Per-token catch-up time of ``drafter`` (before it was measured: a quarter of its draft time per token,
@@ -303,7 +309,7 @@ class GoodputController(Controller):
         if not self.costs.measured or self.fresh:  # a request's first step is plain: it tells the context length
             return None, 0
         if options is None:
-            options = {name: None for name in {*self.costs.draft, *self.costs.first_draft}} or {"": None}
+            options = {name: None for name in {*self.costs.draft, *self.costs.unsteady}} or {"": None}
         b = bucket_of(self.context_len)
         overhead = self.costs.overhead_ms()
         plain_ms = self.costs.verify_ms(1, b) + overhead
@@ -313,7 +319,7 @@ class GoodputController(Controller):
             if k_top <= 0:
                 continue
             per_token = self.costs.draft_ms(name, b)
-            if per_token is None:  # never measured: try it once
+            if per_token is None:  # never measured without catch-up: try it (the try after a first one is steady)
                 return name, min(c.k_init, k_top)
             behind = self.context_len - self.synced.get(name, 0)
             catch_up = self.costs.feed_ms(name, b) * max(behind - CostModel.STEADY, 0)
