@@ -293,7 +293,10 @@ def test_adaptive_config_validation(kw):
 
 # make_controller ---------------------------------------------------------------------------------------------
 def test_make_controller():
-    assert isinstance(make_controller(), AdaptiveController)
+    from adaspec.controllers import GoodputController
+
+    assert isinstance(make_controller(), GoodputController)  # the default
+    assert isinstance(make_controller("adaptive"), AdaptiveController)
     fixed = make_controller("fixed")
     assert isinstance(fixed, FixedController) and fixed.next_k() == 4
     assert make_controller("fixed", 0).next_k() == 0

@@ -20,6 +20,7 @@ paths only). Target and draft may use different backends, e.g. target ``qwen2.5-
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -32,6 +33,7 @@ from adaspec.controllers.base import Controller
 from adaspec.drafters import Drafter, ModelDrafter, NgramDrafter
 from adaspec.drafters.multi import MultiDrafter
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
+from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.errors import ConfigError
 from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_tokenizers_compatible, resolve
 
@@ -57,7 +59,7 @@ def split_backend(spec: str) -> tuple[str, str]:
         ConfigError: an unknown backend after ``@``.
     """
     name, sep, backend = str(spec).rpartition("@")
-    if not sep:
+    if not sep or not name or not re.fullmatch(r"[A-Za-z_.]+", backend):  # e.g. a path with "@" in a folder name
         return spec, "torch"
     key = backend.strip().lower()
     if key not in _BACKEND_ALIASES:
@@ -95,6 +97,8 @@ def load_model(spec: str, *, dtype: str = "bfloat16", device: str = "cpu", progr
         from adaspec.models import resolve_gguf
 
         import_llama_cpp()  # fail before fetching anything when the extra is not installed
+        if device != "cpu":
+            raise ConfigError(f"{spec}@llamacpp: the llama.cpp backend runs on the CPU here (device={device!r})")
         name, gguf_file, tok_dir = resolve_gguf(spec, progress=progress)
         label = f"{name}@llamacpp"
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
@@ -114,7 +118,7 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str = "bfloat1
 
     Raises:
         TokenizerMismatchError: a draft model whose tokenizer disagrees with the target's.
-        ConfigError: a malformed ``layerskip:N``.
+        ConfigError: a malformed ``layerskip:N``, or ``layerskip`` for a target that is not on PyTorch.
     """
     if spec is None or spec.lower() == "none":
         return None
@@ -192,16 +196,16 @@ def _config(config: GenerationConfig | None, kwargs: dict) -> GenerationConfig:
     return replace(config, **kwargs) if config is not None else GenerationConfig(**kwargs)
 
 
-def load(target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT, *, controller: str = "adaptive",
+def load(target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFTER, *, controller: str = DEFAULT_CONTROLLER,
          k: int | None = None, dtype: str = "bfloat16", device: str = "cpu", threads: int | None = None,
          progress: bool = True) -> SpeculativeLM:
     """Load a target and a drafter and return a ready :class:`SpeculativeLM`.
 
     Args:
         target: target model spec. draft: drafter spec (see module docstring), None/"none" for plain decoding.
-        controller: ``"adaptive"`` (default), ``"heuristic"`` or ``"fixed"``; k: fixed K or initial K.
+        controller: one of :data:`adaspec.controllers.CONTROLLERS` (default ``"goodput"``); k: fixed K or initial K.
         dtype: ``"bfloat16"`` (default; fast on AVX-512-bf16 CPUs) or ``"float32"``.
-        threads: PyTorch intra-op threads (default: all cores).
+        threads: PyTorch intra-op threads and llama.cpp threads (default: all cores).
     """
     set_threads(threads)
     ctrl = make_controller(controller, k)  # validate before loading anything heavy

@@ -10,23 +10,26 @@ import argparse
 import json
 import sys
 
+from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.errors import AdaspecError
 from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from adaspec.models.cli import add_models_parser
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_model_args(p: argparse.ArgumentParser, draft_default: str = DEFAULT_DRAFTER) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET,
                    help="target model: zoo name, .gguf file, HF folder or hub id; append @llamacpp to run a zoo "
                         "name or .gguf on llama.cpp instead of PyTorch (default: %(default)s)")
-    p.add_argument("--draft", default=DEFAULT_DRAFT,
+    p.add_argument("--draft", default=draft_default,
                    help="drafter: model spec (NAME@llamacpp for llama.cpp), 'ngram', 'layerskip:N', 'A+B', "
                         "'hybrid' or 'none' (default: %(default)s)")
-    p.add_argument("--controller", default="adaptive",
-                   help="draft-length controller: adaptive (default), heuristic or fixed")
-    p.add_argument("--k", type=int, default=None, help="draft length K (fixed), or the initial K of adaptive")
+    p.add_argument("--controller", default=DEFAULT_CONTROLLER,
+                   help="draft-length controller: goodput, adaptive, heuristic, fixed, confidence, entropy or bandit "
+                        "(default: %(default)s)")
+    p.add_argument("--k", type=int, default=None, help="draft length K (fixed), or the initial K (adaptive, heuristic)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="PyTorch dtype")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch and llama.cpp (default: all cores)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for PyTorch and llama.cpp (default: all cores)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -55,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     cmp = sub.add_parser("compare", help="compare decoding methods on workloads (interleaved, resumable)")
-    _add_model_args(cmp)
+    _add_model_args(cmp, DEFAULT_DRAFT)  # the draft model of DRAFTER-less methods (fixed:K, goodput, hf:...)
     preset = cmp.add_mutually_exclusive_group()
     preset.add_argument("--quick", action="store_const", const="quick", dest="preset",
                         help="humaneval, gsm8k, Spec-Bench translation; T = 0 and 1; 1 prompt, 32 tokens; main methods")
@@ -64,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--methods", default=None,
                      help="comma-separated methods: plain, fixed:K, CONTROLLER[:K], DRAFTER/CONTROLLER[:K], "
                           "hybrid/CONTROLLER, hf:constant[:K], hf:heuristic, hf:dynamic, hf:pld, llamacpp:pld[:N] "
-                          "(default: plain,adaptive,fixed:2,fixed:4,fixed:8)")
+                          "(default: plain,hybrid/goodput,goodput,fixed:2,fixed:4)")
     cmp.add_argument("--workloads", default=None,
                      help="comma-separated: humaneval, gsm8k, specbench, specbench:<category>, or JSONL paths "
                           "(default: humaneval)")
@@ -166,7 +169,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return value.split(",") if isinstance(value, str) else value if value is not None else preset.get(key, legacy)
 
     out = run_compare(target=args.target, draft=args.draft,
-                      methods=pick(args.methods, "methods", ["plain", "adaptive", "fixed:2", "fixed:4", "fixed:8"]),
+                      methods=pick(args.methods, "methods",
+                                   ["plain", "hybrid/goodput", "goodput", "fixed:2", "fixed:4"]),
                       workloads=pick(args.workloads, "workloads", ["humaneval"]),
                       limit=pick(args.limit, "limit", 10),
                       max_new_tokens=pick(args.max_new_tokens, "max_new_tokens", 128),

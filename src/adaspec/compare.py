@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adaspec.controllers import CONTROLLERS, make_controller
+from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
 from adaspec.peers import parse_peer
 
-DEFAULT_METHOD = "hybrid/goodput"
+DEFAULT_METHOD = f"{DEFAULT_DRAFTER}/{DEFAULT_CONTROLLER}"
 """What ``adaspec generate`` does by default (the method the target check is about)."""
 
 FIXED_KS = (1, 2, 3, 4, 6, 8)
@@ -189,8 +190,9 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                 runner = runners[m.label]
                 if m.controller in PEER_LIBRARIES:
                     result = runner.generate(ids, max_new_tokens=max_new_tokens, temperature=temp, seed=seed)
-                    if prompt_cache:  # transformers prefills itself: leave out the same work, measured above
-                        result.update(decode_ms=round(result["total_ms"] - prompt_prefill_ms, 2),
+                    if prompt_cache and result.get("decode_ms") is None:  # transformers prefills itself: leave
+                        # out the same work, measured above (never below zero)
+                        result.update(decode_ms=round(max(result["total_ms"] - prompt_prefill_ms, 1.0), 2),
                                       decode_tokens=max(result["new_tokens"] - 1, 0))
                 else:
                     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temp, seed=seed)
@@ -227,8 +229,13 @@ def _round_robin(prompts: list[tuple]) -> list[tuple]:
 
 def _peer_runners(methods: list[Method], tgt, drafters: dict, plain: SpeculativeEngine, *, dtype: str,
                   progress: bool) -> dict:
-    """A :class:`~adaspec.peers.PeerRunner` per transformers peer, on the very model objects adaspec runs (the
-    draft model is shared with a loaded ModelDrafter when there is one)."""
+    """A runner per peer: transformers peers (:class:`~adaspec.peers.PeerRunner`) on the very model objects adaspec
+    runs (the draft model is shared with a loaded ModelDrafter when there is one), which must be on PyTorch;
+    llama-cpp-python peers (:class:`~adaspec.peers.LlamaCppPeerRunner`) on the GGUF of a llama.cpp target.
+
+    Raises:
+        ConfigError: a peer whose library does not run the target's (or draft's) backend.
+    """
     from adaspec.api import load_model
     from adaspec.drafters import ModelDrafter, MultiDrafter
     from adaspec.peers import PeerRunner
@@ -237,23 +244,31 @@ def _peer_runners(methods: list[Method], tgt, drafters: dict, plain: Speculative
         for d in drafters.values():
             subs = d.drafters.values() if isinstance(d, MultiDrafter) else [d]
             for sub in subs:
-                if isinstance(sub, ModelDrafter) and spec in (sub.name, sub.backend.name):
+                if (isinstance(sub, ModelDrafter) and spec in (sub.name, sub.backend.name)
+                        and hasattr(sub.backend, "model")):
                     return sub.backend.model
-        return load_model(spec, dtype=dtype, progress=progress).backend.model
+        model = getattr(load_model(spec, dtype=dtype, progress=progress).backend, "model", None)
+        if model is None:
+            raise ConfigError(f"transformers assisted generation needs a PyTorch draft model, not {spec}")
+        return model
 
     runners = {}
     for m in methods:
         peer = parse_peer(m.label)
         if peer.library == "llamacpp":
-            from adaspec.api import split_backend
-            from adaspec.models import resolve_gguf
+            import torch
+
+            from adaspec.backends.llamacpp_backend import LlamaCppBackend
             from adaspec.peers import LlamaCppPeerRunner
 
-            gguf = (getattr(tgt.backend, "path", None)
-                    or resolve_gguf(split_backend(tgt.name)[0], progress=progress)[1])
-            runners[m.label] = LlamaCppPeerRunner(peer, gguf, threads=__import__("torch").get_num_threads(),
+            if not isinstance(tgt.backend, LlamaCppBackend):
+                raise ConfigError(f"{m.label} compares llama-cpp-python with adaspec on llama.cpp: give a llama.cpp "
+                                  f"target (--target NAME@llamacpp), not {tgt.name}")
+            runners[m.label] = LlamaCppPeerRunner(peer, tgt.backend.path, threads=torch.get_num_threads(),
                                                   eos_token_ids=plain.eos_token_ids)
             continue
+        if not hasattr(tgt.backend, "model"):
+            raise ConfigError(f"{m.label} runs transformers' generate and needs a PyTorch target, not {tgt.name}")
         runners[m.label] = PeerRunner(peer, tgt.backend.model, draft_model(m.drafter) if m.drafter else None,
                                       eos_token_ids=plain.eos_token_ids, pad_token_id=tgt.tokenizer.pad_token_id)
     return runners

@@ -31,7 +31,9 @@ llama-cpp-python's own speculative decoding (``llamacpp:`` prefix):
 * ``llamacpp:pld[:N]`` — ``Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=N))`` (default N = 10,
   n-grams up to 2, as llama-cpp-python defaults) on the target's GGUF: prompt lookup drafting verified by
   llama-cpp-python's ``generate`` loop (it evaluates with ``logits_all=True``, which llama-cpp-python forces when a
-  draft model is set). Needs the ``llamacpp`` extra.
+  draft model is set). Needs the ``llamacpp`` extra and a target on llama.cpp (``NAME@llamacpp``), so that it is
+  compared with adaspec on the same engine. It times its own decoding (after the first token), so its row carries
+  ``decode_ms`` like adaspec's and nothing is subtracted.
 """
 
 from __future__ import annotations
@@ -189,20 +191,26 @@ class LlamaCppPeerRunner:
         self.llm.set_seed(seed)
         new: list[int] = []
         start = time.perf_counter()
+        first = start
         for token in self.llm.generate(prompt_ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0,
                                        repeat_penalty=1.0, reset=True):
+            if not new:
+                first = time.perf_counter()  # after its own prefill (with logits for every prompt row)
             new.append(int(token))
             if token in self.eos or len(new) >= max_new_tokens:
                 break
-        total_ms = (time.perf_counter() - start) * 1e3
+        end = time.perf_counter()
+        total_ms = (end - start) * 1e3
         self.llm.reset()
         finish = "stop" if new and new[-1] in self.eos else "length"
         return {"finish_reason": finish, "token_ids": new, "prompt_tokens": len(prompt_ids),
-                "new_tokens": len(new), "total_ms": round(total_ms, 2), "decode_ms": None, "decode_tokens": None,
+                "new_tokens": len(new), "total_ms": round(total_ms, 2),
+                "decode_ms": round((end - first) * 1e3, 2), "decode_tokens": max(len(new) - 1, 0),
                 "tokens_per_s": round(len(new) / (total_ms / 1e3), 3) if total_ms > 0 else 0.0,
                 "steps": None, "speculation_steps": None, "draft_tokens": None, "accepted_tokens": None,
-                "acceptance_rate": None, "mean_accepted_tokens": None, "prefill_ms": None, "draft_ms": None,
-                "verify_ms": None, "other_ms": None, "peer": True, "peer_note": self.note, "peer_k_after": None}
+                "acceptance_rate": None, "mean_accepted_tokens": None, "prefill_ms": round((first - start) * 1e3, 2),
+                "draft_ms": None, "verify_ms": None, "other_ms": None, "peer": True, "peer_note": self.note,
+                "peer_k_after": None}
 
     def warmup(self) -> None:
         self.generate([1, 2, 3, 4, 5, 6, 7, 8], max_new_tokens=3)

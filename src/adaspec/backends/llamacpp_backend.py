@@ -69,6 +69,8 @@ class LlamaCppBackend(Backend):
         self.path = path
         threads = threads or os.cpu_count() or 1
         n_ctx = max_context or 8192
+        if n_batch < (3 if batch_invariant else 1):
+            raise ConfigError(f"n_batch must be >= {3 if batch_invariant else 1}, got {n_batch}")
         try:
             self._llama = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                                           n_threads=threads, n_threads_batch=threads, logits_all=False,
@@ -77,11 +79,12 @@ class LlamaCppBackend(Backend):
             raise ConfigError(f"llama.cpp could not load {path}: {e}") from None
         self._ctx = self._llama.ctx
         self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self.n_batch = n_batch
+        # llama.cpp may lower the batch size (to n_ctx) and round n_ctx up: use the values the context really has
+        self.n_batch = min(int(llama_cpp.llama_n_batch(self._ctx)), int(llama_cpp.llama_n_ubatch(self._ctx)))
         self.threads = threads
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.vocab_size = int(self._llama.n_vocab())
-        self.max_context = min(int(self._llama.n_ctx()), int(self._llama._model.n_ctx_train()))
+        self.max_context = min(n_ctx, int(llama_cpp.llama_n_ctx(self._ctx)), int(self._llama._model.n_ctx_train()))
         self.batch_invariant = batch_invariant
         self._ids: list[int] = []  # token ids in the cache (batch-invariant mode re-runs the last one)
         self._len = 0
@@ -98,10 +101,16 @@ class LlamaCppBackend(Backend):
         if self._len + n > self.max_context:
             raise ContextLengthError(
                 f"{self.name}: {self._len + n} tokens exceed the context window of {self.max_context}")
+        if self._ctx is None:
+            raise RuntimeError(f"{self.name}: the llama.cpp backend was closed")
         if self.batch_invariant and n == 1 and self._ids:  # re-run the previous token so no batch has one row
             prev = self._ids[-1]
             self.truncate(self._len - 1)
-            return self._decode([prev, ids[0]], 1)
+            try:
+                return self._decode([prev, ids[0]], 1)
+            except RuntimeError:
+                self._decode([prev], 1)  # put the previous token back before reporting the failure
+                raise
         return self._decode(ids, num_logits)
 
     def _decode(self, ids: list[int], num_logits: int) -> torch.Tensor:
@@ -126,11 +135,12 @@ class LlamaCppBackend(Backend):
                 if i >= first_logit:
                     wanted.append(j)
             rc = lib.llama_decode(self._ctx, batch)
-            if rc != 0:  # nothing of this chunk stays cached: keep the invariant and say why
-                lib.llama_memory_seq_rm(self._mem, 0, self._len + start, -1)
-                self._ids.extend(ids[:start])
-                self._len += start
-                raise RuntimeError(f"{self.name}: llama_decode returned {rc} at position {self._len}")
+            if rc != 0:  # undo the chunks already decoded: the cache is as before the call
+                lib.llama_memory_seq_rm(self._mem, 0, self._len, -1)
+                why = {1: "no room left in the KV cache", -1: "invalid batch (a token id out of range?)"}.get(
+                    rc, "llama.cpp error")
+                raise RuntimeError(f"{self.name}: llama_decode returned {rc} ({why}) at position "
+                                   f"{self._len + start}")
             for j in wanted:
                 ptr = lib.llama_get_logits_ith(self._ctx, j)
                 rows.append(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy())
@@ -154,6 +164,7 @@ class LlamaCppBackend(Backend):
             self._batch = None
         llama = getattr(self, "_llama", None)
         if llama is not None:
+            self._ctx = self._mem = None
             llama.close()
             self._llama = None
 

@@ -137,7 +137,7 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
     else:
         enable = "marginal"
     spread = max(best["alpha_per_prompt"]) - min(best["alpha_per_prompt"])
-    controller = "adaptive" if enable == "marginal" or spread > 0.15 or best["drafter"] == "ngram" else "fixed"
+    controller = "goodput" if enable == "marginal" or spread > 0.15 or best["drafter"] == "ngram" else "fixed"
     k = best["best_k"]
     plain_ms = model.plain_step_ms(context)
     category = prompts[0].category

@@ -155,8 +155,12 @@ class _Models:
 
 
 def _default_loader(spec: str, dtype: str):
-    from adaspec.api import load_model
+    from adaspec.api import load_model, split_backend
+    from adaspec.errors import ConfigError
 
+    if split_backend(spec)[1] != "torch":
+        raise ConfigError(f"adaspec bench sweeps PyTorch models (dtype is one of its axes); {spec} is on another "
+                          "backend: measure it with adaspec compare --target/--draft NAME@llamacpp")
     return load_model(spec, dtype=dtype)
 
 

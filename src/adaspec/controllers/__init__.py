@@ -15,7 +15,7 @@ from adaspec.errors import ConfigError
 CONTROLLERS = ("adaptive", "fixed", "heuristic", "goodput", "confidence", "entropy", "bandit")
 
 
-def make_controller(name: str = "adaptive", k: int | None = None) -> Controller:
+def make_controller(name: str = "goodput", k: int | None = None) -> Controller:
     """Build a controller by name; ``k`` is the fixed K, the initial K (adaptive, heuristic, goodput), the most
     tokens per draft (confidence, entropy) or the largest K arm (bandit).
 

@@ -101,11 +101,13 @@ class CostModel:
     docstring."""
 
     STEADY = 2  # a drafter that drafted the step before has at most 2 tokens to feed (last draft + correction)
+    NEGLIGIBLE = 0.05  # a step with catch-up whose whole draft time is below this share of its verification is
+    # steady enough to measure draft time from (n-gram lookups: no model to feed)
 
     def __init__(self, window: int = 9) -> None:
         self.window = window
         self.draft: dict[str, dict[int, Recent]] = {}
-        self.unsteady: dict[str, list[tuple[float, int, int]]] = {}  # (draft_ms, drafted, extra) of steps with
+        self.unsteady: dict[str, deque[tuple[float, int, int]]] = {}  # (draft_ms, drafted, extra) of steps with
         # catch-up seen before any steady step of that drafter: split into draft and feed time once one is seen
         self.feed: dict[str, Recent] = {}  # per-token time of feeding missed tokens (catch-up, lazy prefill)
         self.verify: dict[int, dict[int, Recent]] = {}
@@ -129,8 +131,10 @@ class CostModel:
                     self._observe_feed(d, b, draft_ms, drafted, extra_then)
             elif d in self.draft:
                 self._observe_feed(d, b, step.draft_ms, step.drafted, extra)
+            elif step.draft_ms <= self.NEGLIGIBLE * step.verify_ms:  # no catch-up worth the name (a lookup)
+                self.draft.setdefault(d, {}).setdefault(b, Recent(self.window)).add(step.draft_ms / step.drafted)
             else:
-                self.unsteady.setdefault(d, []).append((step.draft_ms, step.drafted, extra))
+                self.unsteady.setdefault(d, deque(maxlen=self.window)).append((step.draft_ms, step.drafted, extra))
         self.overhead.add(max(0.0, step.total_ms - step.draft_ms - step.verify_ms))
 
     def _observe_feed(self, d: str, b: int, draft_ms: float, drafted: int, extra: int) -> None:

@@ -16,6 +16,8 @@ class ModelDrafter(Drafter):
     rolled back to the longest prefix shared with the engine's sequence (rejected drafts disappear) and the missing
     tokens (usually the correction or bonus token, plus the last accepted draft) are fed in one forward.
     Drafting K tokens costs K forwards; the last drafted token is never fed (the next call feeds it if accepted).
+    Near the end of the draft model's own context window (which may be shorter than the target's) it drafts fewer
+    tokens, then none: the engine then takes plain steps.
     """
 
     def __init__(self, backend: Backend) -> None:
@@ -44,6 +46,7 @@ class ModelDrafter(Drafter):
 
     def propose(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
                 stop: DraftStop | None = None) -> Draft:
+        k = min(k, self.backend.max_context - len(ids) + 1)  # the draft model's window may be shorter than the target's
         if k <= 0:
             return empty_draft()
         pending = self._sync(ids)

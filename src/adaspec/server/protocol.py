@@ -63,7 +63,8 @@ class SpeculationOptions(BaseModel):
 
     drafter: str | None = Field(
         None, max_length=200,
-        description="'none' (plain decoding), 'ngram', 'layerskip:N', or a draft model the server has loaded")
+        description="'none' (plain decoding), 'ngram', 'layerskip:N', 'hybrid', 'A+B', or a draft model the "
+                    "server has loaded")
     controller: Literal["goodput", "adaptive", "heuristic", "fixed", "confidence", "entropy", "bandit"] | None = Field(
         None, description="draft-length controller (see adaspec.controllers.CONTROLLERS)")
     k: int | None = Field(None, ge=0, le=32, description="fixed K, or the initial K of adaptive/heuristic")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from adaspec.api import LoadedModel, SpeculativeLM, load_model, make_drafter, set_threads
 from adaspec.controllers import CONTROLLERS, Controller, FixedController, make_controller
+from adaspec.defaults import DEFAULT_CONTROLLER
 from adaspec.drafters import Drafter
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine
 from adaspec.errors import AdaspecError, ConfigError
@@ -108,7 +109,8 @@ class ModelHost:
         self.target = target
         self.name = target.name
         self.max_context = target.backend.max_context
-        self.num_layers = len(target.backend.model.get_decoder().layers)
+        model = getattr(target.backend, "model", None)  # a PyTorch target; None on llama.cpp (no layerskip there)
+        self.num_layers = len(model.get_decoder().layers) if model is not None else 0
         self._model_drafters = {k.lower(): v for k, v in (model_drafters or {}).items()}
         self._drafters: dict[str, Drafter | None] = {"none": None}
         self._engines: OrderedDict[SpecSettings, EngineHandle] = OrderedDict()
@@ -127,7 +129,7 @@ class ModelHost:
         self.current: Job | None = None
 
     @classmethod
-    def load(cls, target: str, draft: str | None, *, controller: str = "adaptive", k: int | None = None,
+    def load(cls, target: str, draft: str | None, *, controller: str = DEFAULT_CONTROLLER, k: int | None = None,
              dtype: str = "bfloat16", device: str = "cpu", threads: int | None = None,
              extra_drafters: Sequence[str] = (), progress: bool = True) -> ModelHost:
         """Load the target and every model drafter clients may choose (the default one plus ``extra_drafters``)."""
@@ -148,7 +150,8 @@ class ModelHost:
     def available_drafters(self) -> list[str]:
         """Drafter specs clients may send (local paths are left out of the list but still accepted)."""
         models = sorted(k for k in self._model_drafters if not os.path.exists(k))
-        return ["none", "ngram", f"layerskip:N (1 <= N <= {self.num_layers})", *models]
+        layerskip = [f"layerskip:N (1 <= N <= {self.num_layers})"] if self.num_layers else []
+        return ["none", "ngram", *layerskip, *models]
 
     def normalise(self, drafter: str | None = None, controller: str | None = None,
                   k: int | None = None) -> SpecSettings:
@@ -170,6 +173,8 @@ class ModelHost:
             except ValueError:
                 raise ConfigError(f"expected layerskip:N with an integer N, got {spec!r}") from None
             if not 1 <= n <= self.num_layers:
+                if not self.num_layers:
+                    raise ConfigError(f"layerskip drafting needs a PyTorch target; {self.name} runs on llama.cpp")
                 raise ConfigError(f"layerskip:N needs 1 <= N <= {self.num_layers} for {self.name}, got {n}")
             spec = f"layerskip:{n}"
         elif low in self._model_drafters:
