@@ -132,7 +132,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     lm = load(args.target, args.draft, controller=args.controller, k=args.k, dtype=args.dtype,
               threads=args.threads)
     prompt_ids = lm.encode(prompt, args.chat)
-    lm.engine.warmup()
+    lm.engine.warmup(steps=12)  # also lets the default controller measure the draft's costs on this machine
     result = None
     for chunk in lm.engine.stream(prompt_ids, config):
         if not args.json:

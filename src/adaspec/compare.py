@@ -40,7 +40,8 @@ CONTROLLER_METHODS = ("goodput", "hybrid/goodput", "adaptive", "heuristic", "con
                       "hybrid/bandit", "hybrid/fixed:4")
 PEER_METHODS = ("hf:constant:4", "hf:heuristic", "hf:dynamic", "hf:pld")
 SPECBENCH = "specbench"
-PEER_LIBRARIES = ("hf", "llamacpp")  # Method.controller of a peer: the library whose speculative decoding it runs
+PEER_LIBRARIES = ("hf", "llamacpp")
+WARMUP_PROMPT_TOKENS, WARMUP_TOKENS = 48, 24  # each adaspec method's untimed warm-up generation  # Method.controller of a peer: the library whose speculative decoding it runs
 
 PRESETS = {
     # About 15-20 minutes on 2 CPU cores (AVX2, bf16) with the default pair: three workloads (code, maths, and a
@@ -164,8 +165,15 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     runners = {m.label: engine(m) for m in parsed if m.controller not in PEER_LIBRARIES}
     peers = [m for m in parsed if m.controller in PEER_LIBRARIES]
     runners.update(_peer_runners(peers, tgt, drafters, runners["plain"], dtype=dtype, progress=progress))
+    # Warm up every method alike on the start of the first prompt: one-time allocations stay out of the timings, and
+    # the controllers that learn this machine's costs (draft, catch-up, verify per n) learn them here, as a running
+    # server would have before its first measured request.
+    warm_ids = lm.encode(todo[0][1].text)[:WARMUP_PROMPT_TOKENS] if todo else list(range(1, 9))
     for r in runners.values():
-        r.warmup()
+        if isinstance(r, SpeculativeEngine):
+            r.warmup(warm_ids, steps=WARMUP_TOKENS)
+        else:
+            r.warmup()
     out.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(todo) * len(parsed), desc="compare", unit="run", disable=not progress)
     start = time.monotonic()
