@@ -319,16 +319,9 @@ def format_stats(out: dict, *, target: str, drafter: str, controller: str) -> st
 
 
 def _compress(trace: list[int]) -> str:
-    """Run-length encode a K trace: [4, 4, 4, 0] → '4x3 0'."""
-    parts, i = [], 0
-    while i < len(trace):
-        j = i
-        while j < len(trace) and trace[j] == trace[i]:
-            j += 1
-        parts.append(f"{trace[i]}x{j - i}" if j - i > 1 else str(trace[i]))
-        i = j
-    text = " ".join(parts)
-    return text if len(text) <= 80 else text[:77] + "..."
+    from adaspec.stats import compress_trace
+
+    return compress_trace(trace, limit=80)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -148,3 +148,16 @@ def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far, bytes (``getrusage``; kB on Linux, bytes on macOS)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024
+
+
+def compress_trace(trace: list[int], limit: int = 120) -> str:
+    """Run-length encode a K trace: [4, 4, 4, 0] → "4x3 0", cut to ``limit`` characters."""
+    parts, i = [], 0
+    while i < len(trace):
+        j = i
+        while j < len(trace) and trace[j] == trace[i]:
+            j += 1
+        parts.append(f"{trace[i]}x{j - i}" if j - i > 1 else str(trace[i]))
+        i = j
+    text = " ".join(parts)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
+from adaspec.errors import ContextLengthError
+
 
 class Backend(ABC):
     """A causal LM with a KV cache over a single sequence.
@@ -55,6 +57,19 @@ class Backend(ABC):
     @abstractmethod
     def truncate(self, length: int) -> None:
         """Drop cached positions ``length ..`` (keep the first ``length``); 0 <= length <= seq_len."""
+
+    def check_forward(self, n: int, num_logits: int) -> None:
+        """Validate a ``forward`` of ``n`` new tokens before touching the cache.
+
+        Raises:
+            ValueError: ``num_logits`` outside ``[1, n]``.
+            ContextLengthError: ``seq_len + n`` exceeds ``max_context``.
+        """
+        if not 1 <= num_logits <= n:
+            raise ValueError(f"num_logits must be in [1, {n}], got {num_logits}")
+        if self.seq_len + n > self.max_context:
+            raise ContextLengthError(
+                f"{self.name}: {self.seq_len + n} tokens exceed the context window of {self.max_context}")
 
     def reset(self) -> None:
         """Empty the cache (start a new sequence)."""

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from adaspec.backends.base import Backend
-from adaspec.errors import ConfigError, ContextLengthError
+from adaspec.errors import ConfigError
 
 
 def import_llama_cpp():
@@ -96,11 +96,7 @@ class LlamaCppBackend(Backend):
     def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
         ids = [int(t) for t in input_ids]
         n = len(ids)
-        if not 1 <= num_logits <= n:
-            raise ValueError(f"num_logits must be in [1, {n}], got {num_logits}")
-        if self._len + n > self.max_context:
-            raise ContextLengthError(
-                f"{self.name}: {self._len + n} tokens exceed the context window of {self.max_context}")
+        self.check_forward(n, num_logits)
         if self._ctx is None:
             raise RuntimeError(f"{self.name}: the llama.cpp backend was closed")
         if self.batch_invariant and n == 1 and self._ids:  # re-run the previous token so no batch has one row

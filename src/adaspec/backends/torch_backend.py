@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from adaspec.backends.base import Backend
-from adaspec.errors import ConfigError, ContextLengthError
+from adaspec.errors import ConfigError
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
           "float16": torch.float16, "fp16": torch.float16}
@@ -91,11 +91,7 @@ class TorchBackend(Backend):
     @torch.inference_mode()
     def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
         n = len(input_ids)
-        if not 1 <= num_logits <= n:
-            raise ValueError(f"num_logits must be in [1, {n}], got {num_logits}")
-        if self._len + n > self.max_context:
-            raise ContextLengthError(
-                f"{self.name}: {self._len + n} tokens exceed the context window of {self.max_context}")
+        self.check_forward(n, num_logits)
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).unsqueeze(0)
         # Run all but the final segment in chunks (their logits are not needed), then the final segment, which
         # holds at least the positions whose logits we return.

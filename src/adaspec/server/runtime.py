@@ -32,7 +32,7 @@ from adaspec.drafters import Drafter
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine
 from adaspec.errors import AdaspecError, ConfigError
 from adaspec.server.metrics import ServerMetrics
-from adaspec.stats import GenerationStats, StepRecord
+from adaspec.stats import GenerationStats, StepRecord, compress_trace
 
 log = logging.getLogger("adaspec.server")
 
@@ -494,14 +494,3 @@ def speculation_summary(settings: SpecSettings, drafter_label: str, s: Generatio
     }
 
 
-def compress_trace(trace: list[int], limit: int = 120) -> str:
-    """Run-length encode a K trace: [4, 4, 4, 0] → '4x3 0'."""
-    parts, i = [], 0
-    while i < len(trace):
-        j = i
-        while j < len(trace) and trace[j] == trace[i]:
-            j += 1
-        parts.append(f"{trace[i]}x{j - i}" if j - i > 1 else str(trace[i]))
-        i = j
-    text = " ".join(parts)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
