@@ -1,7 +1,7 @@
 # Quick start:   make demo   (venv + package + default models, then a real --compare run)
 #                make test   (venv + package + test models, then the test suite)
 PY ?= python3
-# llama-cpp-python (the llama.cpp backend) builds llama.cpp from source once (~6-10 min on 2 cores; pip caches the
+# llama-cpp-python (the llama.cpp backend) builds llama.cpp from source once (10-14 min on 2 cores; pip caches the
 # wheel). Its multimodal library is not needed here. Add e.g. CMAKE_ARGS=-DGGML_CUDA=on for a GPU build.
 VENV ?= .venv
 BIN := $(VENV)/bin

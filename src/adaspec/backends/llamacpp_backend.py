@@ -4,7 +4,7 @@ Uses llama-cpp-python's low-level bindings (the ``llama_*`` C API): one ``llama_
 set only on the positions the caller asks for (prefill asks for one row, verification for K + 1), and
 ``llama_memory_seq_rm`` to truncate the KV cache on rejection. The high-level ``llama_cpp.Llama`` object only loads
 the model and creates the context. Optional dependency: ``pip install -e ".[llamacpp]"`` (builds llama.cpp from
-source, about 6 minutes on 2 cores).
+source, 10-14 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def import_llama_cpp():
         import llama_cpp
     except ImportError as e:
         raise ConfigError("the llama.cpp backend needs llama-cpp-python: pip install -e \".[llamacpp]\" "
-                          f"(builds llama.cpp from source, ~6 min on 2 cores); import failed: {e}") from None
+                          f"(builds llama.cpp from source, 10-14 min on 2 cores); import failed: {e}") from None
     return llama_cpp
 
 
