@@ -215,16 +215,14 @@ def test_llamacpp_chunked_prefill_is_exact_and_the_backend_refuses_use_after_clo
 
 
 @needs_llamacpp
-def test_llamacpp_pld_peer_runs_and_matches_greedy(pair):
+def test_llamacpp_pld_peer_runs_and_matches_greedy():
     """llama-cpp-python's own prompt lookup decoding (a peer in ``adaspec compare``) on the same GGUF: greedy, so
     its tokens equal adaspec's plain greedy decoding on the llama.cpp backend (up to batched-kernel near-ties: at
     least the first 16 tokens)."""
     from adaspec.models import resolve_gguf
     from adaspec.peers import LlamaCppPeerRunner, parse_peer
 
-    backend, lm, _ = pair
-    if backend != "llamacpp":
-        pytest.skip("llama.cpp peer")
+    lm = _load("llamacpp")
     peer = parse_peer("llamacpp:pld:6")
     assert (peer.library, peer.kind, peer.k) == ("llamacpp", "pld", 6)
     plain = SpeculativeEngine(lm.backend, None, None, tokenizer=lm.tokenizer)
