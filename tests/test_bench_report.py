@@ -95,8 +95,10 @@ def results(tmp_path) -> Path:
 
 def test_report_from_synthetic_results(results, tmp_path, capsys):
     report = tmp_path / "docs" / "boundary.md"
+    notes = tmp_path / "notes.md"
+    notes.write_text("## What it means\n\nWritten by a person.\n")
     assert main(["map", str(results), "--report", str(report), "--img-dir", str(tmp_path / "docs" / "img"),
-                 "--html", str(tmp_path / "docs" / "b.html")]) == 0
+                 "--html", str(tmp_path / "docs" / "b.html"), "--notes", str(notes)]) == 0
     assert "wrote" in capsys.readouterr().out
     out = {"figures": {"bfloat16-t2-torch": {
         name: tmp_path / "docs" / "img" / f"boundary-bfloat16-t2-torch-{suffix}.png"
@@ -107,8 +109,10 @@ def test_report_from_synthetic_results(results, tmp_path, capsys):
     for needle in ("## Overview", "Minimum α at which speculation pays", "Best K per context", "Context range where speculation pays",
                    "Memory cost of the draft", "Against the rules of thumb", "pays above ~70% acceptance",
                    "draft 1/10–1/20 of the target", "adaspec bench --quick", f"adaspec map {results}",
-                   "not measurable here"):
+                   "not measurable here", f"--notes {notes}"):
         assert needle in md, needle
+    # the notes come after the overview and before the first setting's section
+    assert md.index("## Overview") < md.index("## What it means\n\nWritten by a person.") < md.index("### Findings")
     figs = out["figures"]["bfloat16-t2-torch"]
     assert set(figs) == {"alpha_k", "context_k", "alpha_curves", "verify_cost", "time_split"}
     for path in figs.values():
@@ -133,8 +137,9 @@ def test_analysis_ignores_settings_without_micro(results):
     assert analyse(rows) == []
 
 
-def test_map_cli_error(tmp_path):
+def test_map_cli_error(tmp_path, results):
     assert main(["map", str(tmp_path / "missing.jsonl"), "--report", str(tmp_path / "r.md")]) == 2
+    assert main(["map", str(results), "--report", str(tmp_path / "r.md"), "--notes", str(tmp_path / "no.md")]) == 2
 
 
 def test_html_conversion():
@@ -163,3 +168,21 @@ def test_profile_advice_on_tiny_models(tmp_path, monkeypatch):
     assert (rec["k"] == 0) == (advice["enable"] == "no")
     json.dumps(advice)
     assert "expected speedup" in format_advice(advice)
+
+
+def test_profile_decision_and_reasons():
+    from adaspec.bench.advise import MARGIN, _why_not, decide
+
+    assert decide(0, [1.2, 1.3]) == "no"  # no K beats plain decoding
+    assert decide(3, [0.8, 0.95]) == "no"
+    assert decide(3, [1.0 + MARGIN + 0.01, 1.5]) == "yes"
+    assert decide(2, [1.02, 1.05]) == "marginal"  # above 1, but within the cost model's own error
+    assert decide(2, [0.97, 1.10]) == "marginal"
+    # verify(n) = 100 + 60 (n - 1) ms: K = 1 with a free draft pays when 2α/(1+α)... i.e. (1 + α) / 1.6 >= 1: α >= 0.6
+    model = CostModel({n: (100.0 + 60 * (n - 1), 0.0) for n in (1, 2, 3, 5, 9)}, {"big-draft": (80.0, 0.0)}, 0.0)
+    lookup = {"drafter": "ngram", "alpha": 0.4, "draft_ms_per_token": 0.0}
+    assert re.search(r"ngram: acceptance 0\.40 on code is below the 0\.60 that even K = 1 needs",
+                     _why_not(model, lookup, 256, "code", 100.0))
+    heavy = {"drafter": "big-draft", "alpha": 0.99, "draft_ms_per_token": 80.0}
+    assert "big-draft: cannot pay at any acceptance (a draft token costs 0.80 of a 100 ms step and verify(2) 1.60" \
+        in _why_not(model, heavy, 256, "code", 100.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -10,10 +11,11 @@ import torch
 from bench_tiny import ByteTokenizer, tiny_loader, tiny_model
 
 from adaspec.backends import TorchBackend
-from adaspec.bench.grid import apply_override, build_config, expand, normalize, point_key, preset, read_config_file
+from adaspec.bench.grid import (Setting, apply_override, build_config, expand, normalize, point_key, preset,
+                                read_config_file)
 from adaspec.bench.measure import NOT_MEASURABLE, Meter, rapl_domains
 from adaspec.bench.prompts import ContextBuilder, hf_builder
-from adaspec.bench.sweep import PrefixCacheBackend, run_bench
+from adaspec.bench.sweep import PrefixCacheBackend, context_needed, on_backend, run_bench
 from adaspec.compare import read_results
 from adaspec.errors import ConfigError
 
@@ -57,7 +59,7 @@ def test_presets_and_overrides(tmp_path):
         apply_override(preset("quick"), "nonsense")
     with pytest.raises(ConfigError):
         build_config(preset_name="quick", sweeps=["nope"])
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="unknown backend 'llama.cpp'"):
         normalize({"bench": {"backend": ["llama.cpp"]}})
     with pytest.raises(ConfigError):
         normalize({"sweep": [{"name": "x", "k": [0]}]})
@@ -182,6 +184,37 @@ def test_sweep_records_and_resume(tmp_path, corpus, monkeypatch):
     json.dumps(again)  # JSON-clean (no NaN objects etc. that would break readers)
 
 
+def test_draft_model_prefill_stays_out_of_the_timed_runs(tmp_path, corpus, monkeypatch):
+    """The draft model is fed the prompt before the group's timed runs (charged to the end-to-end speedup), so a
+    point's decode time holds drafting and verification only, never the draft model's prefill."""
+    from adaspec.engine import SpeculativeEngine
+
+    cfg = tiny_config()
+    cfg["sweep"] = [dict(cfg["sweep"][1], controller=["fixed"], temperature=[0.0], drafter=["tiny-draft"])]
+    fed: list[tuple[bool, str, int]] = []  # (inside a timed generate, model, tokens fed)
+    timed = {"on": False}
+    generate, forward = SpeculativeEngine.generate, TorchBackend.forward
+
+    def timed_generate(self, *args, **kwargs):
+        timed["on"] = True
+        try:
+            return generate(self, *args, **kwargs)
+        finally:
+            timed["on"] = False
+
+    def logged_forward(self, input_ids, num_logits=1):
+        fed.append((timed["on"], self.name, len(input_ids)))
+        return forward(self, input_ids, num_logits)
+
+    monkeypatch.setattr(SpeculativeEngine, "generate", timed_generate)
+    monkeypatch.setattr(TorchBackend, "forward", logged_forward)
+    assert run(cfg, tmp_path / "b.jsonl")["run"] == 1
+    (point,) = [r for r in read_results(tmp_path / "b.jsonl") if r["kind"] == "point"]
+    assert point["speculation_steps"] > 0 and point["draft_prefill_ms"] > 0
+    draft_in_run = [n for on, name, n in fed if on and name == "tiny-draft"]
+    assert draft_in_run and max(draft_in_run) <= 3  # the last prompt token / correction + last accepted token
+
+
 def test_cold_prefill_without_prefix_cache(tmp_path, corpus):
     cfg = tiny_config(prefix_cache=False)
     cfg["sweep"] = [dict(cfg["sweep"][0], alpha=[0.9], cost=["0.5"], k=[2])]
@@ -218,3 +251,91 @@ def test_bench_cli_dry_run(capsys):
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert lines and {x["dtype"] for x in lines} == {"float32"} and {x["sweep"] for x in lines} == {"alpha-k"}
     assert main(["bench", "--dry-run"]) == 2  # neither a preset nor a config
+
+
+def test_llamacpp_settings_expand_once_per_thread_count():
+    cfg = tiny_config(backend=["torch", "llamacpp"], dtype=["bfloat16", "float32"], threads=[1, 2])
+    settings = list(dict.fromkeys(p.setting for p in expand(cfg)))
+    # PyTorch: every dtype × threads; llama.cpp runs the GGUF as it is, so the dtype axis collapses to "gguf".
+    assert settings == [Setting("tiny-target", d, t, "torch", 1) for d in ("bfloat16", "float32") for t in (1, 2)] \
+        + [Setting("tiny-target", "gguf", t, "llamacpp", 1) for t in (1, 2)]
+    # layer-skip self-drafting needs a PyTorch target: its points exist on torch settings only
+    skip = tiny_config(backend=["torch", "llamacpp"])
+    skip["sweep"] = [dict(skip["sweep"][1], drafter=["layerskip:1", "ngram"])]
+    assert {(p.setting.backend, p.drafter) for p in expand(skip)} == {
+        ("torch", "layerskip:1"), ("torch", "ngram"), ("llamacpp", "ngram")}
+    gguf = Setting("t", "gguf", 2, "llamacpp", 1)
+    assert on_backend("qwen", gguf) == "qwen@llamacpp" and on_backend("qwen@torch", gguf) == "qwen@torch"
+    assert [on_backend(s, gguf) for s in ("ngram", "calibrated")] == ["ngram", "calibrated"]
+    assert on_backend("qwen", Setting("t", "float32", 2, "torch", 1)) == "qwen"
+    # room for the longest micro context + widest verify, and the longest prompt + new tokens + K, + 64 spare
+    assert context_needed(cfg) == max(160 + 5 + 1, 160 + 12 + 3 + 1, 96 + 12 + 4 + 1) + 64
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python not installed")
+def test_sweep_on_the_llamacpp_backend(tmp_path, corpus):
+    """The backend axis: a real GGUF (smollm2-135m-instruct, Q4_1) swept at 1 and 2 threads, loaded once."""
+    from adaspec.bench.report import make_report
+
+    model = "smollm2-135m-instruct"
+    cfg = normalize({
+        "bench": {"target": model, "backend": ["llamacpp"], "dtype": ["bfloat16"], "threads": [1, 2],
+                  "max_new_tokens": 8, "workload": "tiny", "chat": False},
+        "micro": {"contexts": [64, 128], "verify_tokens": [1, 3], "repeats": 1, "drafts": [model]},
+        "sweep": [{"name": "alpha-k", "drafter": ["calibrated"], "alpha": [1.0], "cost": [model], "k": [2],
+                   "context": [64]},
+                  {"name": "real", "drafter": [model, "ngram"], "k": [2], "context": [128]}]})
+    out = tmp_path / "llamacpp.jsonl"
+    result = run_bench(cfg, out, tasks=["Write a function that adds two numbers."], progress=False)
+    assert result["run"] == 6 and not result["stopped"]
+    rows = read_results(out)
+    (mem,) = [r for r in rows if r["kind"] == "memory"]  # one load serves both thread counts
+    assert mem["backend"] == "llamacpp" and mem["dtype"] == "gguf"
+    assert mem["target_kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 2  # 30 layers, 3 KV heads of 64, f16 cache
+    from adaspec.models import resolve_gguf
+
+    size = resolve_gguf(model, progress=False)[1].stat().st_size
+    assert 0.9 * size < mem["target_param_bytes"] <= size
+    assert mem["drafts"][model]["param_bytes"] == mem["target_param_bytes"]
+    micro = [r for r in rows if r["kind"] == "micro"]
+    assert {(r["threads"], r["role"]) for r in micro} == {(1, "target"), (2, "target"), (1, "draft"), (2, "draft")}
+    points = [r for r in rows if r["kind"] == "point"]
+    assert {(r["threads"], r["drafter"]) for r in points} == {(t, d) for t in (1, 2)
+                                                              for d in ("calibrated", model, "ngram")}
+    for r in points:
+        assert r["backend"] == "llamacpp" and r["new_tokens"] == 8 and r["speedup"] > 0
+    # The model drafting for itself is accepted except where llama.cpp's one-token and batched kernels flip a
+    # near-tie; the calibrated drafter at α = 1 proposes the plain greedy run's own tokens.
+    assert all(r["alpha_l"] >= 0.75 for r in points if r["drafter"] in ("calibrated", model))
+    report = make_report([out], tmp_path / "report.md")
+    text = report["report"].read_text()
+    assert f"## {model}, gguf, 1 thread, llamacpp" in text and "| llama.cpp GGUF, 2 threads |" in text
+
+
+def test_points_compare_with_the_plain_runs_of_their_own_invocation():
+    """The machine's speed drifts between sessions: a point measured by a later `adaspec bench` run (resume) is
+    compared only with the plain runs that run measured of its group, never with older ones."""
+    from adaspec.bench.report import analyse
+    from adaspec.bench.sweep import tag_runs
+
+    setting = {"target": "t", "dtype": "float32", "threads": 2, "backend": "torch", "batch": 1}
+
+    def plain(key, tpot):
+        return {"kind": "plain", "key": key, **setting, "group": "g", "tpot_ms": tpot, "decode_ms": 31 * tpot,
+                "step_other_ms": 1.0, "decode_tokens_per_s": 1e3 / tpot}
+
+    def point(key, tpot):
+        return {"kind": "point", "key": key, **setting, "group": "g", "sweep": "s", "drafter": "ngram", "k": 4,
+                "controller": "fixed", "context": 256, "temperature": 0.0, "tpot_ms": tpot, "decode_ms": 31 * tpot,
+                "ttft_ms": 1000.0, "draft_prefill_ms": 0.0, "new_tokens": 32}
+
+    micro = {"kind": "micro", "key": "m", **setting, "model": "t", "role": "target", "measure": "forward",
+             "context": 256, "n": 1, "ms": 100.0, "samples": []}
+    rows = [{"kind": "meta", "key": "meta-a"}, micro, plain("g-0", 100.0), point("p1", 50.0),
+            {"kind": "meta", "key": "meta-b"}, plain("g-1", 200.0), point("p2", 100.0)]
+    tagged = tag_runs([dict(r) for r in rows])
+    assert [r.get("run") for r in tagged] == [None, "meta-a", "meta-a", "meta-a", None, "meta-b", "meta-b"]
+    (a,) = analyse(rows)
+    assert {p["key"]: p["speedup"] for p in a.points} == {"p1": 2.0, "p2": 2.0}  # not 150/50 = 3 and 150/100 = 1.5
+    assert {p["key"]: p["plain_runs"] for p in a.points} == {"p1": 1, "p2": 1}

@@ -78,12 +78,13 @@ class LoadedModel:
 
 
 def load_model(spec: str, *, dtype: str = "bfloat16", device: str = "cpu", progress: bool = True,
-               threads: int | None = None) -> LoadedModel:
+               threads: int | None = None, max_context: int | None = None) -> LoadedModel:
     """Resolve ``spec`` and load it on the backend its ``@backend`` suffix names (default PyTorch).
 
     PyTorch: a zoo model is fetched and converted on first use; ``dtype``/``device`` apply. llama.cpp: the GGUF runs
     as it is (its own quantisation; ``dtype`` does not apply) with ``threads`` threads (default: PyTorch's current
-    thread count, which :func:`set_threads` sets).
+    thread count, which :func:`set_threads` sets). ``max_context`` (tokens) caps the context window (default: the
+    model's own; llama.cpp: 8192, as it allocates the KV cache up front).
 
     Raises:
         UnknownModelError, ModelFetchError, CorruptModelError: see :func:`adaspec.models.resolve`.
@@ -102,12 +103,13 @@ def load_model(spec: str, *, dtype: str = "bfloat16", device: str = "cpu", progr
         name, gguf_file, tok_dir = resolve_gguf(spec, progress=progress)
         label = f"{name}@llamacpp"
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
-        return LoadedModel(LlamaCppBackend(gguf_file, label, threads=threads or torch.get_num_threads()),
+        return LoadedModel(LlamaCppBackend(gguf_file, label, threads=threads or torch.get_num_threads(),
+                                            max_context=max_context),
                            tokenizer, label)
     resolved = resolve(spec, progress=progress)
     model = load_causal_lm(resolved.path, dtype=dtype, device=device)
     tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-    return LoadedModel(TorchBackend(model, resolved.name), tokenizer, resolved.name)
+    return LoadedModel(TorchBackend(model, resolved.name, max_context=max_context), tokenizer, resolved.name)
 
 
 def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str = "bfloat16", device: str = "cpu",

@@ -216,6 +216,8 @@ def _add_bench_parsers(sub) -> None:
     mp.add_argument("--img-dir", default=None, help="folder for the PNGs (default: img/ beside the report)")
     mp.add_argument("--html", default=None, help="also write an HTML version here")
     mp.add_argument("--title", default="Where speculative decoding pays on this machine")
+    mp.add_argument("--notes", default=None, metavar="FILE",
+                    help="Markdown written by you (what the numbers mean), placed after the report's overview")
     mp.add_argument("--command", action="append", default=[], metavar="CMD",
                     help="the bench command that produced the results, for the report (repeatable; default: the "
                          "command lines recorded in the results)")
@@ -274,9 +276,11 @@ def cmd_map(args: argparse.Namespace) -> int:
     out = make_report([Path(r) for r in args.results], Path(args.report),
                       img_dir=Path(args.img_dir) if args.img_dir else None,
                       html=Path(args.html) if args.html else None, title=args.title, commands=args.command,
+                      notes=Path(args.notes) if args.notes else None,
                       map_command=" ".join(["adaspec", "map", *args.results, "--report", args.report]
                                            + (["--img-dir", args.img_dir] if args.img_dir else [])
                                            + (["--html", args.html] if args.html else [])
+                                           + (["--notes", args.notes] if args.notes else [])
                                            + [f"--command '{c}'" for c in args.command]))
     print(f"wrote {out['report']}" + "".join(f"\n  {p}" for figs in out["figures"].values() for p in figs.values()))
     return 0

@@ -77,3 +77,23 @@ class Backend(ABC):
 
     def synchronize(self) -> None:
         """Block until queued device work is done (for honest timing on asynchronous devices)."""
+
+    def set_threads(self, threads: int) -> None:
+        """Use ``threads`` CPU threads for later forwards. Backends on PyTorch share its process-wide pool, which
+        :func:`adaspec.api.set_threads` sets, so the default does nothing; llama.cpp sets its context's count."""
+
+    def weight_bytes(self) -> int:
+        """Bytes of the model's weights as held in memory (shared tensors counted once).
+
+        Raises:
+            NotImplementedError: the backend cannot tell.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not report its weight bytes")
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache one token of context costs (keys and values of every layer).
+
+        Raises:
+            NotImplementedError: the backend cannot tell.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not report its KV-cache bytes")

@@ -153,6 +153,22 @@ class LlamaCppBackend(Backend):
         del self._ids[length:]
         self._len = length
 
+    def set_threads(self, threads: int) -> None:
+        if threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}")
+        self._lib.llama_set_n_threads(self._ctx, threads, threads)
+        self.threads = threads
+
+    def weight_bytes(self) -> int:
+        """Bytes of the GGUF's tensors (``llama_model_size``: quantised weights as loaded)."""
+        return int(self._lib.llama_model_size(self._llama.model))
+
+    def kv_bytes_per_token(self) -> int:
+        """2 (K and V) × layers × KV heads × head dim × 2 bytes (llama.cpp's default f16 cache)."""
+        lib, model = self._lib, self._llama.model
+        head_dim = lib.llama_model_n_embd(model) // lib.llama_model_n_head(model)
+        return 2 * lib.llama_model_n_layer(model) * lib.llama_model_n_head_kv(model) * head_dim * 2
+
     def close(self) -> None:
         """Free the batch and the model (also done at garbage collection)."""
         if getattr(self, "_batch", None) is not None:

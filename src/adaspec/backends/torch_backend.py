@@ -120,3 +120,19 @@ class TorchBackend(Backend):
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def weight_bytes(self) -> int:
+        seen, total = set(), 0
+        for t in list(self.model.parameters()) + list(self.model.buffers()):
+            if t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+        return total
+
+    def kv_bytes_per_token(self) -> int:
+        """2 (K and V) × layers × KV heads × head dim × element size of the model's dtype."""
+        cfg = self.model.config.get_text_config()
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return 2 * cfg.num_hidden_layers * heads * head_dim * torch.empty(0, dtype=self.dtype).element_size()

@@ -2,8 +2,9 @@
 
 A configuration has three parts (see ``presets/quick.toml`` for a commented example):
 
-* ``[bench]`` — what is held fixed within a run, plus the hardware axes: ``dtype``, ``threads``, ``backend`` and
-  ``batch`` (lists; every sweep runs under each combination).
+* ``[bench]`` — what is held fixed within a run, plus the hardware axes: ``dtype``, ``threads``, ``backend``
+  (``torch`` or ``llamacpp``) and ``batch`` (lists; every sweep runs under each combination). A llama.cpp setting
+  runs the target's and drafts' GGUF files as they are: its dtype is recorded as ``gguf`` whatever the list says.
 * ``[micro]`` — the micro-measurements the cost model is fitted to: context lengths, verify widths n = K + 1,
   repeats, and the draft models to time.
 * ``[[sweep]]`` — named grids. Each axis is a list and a sweep is the Cartesian product of its axes:
@@ -30,7 +31,8 @@ from adaspec.errors import ConfigError
 PRESETS = ("quick", "full")
 AXES = ("drafter", "alpha", "cost", "k", "controller", "context", "temperature")
 HARDWARE_AXES = ("dtype", "threads", "backend", "batch")
-BACKENDS = ("torch",)  # llama.cpp joins this list when a backend for it exists
+BACKENDS = ("torch", "llamacpp")
+GGUF_DTYPE = "gguf"  # the dtype of a llama.cpp setting: the GGUF's own quantisation (the dtype axis does not apply)
 
 DEFAULTS: dict = {
     "bench": {
@@ -128,7 +130,7 @@ def normalize(config: dict) -> dict:
         cfg["micro"][key] = _as_list(cfg["micro"][key])
     for b in cfg["bench"]["backend"]:
         if b not in BACKENDS:
-            raise ConfigError(f"backend {b!r} is not available yet; available: {', '.join(BACKENDS)}")
+            raise ConfigError(f"unknown backend {b!r}; available: {', '.join(BACKENDS)}")
     for b in cfg["bench"]["batch"]:
         if b != 1:
             raise ConfigError(f"batch size {b}: batching does not exist yet, only batch = 1 is measured")
@@ -232,14 +234,17 @@ def expand(cfg: dict) -> list[Point]:
     """Every point of every sweep under every hardware setting, deduplicated, in run order (setting, then
     groups from the longest context down, so each prompt reuses the cached prefix of the one before; then prompt,
     temperature and sweep order). Calibrated points at temperature > 0 are dropped
-    (the calibrated drafter is greedy-only)."""
+    (the calibrated drafter is greedy-only), and ``layerskip:N`` points on llama.cpp (it needs a PyTorch target)."""
     bench = cfg["bench"]
     points: dict[str, Point] = {}
-    settings = [Setting(bench["target"], d, int(t), b, int(n)) for d in bench["dtype"] for t in bench["threads"]
-                for b in bench["backend"] for n in bench["batch"]]
+    settings = list(dict.fromkeys(
+        Setting(bench["target"], GGUF_DTYPE if b == "llamacpp" else d, int(t), b, int(n))
+        for b in bench["backend"] for d in bench["dtype"] for t in bench["threads"] for n in bench["batch"]))
     for setting in settings:
         for sweep in cfg["sweep"]:
             for drafter in sweep["drafter"]:
+                if str(drafter).startswith("layerskip:") and setting.backend != "torch":
+                    continue  # self-drafting runs a truncated PyTorch model
                 calibrated = drafter == "calibrated"
                 alphas = [float(a) for a in sweep["alpha"]] if calibrated else [None]
                 costs = [str(c) for c in sweep["cost"]] if calibrated else [None]

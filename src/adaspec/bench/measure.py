@@ -1,4 +1,5 @@
-"""Process-level meters for the benchmark: energy (RAPL), CPU time, resident memory, model bytes.
+"""Process-level meters for the benchmark: energy (RAPL), CPU time, resident memory (model bytes: the backends'
+``weight_bytes``/``kv_bytes_per_token``).
 
 Energy comes only from Intel RAPL counters (``/sys/class/powercap/intel-rapl:N/energy_uj``, package domains) when
 they are readable; otherwise the meter says "not measurable here" and reports CPU time instead, which is an energy
@@ -106,24 +107,3 @@ def rss_bytes() -> int:
     except (OSError, ValueError, IndexError):
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return rss * 1024
-
-
-def param_bytes(model: torch.nn.Module) -> int:
-    """Bytes held by a model's parameters and buffers (shared tensors counted once)."""
-    seen, total = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        key = t.data_ptr()
-        if key in seen:
-            continue
-        seen.add(key)
-        total += t.numel() * t.element_size()
-    return total
-
-
-def kv_bytes_per_token(model: torch.nn.Module) -> int:
-    """KV-cache bytes one token costs in ``model`` (2 × layers × kv heads × head dim × element size)."""
-    cfg = model.config.get_text_config()
-    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    dtype = next(model.parameters()).dtype
-    return 2 * cfg.num_hidden_layers * heads * head_dim * torch.empty(0, dtype=dtype).element_size()

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from adaspec.bench.costmodel import CostModel, relative_errors
-from adaspec.bench.sweep import apply_baseline, fit_cost_model, predict_point
+from adaspec.bench.sweep import apply_baseline, fit_cost_model, predict_point, tag_runs
 from adaspec.compare import read_results
 from adaspec.errors import AdaspecError
 
@@ -59,6 +59,13 @@ class SettingAnalysis:
         return f"{s['target']}, {s['dtype']}, {s['threads']} thread{'s' if s['threads'] != 1 else ''}, {s['backend']}"
 
     @property
+    def short(self) -> str:
+        """``bfloat16, 2 threads`` (PyTorch) or ``llama.cpp GGUF, 2 threads``, for titles and the overview."""
+        s = self.setting
+        kind = "llama.cpp GGUF" if s["backend"] == "llamacpp" else s["dtype"]
+        return f"{kind}, {s['threads']} thread{'s' if s['threads'] != 1 else ''}"
+
+    @property
     def slug(self) -> str:
         s = self.setting
         return f"{s['dtype']}-t{s['threads']}-{s['backend']}"
@@ -80,7 +87,7 @@ def _setting(row: dict) -> tuple:
 def analyse(rows: list[dict]) -> list[SettingAnalysis]:
     """Group records by setting, fit each cost model and choose the maps' operating points."""
     by: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
+    for r in tag_runs(rows):
         if r.get("kind") in ("point", "plain", "micro", "memory"):
             by[_setting(r)][r["kind"]].append(r)
     out = []
@@ -89,12 +96,13 @@ def analyse(rows: list[dict]) -> list[SettingAnalysis]:
         if not any(r.get("role") == "target" and r.get("measure") == "forward" and r["n"] == 1 for r in micro):
             continue  # no cost model without plain-step micro-measurements
         model = fit_cost_model(micro, kinds["plain"])
-        groups: dict[str, list[dict]] = defaultdict(list)
+        groups: dict[tuple, list[dict]] = defaultdict(list)
         for p in kinds["plain"]:
-            groups[p.get("group")].append(p)
-        for p in kinds["point"]:  # against all of the group's plain runs (the record has those before it)
-            if groups.get(p.get("group")) and "decode_ms" in groups[p.get("group")][0]:
-                apply_baseline(p, groups[p["group"]])
+            groups[p.get("group"), p.get("run")].append(p)
+        for p in kinds["point"]:  # against all of its group's plain runs in the same invocation
+            plains = groups.get((p.get("group"), p.get("run")))
+            if plains and "decode_ms" in plains[0]:
+                apply_baseline(p, plains)
         points = [p for p in kinds["point"] if not _bad(p)]
         a = SettingAnalysis(dict(zip(SETTING_KEYS, key)), model, points, kinds["plain"], micro,
                             kinds["memory"][-1] if kinds["memory"] else None)
@@ -103,7 +111,7 @@ def analyse(rows: list[dict]) -> list[SettingAnalysis]:
         a.errors = relative_errors((p["predicted_speedup"], p["speedup"]) for p in points)
         _choose_operating_points(a)
         out.append(a)
-    return sorted(out, key=lambda a: (a.setting["dtype"], a.setting["threads"]))
+    return sorted(out, key=lambda a: (a.setting["backend"] != "torch", a.setting["dtype"], a.setting["threads"]))
 
 
 def _bad(p: dict) -> bool:
@@ -188,7 +196,7 @@ def fig_alpha_k(a: SettingAnalysis, path: Path) -> Path:
     fig.colorbar(mesh, ax=ax, label="decode speedup vs plain")
     ax.set_xlabel("acceptance α (per position)")
     ax.set_ylabel("draft length K")
-    ax.set_title(f"Speedup over α × K — {a.setting['dtype']}, {a.setting['threads']} threads, context "
+    ax.set_title(f"Speedup over α × K — {a.short}, context "
                  f"{a.map_context}, draft {cost:.0f} ms/token\n(colour: cost model; dots: measured)", fontsize=9)
     return _save(fig, path)
 
@@ -216,7 +224,7 @@ def fig_context_k(a: SettingAnalysis, path: Path) -> Path:
     fig.colorbar(mesh, ax=ax, label="decode speedup vs plain")
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("draft length K")
-    ax.set_title(f"Speedup over context × K — {a.setting['dtype']}, {a.setting['threads']} threads, "
+    ax.set_title(f"Speedup over context × K — {a.short}, "
                  f"α = {a.context_alpha:.2f}, {a.draft_label}\n(colour: cost model; dots: measured)", fontsize=9)
     return _save(fig, path)
 
@@ -243,7 +251,7 @@ def fig_alpha_curves(a: SettingAnalysis, path: Path) -> Path:
     ax.axhline(1.0, color="black", lw=1)
     ax.set_xlabel("acceptance α (per position)")
     ax.set_ylabel("decode speedup vs plain")
-    ax.set_title(f"Speedup vs α — {a.setting['dtype']}, {a.setting['threads']} threads, context {a.map_context}, "
+    ax.set_title(f"Speedup vs α — {a.short}, context {a.map_context}, "
                  f"calibrated draft {cost:.0f} ms/token\n(lines: cost model; dots: measured; red: real drafters, "
                  "whose costs differ)", fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
@@ -299,7 +307,7 @@ def fig_time_split(a: SettingAnalysis, path: Path) -> Path | None:
     ax.set_xlabel("ms per step")
     ax.set_xlim(0, float((d + v + o).max()) * 1.45)
     ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(f"Time per step — {a.setting['dtype']}, {a.setting['threads']} threads, context {a.map_context}",
+    ax.set_title(f"Time per step — {a.short}, context {a.map_context}",
                  fontsize=9)
     return _save(fig, path)
 
@@ -323,7 +331,7 @@ def fig_verify_cost(a: SettingAnalysis, path: Path) -> Path:
     ax.set_xlabel("tokens per target forward n = K + 1")
     ax.set_ylabel("ms (forward + argmax + rollback)")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"Verification cost — {a.setting['dtype']}, {a.setting['threads']} threads (dots: measured; "
+    ax.set_title(f"Verification cost — {a.short} (dots: measured; "
                  "lines: fit)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
@@ -425,15 +433,18 @@ def _ctx(x: float) -> str:
 
 
 def markdown(analyses: list[SettingAnalysis], figures: dict[str, dict[str, Path]], *, base: Path,
-             commands: list[str], machine: dict | None, title: str) -> str:
-    """The report (see the module docstring); image links are relative to ``base`` (the report's folder)."""
+             commands: list[str], machine: dict | None, title: str, notes: str | None = None) -> str:
+    """The report (see the module docstring); image links are relative to ``base`` (the report's folder).
+    ``notes`` (Markdown written by a person: what the numbers mean across settings) goes after the overview."""
     lines = [f"# {title}", ""]
     if machine:
         extra = ", ".join(x for x in (machine.get("cpu_flags"), machine.get("torch_cpu_capability") and
                                       f"PyTorch CPU kernels: {machine['torch_cpu_capability']}") if x)
         lines += [f"Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores"
                   f"{f' ({extra})' if extra else ''}, {machine.get('memory_bytes', 0) / 2**30:.0f} GiB RAM, "
-                  f"PyTorch {machine.get('torch', '?')}.", ""]
+                  f"PyTorch {machine.get('torch', '?')}"
+                  + (f", llama-cpp-python {machine['llama_cpp_python']}" if machine.get("llama_cpp_python") else "")
+                  + ".", ""]
     if commands:
         lines += ["Produced by:", "", "```bash", *commands, "```", ""]
     lines += ["Speedups are **decode-phase** speedups (plain TPOT / speculative TPOT, same prompt, same settings, "
@@ -441,6 +452,8 @@ def markdown(analyses: list[SettingAnalysis], figures: dict[str, dict[str, Path]
               "per real drafter. α is the per-position acceptance (accepted / (accepted + rejections), the α of "
               "Leviathan et al.); the engine's accepted/drafted ratio is listed as α_draft.", ""]
     lines += _overview(analyses)
+    if notes:
+        lines += [notes.strip(), ""]
     for a in analyses:
         f = findings(a)
         figs = figures.get(a.slug, {})
@@ -472,7 +485,7 @@ def _overview(analyses: list[SettingAnalysis]) -> list[str]:
         fast = (f"{fastest['decode_tokens_per_s']:.2f} ({_short(fastest)}; plain {plain_tps:.2f})"
                 if fastest and fastest["decode_tokens_per_s"] > plain_tps else f"{plain_tps:.2f} (plain decoding)")
         lines.append(
-            f"| {a.setting['dtype']}, {a.setting['threads']} threads | {f['plain_ms']:.0f} | "
+            f"| {a.short} | {f['plain_ms']:.0f} | "
             f"{f['verify_ratio'][5]:.2f}× | {f['cost_ratio']:.2f} | "
             + (f"K = {k}: {s:.2f}× (α = {a.reference_alpha:.2f})" if k else
                f"none: plain decoding (α = {a.reference_alpha:.2f})")
@@ -663,14 +676,14 @@ def to_html(md: str, title: str) -> str:
 
 def make_report(results: list[Path], report: Path, *, img_dir: Path | None = None, html: Path | None = None,
                 title: str = "Where speculative decoding pays on this machine", map_command: str | None = None,
-                commands: list[str] | None = None, prefix: str = "boundary") -> dict:
+                commands: list[str] | None = None, prefix: str = "boundary", notes: Path | None = None) -> dict:
     """Read results files, draw the maps and write the report. Returns ``{"report", "figures", "analyses"}``.
 
     The report's "Produced by" block lists ``commands`` when given, else the ``adaspec bench`` command lines
-    recorded in the results, then ``map_command``.
+    recorded in the results, then ``map_command``. ``notes``: a Markdown file placed after the overview.
 
     Raises:
-        AdaspecError: when the results hold no setting with micro-measurements.
+        AdaspecError: when the results hold no setting with micro-measurements, or ``notes`` is not a file.
     """
     rows: list[dict] = []
     for path in results:
@@ -687,7 +700,10 @@ def make_report(results: list[Path], report: Path, *, img_dir: Path | None = Non
     if map_command:
         commands.append(map_command)
     machine = metas[-1]["machine"] if metas else None
-    md = markdown(analyses, figures, base=report.parent, commands=commands, machine=machine, title=title)
+    if notes is not None and not Path(notes).is_file():
+        raise AdaspecError(f"notes file not found: {notes}")
+    md = markdown(analyses, figures, base=report.parent, commands=commands, machine=machine, title=title,
+                  notes=Path(notes).read_text(encoding="utf-8") if notes else None)
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(md, encoding="utf-8")
     if html:

@@ -19,6 +19,7 @@ skips points whose key is present, so a killed run continues where it stopped.
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import json
@@ -36,7 +37,7 @@ import torch
 from adaspec.backends.base import Backend
 from adaspec.bench.costmodel import CostModel, leviathan_alpha
 from adaspec.bench.grid import Point, Setting, expand, point_key
-from adaspec.bench.measure import Meter, kv_bytes_per_token, param_bytes, rss_bytes
+from adaspec.bench.measure import Meter, rss_bytes
 from adaspec.bench.micro import measure_backend, prefill_ms_at, verify_samples
 from adaspec.bench.prompts import hf_builder
 from adaspec.compare import read_results
@@ -109,6 +110,15 @@ class PrefixCacheBackend(Backend):
     def synchronize(self) -> None:
         self.inner.synchronize()
 
+    def set_threads(self, threads: int) -> None:
+        self.inner.set_threads(threads)
+
+    def weight_bytes(self) -> int:
+        return self.inner.weight_bytes()
+
+    def kv_bytes_per_token(self) -> int:
+        return self.inner.kv_bytes_per_token()
+
 
 def _hash(obj) -> str:
     return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -139,7 +149,14 @@ def machine_info() -> dict:
         capability = torch.backends.cpu.get_cpu_capability()
     except AttributeError:
         capability = ""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        llama_cpp_python = version("llama-cpp-python")
+    except PackageNotFoundError:
+        llama_cpp_python = None
     return {"cpu": cpu, "cores": os.cpu_count(), "cpu_flags": flags, "torch_cpu_capability": capability,
+            "llama_cpp_python": llama_cpp_python,
             "memory_bytes": mem,
             "torch": torch.__version__, "platform": platform.platform(), "python": platform.python_version()}
 
@@ -154,14 +171,31 @@ class _Models:
     draft_bytes: dict[str, dict] = field(default_factory=dict)
 
 
-def _default_loader(spec: str, dtype: str):
+def _default_loader(spec: str, dtype: str, *, max_context: int | None = None):
+    """Load ``spec`` (``NAME`` on PyTorch in ``dtype``, or ``NAME@llamacpp`` with a KV cache of ``max_context``
+    tokens: llama.cpp allocates it up front)."""
     from adaspec.api import load_model, split_backend
-    from adaspec.errors import ConfigError
 
-    if split_backend(spec)[1] != "torch":
-        raise ConfigError(f"adaspec bench sweeps PyTorch models (dtype is one of its axes); {spec} is on another "
-                          "backend: measure it with adaspec compare --target/--draft NAME@llamacpp")
+    if split_backend(spec)[1] == "llamacpp":
+        return load_model(spec, max_context=max_context)
     return load_model(spec, dtype=dtype)
+
+
+def on_backend(spec: str, setting: Setting) -> str:
+    """The model spec to load for ``setting``: ``NAME@llamacpp`` for a model on a llama.cpp setting, else as is."""
+    if setting.backend == "torch" or spec in ("ngram", "none", "calibrated") or spec.startswith("layerskip:"):
+        return spec
+    return spec if "@" in spec else f"{spec}@{setting.backend}"
+
+
+def context_needed(cfg: dict) -> int:
+    """Tokens of context the largest run of ``cfg`` needs: the micro-measurements' longest context plus its widest
+    verify, or a sweep's longest prompt plus its new tokens and draft, with room for the chat template."""
+    micro = cfg["micro"]
+    need = max(micro["contexts"]) + max(micro["verify_tokens"]) + 1
+    for s in cfg["sweep"]:
+        need = max(need, max(s["context"]) + int(cfg["bench"]["max_new_tokens"]) + max(s["k"]) + 1)
+    return need + 64
 
 
 class SweepRunner:
@@ -174,7 +208,7 @@ class SweepRunner:
         self.cfg = cfg
         self.bench = cfg["bench"]
         self.out = Path(out)
-        self.loader = loader or _default_loader
+        self.loader = loader or functools.partial(_default_loader, max_context=context_needed(cfg))
         self._tasks = tasks
         self.progress = progress
         self.time_limit_s = time_limit_s
@@ -204,6 +238,8 @@ class SweepRunner:
         return self._tasks
 
     def _write(self, f, row: dict) -> None:
+        if row["kind"] != "meta":
+            row["run"] = self.run_id
         f.write(json.dumps(row) + "\n")
         f.flush()
 
@@ -217,7 +253,7 @@ class SweepRunner:
         from tqdm import tqdm
 
         points = expand(self.cfg)
-        rows = read_results(self.out)
+        rows = tag_runs(read_results(self.out))
         done = {r["key"] for r in rows if "key" in r}
         micro_done = {r.get("micro_key") for r in rows if r.get("kind") == "micro"}
         todo = [p for p in points if point_key(p, self.bench) not in done]
@@ -228,21 +264,28 @@ class SweepRunner:
         start = time.perf_counter()
         bar = tqdm(total=len(todo), desc="bench", unit="point", disable=not self.progress,
                    bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} points [{elapsed}<{remaining}] {postfix}")
+        self.run_id = f"meta-{time.time():.0f}"
         with open(self.out, "a", encoding="utf-8") as f:
-            self._write(f, {"kind": "meta", "key": f"meta-{time.time():.0f}", "time": time.time(), "argv": self.argv,
+            self._write(f, {"kind": "meta", "key": self.run_id, "time": time.time(), "argv": self.argv,
                             "machine": machine_info(), "config": self.cfg, "energy_source": self.meter.energy_source})
             by_setting: dict[Setting, list[Point]] = {}
             for p in todo:
                 by_setting.setdefault(p.setting, []).append(p)
             models: _Models | None = None
+            loaded = None
             for setting, pts in by_setting.items():
-                if models is None or models.target.backend.dtype != _torch_dtype(setting.dtype):
-                    models = None  # free the previous dtype's weights before loading the next
+                if models is None or loaded != (setting.dtype, setting.backend):
+                    models = None  # free the previous setting's weights before loading the next
                     gc.collect()
-                    models = self._load(setting, [p for p in todo if p.setting.dtype == setting.dtype], f)
+                    loaded = (setting.dtype, setting.backend)
+                    models = self._load(setting, [p for p in todo if (p.setting.dtype, p.setting.backend) == loaded],
+                                        f)
                 from adaspec.api import set_threads
 
                 set_threads(setting.threads)
+                for backend in [models.backend] + [getattr(d, "backend", None) for d in models.drafts.values()]:
+                    if backend is not None:
+                        backend.set_threads(setting.threads)
                 cost = self._micro(setting, models, f, micro_done, rows)
                 groups: dict[tuple, list[Point]] = {}
                 for p in pts:
@@ -266,9 +309,9 @@ class SweepRunner:
         from adaspec.api import make_drafter
         from adaspec.drafters.model import ModelDrafter
 
-        self.log(f"loading {setting.target} ({setting.dtype})")
+        self.log(f"loading {setting.target} ({setting.dtype}, {setting.backend})")
         before = rss_bytes()
-        target = self.loader(setting.target, setting.dtype)
+        target = self.loader(on_backend(setting.target, setting), setting.dtype)
         wrapped = PrefixCacheBackend(target.backend)
         models = _Models(target, wrapped)
         target_rss = rss_bytes() - before
@@ -278,7 +321,7 @@ class SweepRunner:
             if spec in ("ngram", "none") or spec.startswith("layerskip:"):
                 drafter = make_drafter(spec, target)
             else:
-                draft = self.loader(spec, setting.dtype)
+                draft = self.loader(on_backend(spec, setting), setting.dtype)
                 from adaspec.models import check_tokenizers_compatible
 
                 if hasattr(target.tokenizer, "get_vocab") and hasattr(draft.tokenizer, "get_vocab"):
@@ -286,21 +329,20 @@ class SweepRunner:
                                                 draft_name=draft.name)
                 drafter = ModelDrafter(draft.backend)
             if isinstance(drafter, ModelDrafter):
-                model = drafter.backend.model
                 shares = spec.startswith("layerskip:")
-                drafter.backend = PrefixCacheBackend(drafter.backend)
                 models.draft_bytes[spec] = {
-                    "param_bytes": 0 if shares else param_bytes(model),
+                    "param_bytes": 0 if shares else drafter.backend.weight_bytes(),
                     "rss_delta_bytes": rss_bytes() - before,
-                    "kv_bytes_per_token": kv_bytes_per_token(model)}
+                    "kv_bytes_per_token": drafter.backend.kv_bytes_per_token()}
+                drafter.backend = PrefixCacheBackend(drafter.backend)
             else:
                 models.draft_bytes[spec] = {"param_bytes": 0, "rss_delta_bytes": rss_bytes() - before,
                                             "kv_bytes_per_token": 0}
             models.drafts[spec] = drafter
         self._write(f, {"kind": "memory", "key": f"mem-{_hash([setting.__dict__, time.time()])}",
-                        **setting.__dict__, "target_param_bytes": param_bytes(target.backend.model),
+                        **setting.__dict__, "target_param_bytes": target.backend.weight_bytes(),
                         "target_rss_delta_bytes": target_rss,
-                        "target_kv_bytes_per_token": kv_bytes_per_token(target.backend.model),
+                        "target_kv_bytes_per_token": target.backend.kv_bytes_per_token(),
                         "drafts": models.draft_bytes, "rss_bytes": rss_bytes(), "cores": os.cpu_count()})
         return models
 
@@ -320,10 +362,10 @@ class SweepRunner:
         base = {**setting.__dict__, "contexts": contexts, "widths": micro["verify_tokens"],
                 "repeats": micro["repeats"]}
         new_rows: list[dict] = []
-        jobs = [(setting.target, models.backend, micro["verify_tokens"])]
-        jobs += [(d, models.drafts[d].backend, [1]) for d in micro["drafts"]]
-        for model_name, backend, widths in jobs:
-            mkey = "m-" + _hash({**base, "model": model_name, "widths": widths})
+        jobs = [(setting.target, "target", models.backend, micro["verify_tokens"])]
+        jobs += [(d, "draft", models.drafts[d].backend, [1]) for d in micro["drafts"]]
+        for model_name, role, backend, widths in jobs:
+            mkey = "m-" + _hash({**base, "model": model_name, "widths": widths})  # widths tell target from draft
             if mkey in micro_done:
                 continue
             if backend is models.backend:
@@ -335,7 +377,7 @@ class SweepRunner:
             other = self.meter.stop().other_cpu
             for i, r in enumerate(measured):
                 row = {"kind": "micro", "key": f"{mkey}-{i}", "micro_key": mkey, **setting.__dict__,
-                       "model": model_name, "role": "target" if model_name == setting.target else "draft", **r,
+                       "model": model_name, "role": role, **r,
                        "other_cpu": other}
                 self._write(f, row)
                 new_rows.append(row)
@@ -415,13 +457,13 @@ class SweepRunner:
             if not isinstance(d, ModelDrafter):
                 draft_prefill[spec] = 0.0
                 continue
+            # Feed the prompt to the draft model now, outside the timed runs (its cache then serves every point of
+            # the group): decode numbers stay decode-only, and the prefill is charged to the end-to-end speedup.
             est = prefill_ms_at([r for r in micro_rows if r["model"] == spec], len(prompt) - 1)
-            if cold_start or est is None:
+            if cold_start:
                 d.backend.drop()
-                t = time.perf_counter()
-                d.prefill(prompt)
-                est = (time.perf_counter() - t) * 1e3
-            draft_prefill[spec] = est
+            ms = prefill_draft(d, prompt)
+            draft_prefill[spec] = ms if cold_start or est is None else est
         baseline = reference
         since_plain = 0
         n_run = 0
@@ -463,7 +505,8 @@ class SweepRunner:
                    "identical_to_plain": (r.token_ids == reference["token_ids"]) if p.temperature == 0 else None,
                    "offpath_positions": getattr(drafter, "offpath", None),
                    "token_ids": r.token_ids}
-            apply_baseline(row, [r for r in rows if r.get("kind") == "plain" and r.get("group") == gkey])
+            apply_baseline(row, [r for r in rows if r.get("kind") == "plain" and r.get("group") == gkey
+                                 and r.get("run") == self.run_id])
             row["predicted_speedup"] = predict_point(cost, row)
             self._write(f, row)
             rows.append(row)
@@ -473,15 +516,22 @@ class SweepRunner:
         return n_run, 0
 
 
+def prefill_draft(drafter, prompt: Sequence[int]) -> float:
+    """Feed ``prompt`` (all but its last token) to a draft model whose backend is a :class:`PrefixCacheBackend`,
+    before a timed run: the drafter's lazy prefill then finds it cached, so the run's decode time holds drafting
+    and verification only. Returns the time it took, ms (a cold prefill when the cache was empty)."""
+    backend = drafter.backend
+    backend.reset()
+    start = time.perf_counter()
+    if len(prompt) > 1:
+        backend.forward(list(prompt[:-1]), 1)
+        backend.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
 def _tok(loaded):
     tok = loaded.tokenizer
     return tok if hasattr(tok, "decode") else None
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    from adaspec.backends.torch_backend import resolve_dtype
-
-    return resolve_dtype(name)
 
 
 def _is_number(text: str) -> bool:
@@ -496,8 +546,21 @@ def _same_setting(row: dict, setting: Setting) -> bool:
     return all(row.get(k) == v for k, v in setting.__dict__.items())
 
 
+def tag_runs(rows: list[dict]) -> list[dict]:
+    """Give each record (in file order) the key of the ``meta`` record before it, i.e. the ``adaspec bench``
+    invocation that measured it, unless it has a ``run`` already. Returns ``rows``."""
+    run = None
+    for r in rows:
+        if r.get("kind") == "meta":
+            run = r.get("key")
+        else:
+            r.setdefault("run", run)
+    return rows
+
+
 def apply_baseline(row: dict, plains: Sequence[dict]) -> dict:
-    """Set a point's speedups from its group's plain runs: the median of them, so one plain run slowed by another
+    """Set a point's speedups from its group's plain runs *of the same invocation* (a machine's speed drifts
+    between sessions: only runs minutes apart compare): the median of them, so one plain run slowed by another
     program does not skew the points measured after it. ``speedup`` is the decode speedup (TPOT ratio);
     ``speedup_e2e`` adds the cold prefill (target, and draft model) for the run's length."""
     tpot = statistics.median(p["tpot_ms"] for p in plains)
