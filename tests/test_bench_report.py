@@ -183,6 +183,11 @@ def test_profile_decision_and_reasons():
     lookup = {"drafter": "ngram", "alpha": 0.4, "draft_ms_per_token": 0.0}
     assert re.search(r"ngram: acceptance 0\.40 on code is below the 0\.60 that even K = 1 needs",
                      _why_not(model, lookup, 256, "code", 100.0))
+    # enough acceptance, but it drafted too rarely (an n-gram that seldom matches) for any K to clear 1
+    rare = {**lookup, "alpha": 0.9, "drafting_steps_share": 0.1, "predicted_speedup": 1.0, "ci95": [0.9, 0.99]}
+    assert _why_not(model, rare, 256, "code", 100.0) == (
+        "ngram: acceptance 0.90 on code meets the 0.60 K = 1 needs, but it drafts on 10% of steps and its predicted "
+        "speedup is 1.00 (95 % interval 0.90-0.99)")
     heavy = {"drafter": "big-draft", "alpha": 0.99, "draft_ms_per_token": 80.0}
     assert "big-draft: cannot pay at any acceptance (a draft token costs 0.80 of a 100 ms step and verify(2) 1.60" \
         in _why_not(model, heavy, 256, "code", 100.0)

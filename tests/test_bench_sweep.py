@@ -215,6 +215,31 @@ def test_draft_model_prefill_stays_out_of_the_timed_runs(tmp_path, corpus, monke
     assert draft_in_run and max(draft_in_run) <= 3  # the last prompt token / correction + last accepted token
 
 
+def test_draft_prefill_is_cold_without_an_estimate_and_skipped_beyond_the_draft_window(tmp_path, corpus, monkeypatch):
+    from adaspec.bench.sweep import prefill_draft
+    from adaspec.drafters import ModelDrafter
+
+    # No micro-measurement of the draft model: each group's draft prefill is measured from an empty cache.
+    cfg = tiny_config()
+    cfg["micro"]["drafts"] = []
+    cfg["sweep"] = [dict(cfg["sweep"][1], controller=["fixed"], temperature=[0.0], drafter=["tiny-draft"],
+                         context=[300, 160])]
+    fed: list[tuple[str, int, int]] = []  # (model, cache length before, tokens fed)
+    forward = TorchBackend.forward
+
+    def logged_forward(self, input_ids, num_logits=1):
+        fed.append((self.name, self.seq_len, len(input_ids)))
+        return forward(self, input_ids, num_logits)
+
+    monkeypatch.setattr(TorchBackend, "forward", logged_forward)
+    assert run(cfg, tmp_path / "b.jsonl")["run"] == 2
+    assert ("tiny-draft", 0, 299) in fed and ("tiny-draft", 0, 159) in fed  # both prompts from an empty cache
+    # A prompt the draft model's window cannot hold is not fed (the drafter would not draft from it).
+    small = ModelDrafter(PrefixCacheBackend(TorchBackend(tiny_model(1, 1), "small", max_context=64)))
+    assert prefill_draft(small, list(range(100))) < 50 and small.backend.inner.seq_len == 0
+    assert prefill_draft(small, list(range(40))) >= 0 and small.backend.inner.seq_len == 39
+
+
 def test_cold_prefill_without_prefix_cache(tmp_path, corpus):
     cfg = tiny_config(prefix_cache=False)
     cfg["sweep"] = [dict(cfg["sweep"][0], alpha=[0.9], cost=["0.5"], k=[2])]
@@ -265,7 +290,14 @@ def test_llamacpp_settings_expand_once_per_thread_count():
     assert {(p.setting.backend, p.drafter) for p in expand(skip)} == {
         ("torch", "layerskip:1"), ("torch", "ngram"), ("llamacpp", "ngram")}
     gguf = Setting("t", "gguf", 2, "llamacpp", 1)
-    assert on_backend("qwen", gguf) == "qwen@llamacpp" and on_backend("qwen@torch", gguf) == "qwen@torch"
+    assert on_backend("qwen", gguf) == "qwen@llamacpp" and on_backend("qwen@llamacpp", gguf) == "qwen@llamacpp"
+    with pytest.raises(ConfigError, match="qwen@torch: adaspec bench puts every model of a setting on the "
+                                          "setting's backend \\(llamacpp\\)"):
+        on_backend("qwen@torch", gguf)
+    mixed = tiny_config(backend=["llamacpp"])
+    mixed["micro"]["drafts"] = ["tiny-draft@torch"]
+    with pytest.raises(ConfigError, match="tiny-draft@torch"):  # refused before anything is loaded or measured
+        run_bench(mixed, Path("unused.jsonl"), loader=tiny_loader, progress=False)
     assert [on_backend(s, gguf) for s in ("ngram", "calibrated")] == ["ngram", "calibrated"]
     assert on_backend("qwen", Setting("t", "float32", 2, "torch", 1)) == "qwen"
     # room for the longest micro context + widest verify, and the longest prompt + new tokens + K, + 64 spare

@@ -83,8 +83,8 @@ def load_model(spec: str, *, dtype: str = "bfloat16", device: str = "cpu", progr
 
     PyTorch: a zoo model is fetched and converted on first use; ``dtype``/``device`` apply. llama.cpp: the GGUF runs
     as it is (its own quantisation; ``dtype`` does not apply) with ``threads`` threads (default: PyTorch's current
-    thread count, which :func:`set_threads` sets). ``max_context`` (tokens) caps the context window (default: the
-    model's own; llama.cpp: 8192, as it allocates the KV cache up front).
+    thread count, which :func:`set_threads` sets). ``max_context`` (tokens) sets the context window (default: the
+    model's own; llama.cpp: 8192, as it allocates the KV cache up front, and never beyond the training context).
 
     Raises:
         UnknownModelError, ModelFetchError, CorruptModelError: see :func:`adaspec.models.resolve`.

@@ -150,7 +150,8 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
                   f"token costs {best['draft_ms_per_token'] / plain_ms:.2f} steps")
     return {
         "workload": workload, "sample": len(prompts), "context_tokens": context, "max_new_tokens": max_new_tokens,
-        "temperature": temperature, "target": tgt.name, "dtype": dtype, "threads": n_threads,
+        "temperature": temperature, "target": tgt.name,
+        "dtype": "gguf" if tgt.name.endswith("@llamacpp") else dtype, "threads": n_threads,
         "enable": enable, "expected_speedup": best["predicted_speedup"], "ci95": best["ci95"],
         "recommended": {"drafter": best["drafter"] if enable != "no" else "none",
                         "controller": controller if enable != "no" else "fixed", "k": k if enable != "no" else 0},
@@ -175,6 +176,11 @@ def _why_not(model: CostModel, c: dict, context: int, category: str, plain_ms: f
     cost = c["drafter"] if c["drafter"] in model.draft else (None if c["drafter"] == "ngram" else 0.0)
     need = model.min_alpha(1, context, cost)
     draft = c["draft_ms_per_token"] / plain_ms
+    if need == need and c["alpha"] >= need:  # enough acceptance, yet no K's predicted speedup clears 1
+        lo, hi = c["ci95"]
+        return (f"{c['drafter']}: acceptance {c['alpha']:.2f} on {category} meets the {need:.2f} K = 1 needs, but "
+                f"it drafts on {c['drafting_steps_share']:.0%} of steps and its predicted speedup is "
+                f"{c['predicted_speedup']:.2f} (95 % interval {lo:.2f}-{hi:.2f})")
     if need == need:
         return (f"{c['drafter']}: acceptance {c['alpha']:.2f} on {category} is below the {need:.2f} that even K = 1 "
                 f"needs here (a draft token costs {draft:.2f} of a {plain_ms:.0f} ms target step)")
@@ -207,7 +213,7 @@ def format_advice(a: dict) -> str:
     """Human-readable advice (``a`` as returned by :func:`profile_workload`)."""
     rec = a["recommended"]
     verdict = {"yes": "enable speculation", "no": "do not speculate (plain decoding)",
-               "marginal": "marginal: speculate only with the adaptive controller (it falls back to plain)"}[a["enable"]]
+               "marginal": "marginal: speculate only with the goodput controller (it falls back to plain)"}[a["enable"]]
     lines = [
         f"workload {a['workload']}: {a['sample']} prompts, ~{a['context_tokens']} tokens of context, "
         f"{a['target']} {a['dtype']}, {a['threads']} threads, temperature {a['temperature']:g}",

@@ -185,7 +185,8 @@ def build_config(*, config_file: str | None = None, preset_name: str | None = No
 # Points ---------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Setting:
-    """Hardware/backend setting shared by a block of points (one model load per dtype)."""
+    """Hardware/backend setting shared by a block of points (one model load per (dtype, backend); the thread
+    counts share it)."""
 
     target: str
     dtype: str

@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
 POWERCAP = Path("/sys/class/powercap")
 NOT_MEASURABLE = "not measurable here (no readable RAPL energy counters under /sys/class/powercap)"

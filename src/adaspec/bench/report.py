@@ -414,6 +414,13 @@ def _fmt_range(r, lo: float = 128, hi: float = 131072) -> str:
     return f"pays between ~{_ctx(first)} and ~{_ctx(last)}"
 
 
+def _needs(k: int, x: float) -> str:
+    """``K = 4 needs α ≥ 0.91``, ``K = 4 never pays (at any α)`` or ``K = 4 pays at any α``."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return f"K = {k} never pays (at any α)"
+    return f"K = {k} pays at any α" if x == 0 else f"K = {k} needs α ≥ {x:.2f}"
+
+
 def _fmt_alpha(x: float) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "never"
@@ -552,12 +559,12 @@ def _rules(a: SettingAnalysis, f: dict) -> list[str]:
     per_token = (a.model.verify_ms(9, a.map_context) - a.model.verify_ms(1, a.map_context)) / 8
     bound = (f": each extra verified token adds {per_token:.0f} ms, i.e. the target's forward is compute-bound "
              "here, not memory-bound as on a GPU" if r5 > 1.5 else "")
-    lines.append(f"| pays above ~70% acceptance | K = 4 needs α ≥ {_fmt_alpha(k4)} ({pays}) | "
+    lines.append(f"| pays above ~70% acceptance | {_needs(4, k4)} ({pays}) | "
                  f"a draft token costs {c:.2f} target steps here (the rule assumes ~0.05–0.1) and verifying 5 "
                  f"tokens costs {r5:.2f}× a step (the rule assumes ~1×){bound} |")
     k1 = f["min_alpha"].get(1, math.nan)
     lose = "agrees" if math.isnan(k1) or k1 >= RULES["alpha_loses"] else "differs"
-    lines.append(f"| loses below ~40% | the cheapest setting (K = 1) needs α ≥ {_fmt_alpha(k1)} ({lose}) | "
+    lines.append(f"| loses below ~40% | the cheapest setting: {_needs(1, k1)} ({lose}) | "
                  "below the minimum α every K loses: rejected drafts cost draft time and a wider verify |")
     for name, (mid, k, s) in f["best_k"].items():
         lo, hi = RULES["k"][name]
@@ -577,9 +584,10 @@ def _rules(a: SettingAnalysis, f: dict) -> list[str]:
         if d.get("param_bytes") and mem.get("target_param_bytes"):
             ratio = d["param_bytes"] / mem["target_param_bytes"]
             lines.append(f"| draft 1/10–1/20 of the target | {name}: 1/{1 / ratio:.1f} of the target's bytes "
-                         f"({'agrees' if 1 / 20 <= ratio <= 1 / 10 else 'differs'}) | on a CPU a decode step is "
-                         "memory-bound, so a draft's cost tracks its bytes: a 1/3-size draft costs ~1/3 of a step "
-                         "and needs much higher α than a 1/20 draft would |")
+                         f"({'agrees' if 1 / 20 <= ratio <= 1 / 10 else 'differs'}) | a one-token decode step on "
+                         "a CPU is bound by reading the weights, so a draft's cost tracks its bytes: this "
+                         f"1/{1 / ratio:.1f}-size draft costs {c:.2f} of a target step here and needs a much higher "
+                         "α than a 1/20 draft (~0.05 of a step) would |")
     return lines + [""]
 
 

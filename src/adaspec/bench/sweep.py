@@ -1,20 +1,23 @@
 """``adaspec bench``: run a sweep grid, one JSON line per measured point, resumable.
 
 Run order: for each hardware setting (dtype, threads, backend, batch) the target and the draft models are loaded
-once, the micro-measurements of the cost model are taken (:mod:`adaspec.bench.micro`), then the points run group by
+(once per dtype and backend: the thread counts share a load; a llama.cpp setting loads ``NAME@llamacpp``), the
+micro-measurements of the cost model are taken (:mod:`adaspec.bench.micro`), then the points run group by
 group. A *group* is one prompt at one context length and temperature: it starts with a cold plain run (a real
 prefill: TTFT, and the greedy reference continuation the calibrated drafter needs), then its speculative points,
 with another plain run before every ``plain_every`` of them, so each point is compared with a plain run measured
 minutes apart at most, on the same prompt, with the same settings.
 
 Within a group every run reuses the prompt's KV cache (:class:`PrefixCacheBackend`), so a 4K-token prompt is
-prefilled once per model instead of once per point. Decode-phase numbers (TPOT, speedup) are unaffected; TTFT and
-the draft model's prefill are the cold measurements of the group, stored in every record of the group, and the
+prefilled once per model instead of once per point; the draft model is fed the prompt before the timed runs. Decode-
+phase numbers (TPOT, speedup) are unaffected; TTFT and the draft model's prefill are the cold measurements of the
+group (or the micro-measurements' prefill times), stored in every record of the group, and the
 end-to-end speedup for the run's length is computed from them.
 
 Record kinds in the results file: ``meta`` (machine and config), ``memory`` (bytes per model), ``micro`` (cost
 micro-measurements), ``plain`` (baselines), ``point`` (speculative points). Every record has a ``key``; a rerun
-skips points whose key is present, so a killed run continues where it stopped.
+skips points whose key is present, so a killed run continues where it stopped. Every record also has ``run``, the
+key of its invocation's ``meta`` record: a point is compared only with its group's plain runs of the same run.
 """
 
 from __future__ import annotations
@@ -163,7 +166,7 @@ def machine_info() -> dict:
 
 @dataclass
 class _Models:
-    """Everything loaded for one (target, dtype)."""
+    """Everything loaded for one (target, dtype, backend); the thread counts of a setting share it."""
 
     target: object  # LoadedModel
     backend: PrefixCacheBackend
@@ -182,10 +185,20 @@ def _default_loader(spec: str, dtype: str, *, max_context: int | None = None):
 
 
 def on_backend(spec: str, setting: Setting) -> str:
-    """The model spec to load for ``setting``: ``NAME@llamacpp`` for a model on a llama.cpp setting, else as is."""
-    if setting.backend == "torch" or spec in ("ngram", "none", "calibrated") or spec.startswith("layerskip:"):
+    """The model spec to load for ``setting``: ``NAME@llamacpp`` for a model on a llama.cpp setting, else as is.
+
+    Raises:
+        ConfigError: ``spec`` names another backend than the setting's (the backend is a bench axis).
+    """
+    from adaspec.api import split_backend
+
+    if spec in ("ngram", "none", "calibrated") or spec.startswith("layerskip:"):
         return spec
-    return spec if "@" in spec else f"{spec}@{setting.backend}"
+    name, backend = split_backend(spec)
+    if "@" in spec and backend != setting.backend:
+        raise ConfigError(f"{spec}: adaspec bench puts every model of a setting on the setting's backend "
+                          f"({setting.backend}); write {name} and list the backends in bench.backend")
+    return name if setting.backend == "torch" else f"{name}@{setting.backend}"
 
 
 def context_needed(cfg: dict) -> int:
@@ -216,6 +229,13 @@ class SweepRunner:
         self.meter = Meter()
         self.argv = argv
         self._validate_costs()
+        for setting in {p.setting for p in expand(cfg)}:  # a model pinned to another backend: say so now
+            for spec in [setting.target, *cfg["micro"]["drafts"], *(d for s in cfg["sweep"] for d in s["drafter"])]:
+                on_backend(str(spec), setting)
+        if "llamacpp" in self.bench["backend"] and loader is None:
+            from adaspec.backends.llamacpp_backend import import_llama_cpp
+
+            import_llama_cpp()  # fail now, not hours in when the first llama.cpp setting loads
 
     def _validate_costs(self) -> None:
         drafts = set(self.cfg["micro"]["drafts"])
@@ -282,10 +302,10 @@ class SweepRunner:
                                         f)
                 from adaspec.api import set_threads
 
-                set_threads(setting.threads)
+                threads = set_threads(setting.threads)  # 0: all cores
                 for backend in [models.backend] + [getattr(d, "backend", None) for d in models.drafts.values()]:
                     if backend is not None:
-                        backend.set_threads(setting.threads)
+                        backend.set_threads(threads)
                 cost = self._micro(setting, models, f, micro_done, rows)
                 groups: dict[tuple, list[Point]] = {}
                 for p in pts:
@@ -460,7 +480,7 @@ class SweepRunner:
             # Feed the prompt to the draft model now, outside the timed runs (its cache then serves every point of
             # the group): decode numbers stay decode-only, and the prefill is charged to the end-to-end speedup.
             est = prefill_ms_at([r for r in micro_rows if r["model"] == spec], len(prompt) - 1)
-            if cold_start:
+            if cold_start or est is None:  # no estimate from the micro-measurements: measure a cold prefill
                 d.backend.drop()
             ms = prefill_draft(d, prompt)
             draft_prefill[spec] = ms if cold_start or est is None else est
@@ -523,7 +543,7 @@ def prefill_draft(drafter, prompt: Sequence[int]) -> float:
     backend = drafter.backend
     backend.reset()
     start = time.perf_counter()
-    if len(prompt) > 1:
+    if 1 < len(prompt) < backend.max_context:  # beyond the draft's own window it never drafts (ModelDrafter)
         backend.forward(list(prompt[:-1]), 1)
         backend.synchronize()
     return (time.perf_counter() - start) * 1e3
