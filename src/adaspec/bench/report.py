@@ -224,8 +224,8 @@ def fig_context_k(a: SettingAnalysis, path: Path) -> Path:
     fig.colorbar(mesh, ax=ax, label="decode speedup vs plain")
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("draft length K")
-    ax.set_title(f"Speedup over context × K — {a.short}, "
-                 f"α = {a.context_alpha:.2f}, {a.draft_label}\n(colour: cost model; dots: measured)", fontsize=9)
+    ax.set_title(f"Speedup over context × K — {a.short}, α = {a.context_alpha:.2f}\n{a.draft_label} "
+                 "(colour: cost model; dots: measured)", fontsize=9)
     return _save(fig, path)
 
 
