@@ -237,7 +237,8 @@ def test_draft_prefill_is_cold_without_an_estimate_and_skipped_beyond_the_draft_
     # A prompt the draft model's window cannot hold is not fed (the drafter would not draft from it).
     small = ModelDrafter(PrefixCacheBackend(TorchBackend(tiny_model(1, 1), "small", max_context=64)))
     assert prefill_draft(small, list(range(100))) < 50 and small.backend.inner.seq_len == 0
-    assert prefill_draft(small, list(range(40))) >= 0 and small.backend.inner.seq_len == 39
+    prefill_draft(small, list(range(40)))
+    assert small.backend.inner.seq_len == 39
 
 
 def test_cold_prefill_without_prefix_cache(tmp_path, corpus):

@@ -112,6 +112,13 @@ def load_model(spec: str, *, dtype: str = "bfloat16", device: str = "cpu", progr
     return LoadedModel(TorchBackend(model, resolved.name, max_context=max_context), tokenizer, resolved.name)
 
 
+def builtin_drafter(spec: str) -> bool:
+    """True for drafter specs that load no model of their own: ``none``, ``ngram`` and ``layerskip:N`` (which
+    shares the target's weights). Everything else (a model spec, ``hybrid``, ``A+B``) loads a draft model."""
+    low = spec.lower()
+    return low in ("none", "ngram") or low.startswith("layerskip:")
+
+
 def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str = "bfloat16", device: str = "cpu",
                  progress: bool = True, reuse: dict[str, Drafter] | None = None) -> Drafter | None:
     """Build the drafter named by ``spec`` for ``target`` (see the module docstring for the forms).

@@ -38,10 +38,10 @@ def _sample(prompts: list, n: int) -> list:
 
 
 def _load_drafter(spec: str, target, dtype: str, loader: Callable | None):
-    from adaspec.api import make_drafter
+    from adaspec.api import builtin_drafter, make_drafter
     from adaspec.drafters.model import ModelDrafter
 
-    if loader is None or spec in ("ngram", "none") or spec.startswith("layerskip:"):
+    if loader is None or builtin_drafter(spec):
         return make_drafter(spec, target, dtype=dtype)
     return ModelDrafter(loader(spec, dtype).backend)
 

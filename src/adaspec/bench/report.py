@@ -56,14 +56,13 @@ class SettingAnalysis:
     @property
     def label(self) -> str:
         s = self.setting
-        return f"{s['target']}, {s['dtype']}, {s['threads']} thread{'s' if s['threads'] != 1 else ''}, {s['backend']}"
+        return f"{s['target']}, {s['dtype']}, {_threads(s['threads'])}, {s['backend']}"
 
     @property
     def short(self) -> str:
         """``bfloat16, 2 threads`` (PyTorch) or ``llama.cpp GGUF, 2 threads``, for titles and the overview."""
         s = self.setting
-        kind = "llama.cpp GGUF" if s["backend"] == "llamacpp" else s["dtype"]
-        return f"{kind}, {s['threads']} thread{'s' if s['threads'] != 1 else ''}"
+        return f"{'llama.cpp GGUF' if s['backend'] == 'llamacpp' else s['dtype']}, {_threads(s['threads'])}"
 
     @property
     def slug(self) -> str:
@@ -78,6 +77,10 @@ class SettingAnalysis:
     @property
     def median_error(self) -> float:
         return statistics.median(self.errors) if self.errors else math.nan
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread{'s' if n != 1 else ''}"
 
 
 def _setting(row: dict) -> tuple:
@@ -416,9 +419,8 @@ def _fmt_range(r, lo: float = 128, hi: float = 131072) -> str:
 
 def _needs(k: int, x: float) -> str:
     """``K = 4 needs α ≥ 0.91``, ``K = 4 never pays (at any α)`` or ``K = 4 pays at any α``."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return f"K = {k} never pays (at any α)"
-    return f"K = {k} pays at any α" if x == 0 else f"K = {k} needs α ≥ {x:.2f}"
+    a = _fmt_alpha(x)
+    return {"never": f"K = {k} never pays (at any α)", "any": f"K = {k} pays at any α"}.get(a, f"K = {k} needs α ≥ {a}")
 
 
 def _fmt_alpha(x: float) -> str:

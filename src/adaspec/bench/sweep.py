@@ -190,9 +190,9 @@ def on_backend(spec: str, setting: Setting) -> str:
     Raises:
         ConfigError: ``spec`` names another backend than the setting's (the backend is a bench axis).
     """
-    from adaspec.api import split_backend
+    from adaspec.api import builtin_drafter, split_backend
 
-    if spec in ("ngram", "none", "calibrated") or spec.startswith("layerskip:"):
+    if spec == "calibrated" or builtin_drafter(spec):
         return spec
     name, backend = split_backend(spec)
     if "@" in spec and backend != setting.backend:
@@ -326,7 +326,7 @@ class SweepRunner:
         return result
 
     def _load(self, setting: Setting, pts: list[Point], f) -> _Models:
-        from adaspec.api import make_drafter
+        from adaspec.api import builtin_drafter, make_drafter
         from adaspec.drafters.model import ModelDrafter
 
         self.log(f"loading {setting.target} ({setting.dtype}, {setting.backend})")
@@ -338,7 +338,7 @@ class SweepRunner:
         specs = {p.drafter for p in pts if p.drafter != "calibrated"} | set(self.cfg["micro"]["drafts"])
         for spec in sorted(specs):
             before = rss_bytes()
-            if spec in ("ngram", "none") or spec.startswith("layerskip:"):
+            if builtin_drafter(spec):
                 drafter = make_drafter(spec, target)
             else:
                 draft = self.loader(on_backend(spec, setting), setting.dtype)
@@ -480,10 +480,11 @@ class SweepRunner:
             # Feed the prompt to the draft model now, outside the timed runs (its cache then serves every point of
             # the group): decode numbers stay decode-only, and the prefill is charged to the end-to-end speedup.
             est = prefill_ms_at([r for r in micro_rows if r["model"] == spec], len(prompt) - 1)
-            if cold_start or est is None:  # no estimate from the micro-measurements: measure a cold prefill
+            cold = cold_start or est is None  # no estimate from the micro-measurements: measure a cold prefill
+            if cold:
                 d.backend.drop()
             ms = prefill_draft(d, prompt)
-            draft_prefill[spec] = ms if cold_start or est is None else est
+            draft_prefill[spec] = ms if cold else est
         baseline = reference
         since_plain = 0
         n_run = 0

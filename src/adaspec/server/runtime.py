@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from adaspec.api import LoadedModel, SpeculativeLM, load_model, make_drafter, set_threads
+from adaspec.api import LoadedModel, SpeculativeLM, builtin_drafter, load_model, make_drafter, set_threads
 from adaspec.controllers import CONTROLLERS, Controller, FixedController, make_controller
 from adaspec.defaults import DEFAULT_CONTROLLER
 from adaspec.drafters import Drafter
@@ -139,7 +139,7 @@ class ModelHost:
         model_drafters: dict[str, Drafter] = {}
         draft = draft or "none"
         for spec in [draft, *extra_drafters]:
-            if _builtin_drafter(spec) or spec.lower() in model_drafters:
+            if builtin_drafter(spec) or spec.lower() in model_drafters:
                 continue
             drafter = make_drafter(spec, tgt, dtype=dtype, device=device, progress=progress)
             model_drafters[spec.lower()] = drafter
@@ -258,11 +258,6 @@ class ModelHost:
         self.cancel_current()
         self.generate_executor.shutdown(wait=False, cancel_futures=True)
         self.encode_executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _builtin_drafter(spec: str) -> bool:
-    low = spec.lower()
-    return low in ("none", "ngram") or low.startswith("layerskip:")
 
 
 # --------------------------------------------------------------------------------------------------------------
