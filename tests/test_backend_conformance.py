@@ -8,6 +8,9 @@
   batches of K + 1) equals plain decoding (one-token batches) except where the kernels flip a near-tie.
 * ``llamacpp-invariant``: llama.cpp with ``batch_invariant=True`` (no one-token batches): greedy speculative output
   is token-for-token identical to plain greedy output.
+* ``ik`` / ``ik-invariant``: the same GGUF on ik_llama.cpp (ik-llama-cpp-python, repacked tensors), with the same
+  claims as llama.cpp. (ik_llama.cpp 0.1.5 computes SmolLM2 differently from llama.cpp -- see
+  tests/test_runtime_select.py -- but consistently with itself, which is what these checks are about.)
 
 For all: logits after truncating the KV cache equal a fresh evaluation of the kept prefix; greedy speculative
 decoding reproduces the same backend's plain greedy decoding (as precisely as stated above); mixed-backend pairs
@@ -33,11 +36,14 @@ pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
 HAVE_LLAMACPP = importlib.util.find_spec("llama_cpp") is not None
+HAVE_IK = importlib.util.find_spec("ik_llama_cpp") is not None
 needs_llamacpp = pytest.mark.skipif(not HAVE_LLAMACPP, reason="llama-cpp-python not installed (extra: llamacpp)")
+needs_ik = pytest.mark.skipif(not HAVE_IK, reason="ik-llama-cpp-python not installed")
 BACKENDS = ["torch", pytest.param("llamacpp", marks=needs_llamacpp),
-            pytest.param("llamacpp-invariant", marks=needs_llamacpp)]
+            pytest.param("llamacpp-invariant", marks=needs_llamacpp),
+            pytest.param("ik", marks=needs_ik), pytest.param("ik-invariant", marks=needs_ik)]
 # max |Δlogit| between a truncated-then-extended cache and a fresh evaluation with the same batch shapes
-ATOL = {"torch": 1e-4, "llamacpp": 0.0, "llamacpp-invariant": 0.0}
+ATOL = {"torch": 1e-4, "llamacpp": 0.0, "llamacpp-invariant": 0.0, "ik": 0.0, "ik-invariant": 0.0}
 NEAR_TIE = 1.0  # llama.cpp: largest |Δlogit| seen between its one-token and multi-token kernels on this model: 0.94
 PROMPTS = [
     "Write a Python function that returns the factorial of n.",
@@ -47,9 +53,10 @@ PROMPTS = [
 
 
 def _load(backend: str) -> LoadedModel:
-    spec = MODEL if backend == "torch" else f"{MODEL}@llamacpp"
+    runtime = backend.removesuffix("-invariant")
+    spec = MODEL if backend == "torch" else f"{MODEL}@{runtime}"
     lm = load_model(spec, dtype="float32", progress=False, threads=2)
-    if backend == "llamacpp-invariant":
+    if backend.endswith("-invariant"):
         lm.backend.batch_invariant = True
     return lm
 
@@ -148,7 +155,7 @@ def test_greedy_speculative_equals_plain(pair, drafter_kind, k):
         got = spec.generate(ids, cfg)
         drafted += got.stats.draft_tokens
         accepted += got.stats.accepted_tokens
-        if backend == "llamacpp" and got.token_ids != want.token_ids:  # exact up to a kernel near-tie
+        if backend in ("llamacpp", "ik") and got.token_ids != want.token_ids:  # exact up to a kernel near-tie
             _first_divergence_is_near_tie(lm, ids, want.token_ids, got.token_ids)
             continue
         assert got.token_ids == want.token_ids, text
@@ -194,16 +201,16 @@ def test_llamacpp_spec_errors():
         load_model(f"{MODEL}@llamacpp", device="cuda", progress=False)
 
 
-@needs_llamacpp
-def test_llamacpp_chunked_prefill_is_exact_and_the_backend_refuses_use_after_close():
+@pytest.mark.parametrize("runtime", [pytest.param("llamacpp", marks=needs_llamacpp), pytest.param("ik", marks=needs_ik)])
+def test_gguf_chunked_prefill_is_exact_and_the_backend_refuses_use_after_close(runtime):
     """Prefill split into batches of 4 (the last chunk never a single token in batch-invariant mode), logits spanning
     two chunks: bit-identical to one batch."""
-    from adaspec.backends.llamacpp_backend import LlamaCppBackend
+    from adaspec.backends.select import make_gguf_backend
     from adaspec.models import resolve_gguf
 
     path = resolve_gguf(MODEL, progress=False)[1]
-    whole = LlamaCppBackend(path, threads=2, max_context=256, batch_invariant=True)
-    small = LlamaCppBackend(path, threads=2, max_context=256, n_batch=4, batch_invariant=True)
+    whole = make_gguf_backend(runtime, path, threads=2, max_context=256, batch_invariant=True)
+    small = make_gguf_backend(runtime, path, threads=2, max_context=256, n_batch=4, batch_invariant=True)
     assert small.n_batch == 4 and small.max_context == 256
     ids = list(range(1000, 1013))  # 13 tokens: chunks 4 + 4 + 3 + 2, not 4 + 4 + 4 + 1
     torch.testing.assert_close(small.forward(ids, 6), whole.forward(ids, 6), atol=0, rtol=0)

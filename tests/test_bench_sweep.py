@@ -100,11 +100,21 @@ def test_context_builder_is_token_exact_and_real_text():
     assert hf_builder(tok).template is None
 
 
-def test_real_corpus_is_available():
+def test_real_corpus_is_available(monkeypatch, tmp_path):
+    """The padding corpus comes from the data shipped in the package: no ADASPEC_DATA, nothing beside the cwd."""
+    import adaspec
     from adaspec.bench.prompts import corpus_text
+    from adaspec.workloads import data_dir
 
+    monkeypatch.delenv("ADASPEC_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert data_dir() == Path(adaspec.__file__).parent / "data"
+    corpus_text.cache_clear()
     text = corpus_text()
-    assert len(text) > 100_000 and "def " in text
+    corpus_text.cache_clear()
+    with open(data_dir() / "spec_bench_questions.jsonl", encoding="utf-8") as f:
+        first = next(row for row in map(json.loads, f) if row["category"] in ("summarization", "rag"))
+    assert len(text) == 600_000 and text.startswith(first["turns"][0]) and "#### " in text  # GSM8K answers follow
 
 
 def test_prefix_cache_backend_reuses_and_matches_a_fresh_prefill():

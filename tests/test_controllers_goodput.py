@@ -7,7 +7,9 @@ import random
 import pytest
 import torch
 
-from adaspec.controllers import GoodputController, make_controller
+from adaspec.backends import Backend
+from adaspec.controllers import GoodputController, costcurve, make_controller
+from adaspec.controllers.costcurve import interpolate, measure_verify_curve
 from adaspec.controllers.goodput import Acceptance, CostModel, Recent, bucket_of, expected_tokens
 from adaspec.errors import ConfigError
 from adaspec.stats import StepRecord
@@ -92,7 +94,7 @@ def test_cost_model_verify_curve_is_measured_and_filled_from_its_shape():
         costs.observe(rec(0, 0, verify_ms=200.0, ctx=5000))
     b = bucket_of(5000)
     assert costs.verify_ms(1, b) == 200.0
-    assert costs.verify_ms(3, b) == pytest.approx(200.0 * costs._shape(3) / costs._shape(1))
+    assert costs.verify_ms(3, b) == pytest.approx(200.0 * costs._shape(3, b) / costs._shape(1, b))
     assert costs.draft_ms("d", b) == 10.0  # nearest measured bucket
     assert costs.verify_ms(1, bucket_of(300)) == 100.0  # nearest bucket for an unmeasured one
 
@@ -323,3 +325,225 @@ def test_catch_up_cost_keeps_a_lagging_draft_model_out_unless_it_pays_back():
         probes.append(cheap_to_skip.next_k())
         cheap_to_skip.update(rec(0, 0, ctx=1001 + i))
     assert probes == [0] * 60
+
+
+# A measured verification curve (seeded in the warm-up) ---------------------------------------------------------
+# One forward of n tokens, ms, of llama.cpp-like runtimes on 2 AVX2 cores: verification cheap but not flat, and
+# verification expensive.
+CHEAP = {1: 65.0, 2: 80.0, 3: 87.0, 4: 99.0, 5: 111.0, 6: 123.0, 8: 157.0}
+EXPENSIVE = {1: 80.0, 2: 122.0, 3: 163.0, 4: 201.0, 5: 256.0, 6: 292.0, 8: 426.0}
+
+
+def piecewise(curve: dict, n: int) -> float:
+    """The curve read independently: the straight line between the measured widths around n; beyond the largest,
+    the last segment's line."""
+    if n in curve:
+        return curve[n]
+    xs = sorted(curve)
+    lo, hi = (xs[-2], xs[-1]) if n > xs[-1] else (max(x for x in xs if x < n), min(x for x in xs if x > n))
+    return curve[lo] + (curve[hi] - curve[lo]) * (n - lo) / (hi - lo)
+
+
+def brute_force_k(curve: dict, alpha: float, draft_ms: float, overhead: float, k_max: int = 8) -> int:
+    """argmax over K = 0..k_max of E(K) / (K t_d + t_v(K + 1) + o), E(K) = Σ_{j<=K} α^j (K = 0: plain)."""
+    def goodput(k: int) -> float:
+        return sum(alpha ** j for j in range(k + 1)) / (k * draft_ms + piecewise(curve, k + 1) + overhead)
+    return max(range(k_max + 1), key=goodput)
+
+
+def seeded(curve: dict, alpha: float, draft_ms: float, overhead: float = 3.0, ctx: int = 100) -> GoodputController:
+    """A controller whose verification costs come from ``curve`` alone (seeded; the steps it saw agree with it),
+    with draft time ``draft_ms`` per token, acceptance ``alpha`` at every position and a synced drafter."""
+    ctrl = GoodputController()
+    ctrl.costs.seed_verify(curve, ctx)
+    ctrl.acceptance["d"] = Acceptance(ctrl.config.k_max, forget=1.0, shrink=2.0, prior=alpha)  # no counts: α
+    ctrl.update(rec(0, 0, verify_ms=curve[1], ctx=ctx, overhead=overhead))  # a request's first (plain) step
+    ctrl.costs.observe(rec(1, 1, draft_ms=draft_ms, verify_ms=curve[2], ctx=ctx, overhead=overhead), behind=2)
+    ctrl.set_synced({"d": ctrl.context_len})  # nothing to catch up
+    return ctrl
+
+
+def test_cost_model_seeded_curve_is_interpolated_extended_and_overridden():
+    costs = CostModel()
+    costs.seed_verify(CHEAP, context_len=100)
+    assert costs.measured
+    assert {n: costs.verify_ms(n, 0) for n in CHEAP} == CHEAP
+    assert costs.verify_ms(7, 0) == pytest.approx(140.0)  # between 6 and 8: (123 + 157) / 2
+    assert costs.verify_ms(9, 0) == pytest.approx(174.0)  # beyond 8: the last segment's slope, 17 ms per token
+    assert costs.verify_ms(10, 0) == pytest.approx(191.0)
+    assert costs.verify_ms(9, bucket_of(5000)) == pytest.approx(174.0)  # an empty bucket: the nearest one's
+    # Real observations win in their bucket; the seeded values stay for the widths not observed.
+    costs.observe(rec(2, 1, draft_ms=20.0, verify_ms=95.0))  # n = 3
+    assert costs.verify_ms(3, 0) == 95.0 and costs.verify_ms(2, 0) == 80.0 and costs.verify_ms(4, 0) == 99.0
+    # A bucket with observations of its own: its nearest observed width scaled by the seeded curve's shape.
+    b = bucket_of(5000)
+    costs.observe(rec(0, 0, verify_ms=130.0, ctx=5000))  # twice the seeded t_v(1)
+    assert costs.verify_ms(1, b) == 130.0
+    assert costs.verify_ms(4, b) == pytest.approx(2 * 99.0)
+    assert costs.verify_ms(7, b) == pytest.approx(2 * 140.0)
+    assert costs.verify_ms(9, b) == pytest.approx(2 * 174.0)
+    with pytest.raises(ValueError):
+        costs.seed_verify({}, 100)
+
+
+def test_interpolate():
+    assert interpolate({3: 50.0}, 7) == 50.0  # one point: flat
+    assert interpolate({1: 10.0, 3: 30.0}, 2) == pytest.approx(20.0)
+    assert interpolate({1: 10.0, 3: 30.0, 4: 50.0}, 6) == pytest.approx(90.0)  # last segment: 20 per token
+    assert interpolate({2: 10.0, 4: 30.0}, 1) == pytest.approx(0.5)  # first segment, floored at 5% of the minimum
+
+
+@pytest.mark.parametrize("curve", [CHEAP, EXPENSIVE], ids=["cheap", "expensive"])
+@pytest.mark.parametrize("alpha", [0.9, 0.95])
+@pytest.mark.parametrize("draft_ms", [0.0, 10.0], ids=["free-drafter", "10ms-drafter"])
+def test_goodput_picks_the_best_k_on_a_seeded_curve(curve, alpha, draft_ms):
+    ctrl = seeded(curve, alpha, draft_ms)
+    assert ctrl.next_k() == brute_force_k(curve, alpha, draft_ms, overhead=3.0)
+
+
+def test_cheap_verification_reaches_long_drafts_and_expensive_stays_short():
+    cheap = seeded(CHEAP, 0.95, 0.0).next_k()
+    expensive = seeded(EXPENSIVE, 0.95, 0.0).next_k()
+    assert 5 <= cheap <= 7
+    assert 1 <= expensive < cheap
+    assert seeded(EXPENSIVE, 0.9, 10.0).next_k() < seeded(CHEAP, 0.9, 10.0).next_k()
+    # Unseeded, the same controller knows only the widths it ran (n = 1 and 2 here): the seed is what lets K grow
+    # on the real curve, not on a line through its first two points.
+    ctrl = GoodputController()
+    ctrl.acceptance["d"] = Acceptance(ctrl.config.k_max, forget=1.0, shrink=2.0, prior=0.95)
+    ctrl.update(rec(0, 0, verify_ms=CHEAP[1], overhead=3.0))
+    ctrl.costs.observe(rec(1, 1, verify_ms=CHEAP[2], overhead=3.0), behind=2)
+    ctrl.set_synced({"d": ctrl.context_len})
+    assert ctrl.costs.verify_ms(9, 0) == pytest.approx(65.0 + 8 * 15.0)  # linear through (1, 65) and (2, 80)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.ms = 0.0
+
+    def perf_counter(self) -> float:
+        return self.ms / 1e3
+
+
+class CurveBackend(Backend):
+    """A model-free backend whose forward of n tokens advances a fake clock by ``curve[n]`` ms (prefill: 1 ms per
+    token); logs every forward as ``(n, num_logits)``."""
+
+    def __init__(self, curve: dict, clock: FakeClock, max_context: int = 4096) -> None:
+        self.curve, self.clock = curve, clock
+        self.name, self.vocab_size, self.max_context = "curve", 16, max_context
+        self.ids: list[int] = []
+        self.log: list[tuple[int, int]] = []
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.ids)
+
+    def forward(self, input_ids, num_logits=1):
+        self.check_forward(len(input_ids), num_logits)
+        self.log.append((len(input_ids), num_logits))
+        self.clock.ms += self.curve.get(len(input_ids), float(len(input_ids)))
+        self.ids.extend(int(t) for t in input_ids)
+        return torch.zeros(num_logits, self.vocab_size)
+
+    def truncate(self, length):
+        assert 0 <= length <= len(self.ids)
+        del self.ids[length:]
+
+
+def test_measure_verify_curve_times_each_width_and_restores_the_cache(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(costcurve, "time", clock)
+    backend = CurveBackend(CHEAP, clock)
+    backend.forward([1, 2, 3], 1)
+    before = list(backend.ids)
+    backend.log.clear()
+    curve = measure_verify_curve(backend, (1, 2, 3, 4, 5, 6, 8), context_len=300, repeats=3)
+    assert curve == pytest.approx(CHEAP)
+    assert backend.ids == before  # the cache holds exactly what it held
+    assert backend.log[0] == (297, 1)  # extended to the asked context once
+    assert sorted(backend.log[1:]) == sorted((n, n) for n in CHEAP for _ in range(3))  # logits for all n positions
+    at_own_context = measure_verify_curve(backend, (1, 4), repeats=2)  # no context_len: at the cache's own
+    assert at_own_context == pytest.approx({1: 65.0, 4: 99.0}) and backend.ids == before
+    with pytest.raises(ValueError):
+        measure_verify_curve(backend, (1, 8), context_len=4090)
+
+
+def test_calibrate_seeds_the_controller_and_the_warm_up_calls_it(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(costcurve, "time", clock)
+    ctrl = GoodputController()
+    assert ctrl.calibrate(CurveBackend(CHEAP, clock), context_len=300) == pytest.approx(CHEAP)
+    assert list(ctrl.costs.seeded) == [bucket_of(300)]
+    assert ctrl.costs.seeded[bucket_of(300)] == pytest.approx(CHEAP)
+    assert ctrl.calibrate(CurveBackend(CHEAP, clock, max_context=8), context_len=6) == pytest.approx({1: 65.0,
+                                                                                                      2: 80.0})
+    assert ctrl.calibrate(CurveBackend(CHEAP, clock, max_context=4), context_len=4) == {}  # no room: nothing
+    # The engine's warm-up calibrates a controller that can, at the warm-up's context.
+    from adaspec.drafters import NgramDrafter
+    from adaspec.engine import SpeculativeEngine
+
+    ctrl = GoodputController()
+    SpeculativeEngine(CurveBackend(CHEAP, clock), NgramDrafter(), ctrl).warmup(list(range(1, 9)), steps=3)
+    assert list(ctrl.costs.seeded) == [0] and ctrl.costs.seeded[0] == pytest.approx(CHEAP)
+    SpeculativeEngine(CurveBackend(CHEAP, clock), NgramDrafter(), make_controller("fixed", 3)).warmup()  # no calibrate
+
+
+# Catch-up when a draft model kept its cache from an earlier request ---------------------------------------------
+def test_catch_up_counts_only_the_tokens_a_drafter_lacks():
+    ctrl = GoodputController(horizon=16)
+    ctx = 100
+    ctrl.update(rec(0, 0, ctx=ctx))
+    for i in range(20):  # steady drafting: 3 tokens per 120 ms against 1 per 100 ms plain; feeding: 30 ms per token
+        ctx += 1 if i == 0 else 3
+        ctrl.update(rec(2, 2, draft_ms=20.0 + (99 * 30.0 if i == 0 else 0.0), ctx=ctx))
+    assert ctrl.costs.feed_ms("d", 0) == pytest.approx(30.0)
+    ctrl.reset()  # a new 1000-token prompt of which the draft model's cache already holds 990 tokens
+    ctrl.set_synced({"d": 990})
+    ctrl.update(rec(0, 0, ctx=1000))
+    assert ctrl.next_k() > 0  # 11 tokens behind: 9 × 30 ms of catch-up over 16 steps pays
+    ctrl.update(rec(2, 2, draft_ms=20.0 + 9 * 30.0, ctx=1001))
+    assert ctrl.costs.feed_ms("d", 0) == pytest.approx(30.0)  # and that step's catch-up is booked as 9 tokens
+    ctrl.reset()  # the same prompt, told nothing: all 1000 tokens to feed (30 s) do not pay
+    ctrl.update(rec(0, 0, ctx=1000))
+    assert ctrl.next_k() == 0
+
+
+def test_engine_tells_the_controller_what_the_draft_model_holds():
+    from conftest import MarkovBackend, markov_table
+    from test_drafters import Spy
+
+    from adaspec.drafters import ModelDrafter
+    from adaspec.engine import GenerationConfig, SpeculativeEngine
+
+    class Always(GoodputController):
+        """Speculates with K = 2 after each request's first step, whatever the costs (the bookkeeping under test)."""
+
+        def decide(self, options):
+            return (None, 0) if self.fresh else ("draft", 2)
+
+    ctrl = Always()
+    behinds: list[tuple[StepRecord, int]] = []
+    observe = ctrl.costs.observe
+    ctrl.costs.observe = lambda step, behind=0: (behinds.append((step, behind)), observe(step, behind))
+    table = markov_table(16, seed=3, scale=3.0)
+    spy = Spy(MarkovBackend(table + 0.7 * torch.randn(table.shape, generator=torch.Generator().manual_seed(4)),
+                            "draft"))
+    engine = SpeculativeEngine(MarkovBackend(table, "target"), ModelDrafter(spy), ctrl)
+    cfg = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    p1 = [random.Random(6).randrange(16) for _ in range(50)]
+    out1 = engine.generate(p1, cfg).token_ids
+    p2 = p1 + out1 + [4, 4, 7]
+    first_token = SpeculativeEngine(MarkovBackend(table, "target")).generate(p2, GenerationConfig(1)).token_ids[0]
+    held = engine.drafter.cached_prefix(p2 + [first_token])
+    assert held >= len(p1) + len(out1) - 3
+    told: list[dict] = []
+    set_synced = ctrl.set_synced
+    ctrl.set_synced = lambda synced: (told.append(dict(synced)), set_synced(synced))
+    behinds.clear()
+    spy.fed.clear()
+    engine.generate(p2, cfg)
+    assert told == [{"draft": held}]  # at the request's start, after reset
+    step, behind = next((step, behind) for step, behind in behinds if step.drafted)
+    assert behind == spy.fed[0] == step.context_len - held  # priced as the tokens the draft really fed
+    assert behind <= 3 + 2 + 3  # the new message, two target tokens, the previous answer's tail

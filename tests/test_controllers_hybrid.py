@@ -14,7 +14,7 @@ from adaspec.controllers import (BanditController, EntropyController, FixedContr
                                  make_controller)
 from adaspec.drafters import Draft, Drafter, ModelDrafter, MultiDrafter, NgramDrafter
 from adaspec.drafters.base import empty_draft
-from adaspec.drafters.multi import route
+from adaspec.drafters.multi import cached_prefixes, route
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
 from adaspec.sampling import SamplingParams
@@ -96,6 +96,20 @@ def test_lazy_prefill_only_for_drafters_that_are_used():
     eager = MultiDrafter({"a": a, "b": b}, lazy_prefill=False)
     eager.prefill([1])
     assert (a.prefills, b.prefills) == (2, 2)
+
+
+def test_cached_prefixes_per_sub_drafter():
+    model = ModelDrafter(MarkovBackend(markov_table(8, seed=0), "draft"))
+    multi = MultiDrafter({"ngram": NgramDrafter(), "draft": model, "s": Scripted("s", 1)})
+    ids = [1, 2, 3, 4, 5]
+    assert cached_prefixes(multi, ids) == {"ngram": 5, "draft": 0, "s": 0}  # lookup needs no feeding; cold cache
+    multi.prefill(ids)
+    multi.select("draft")
+    multi.propose(ids, 3, GREEDY)  # feeds ids and two of its three drafts
+    assert cached_prefixes(multi, [1, 2, 3, 9]) == {"ngram": 4, "draft": 3, "s": 0}
+    held = model.cached_prefix(ids + [0])  # ids, and the first draft if it was 0
+    assert held >= 5 and cached_prefixes(model, ids + [0]) == {"draft": held}  # a single drafter, by its name
+    assert cached_prefixes(NgramDrafter(), ids) == {"ngram": 5}
 
 
 # In the engine -----------------------------------------------------------------------------------------------

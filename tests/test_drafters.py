@@ -1,4 +1,5 @@
-"""NgramDrafter (prompt lookup) semantics and ModelDrafter proposals against the model's own greedy path."""
+"""NgramDrafter (prompt lookup) semantics, ModelDrafter proposals against the model's own greedy path, and the draft
+cache kept across requests that share a prefix."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ import random
 import pytest
 import torch
 
-from adaspec.backends import TorchBackend, truncated_layers
+from adaspec.backends import Backend, TorchBackend, truncated_layers
+from adaspec.controllers import FixedController
 from adaspec.drafters import ModelDrafter, NgramDrafter
+from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
 from adaspec.sampling import SamplingParams
+
+from conftest import MarkovBackend, markov_table
 
 GREEDY = SamplingParams()
 
@@ -116,3 +121,98 @@ def test_model_drafter_confidence_stop(qwen):
 
     draft = drafter.propose(ids, 6, GREEDY, stop=stop)
     assert len(draft) == 3 and seen == [0, 1, 2]
+
+
+# The draft cache across requests -------------------------------------------------------------------------------
+class Spy(Backend):
+    """Delegates to ``inner`` and logs how many tokens each forward feeds (``fed``)."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner, self.fed = inner, []
+        self.name, self.vocab_size, self.max_context = inner.name, inner.vocab_size, inner.max_context
+
+    @property
+    def seq_len(self) -> int:
+        return self.inner.seq_len
+
+    def forward(self, input_ids, num_logits=1):
+        self.fed.append(len(input_ids))
+        return self.inner.forward(input_ids, num_logits)
+
+    def truncate(self, length):
+        self.inner.truncate(length)
+
+
+def test_model_drafter_keeps_its_cache_across_requests_and_proposes_as_a_fresh_one(qwen):
+    model = truncated_layers(qwen, 2)
+    spy = Spy(TorchBackend(model, "d"))
+    kept = ModelDrafter(spy)
+    first = [3, 17, 42, 5, 9, 11]
+    kept.prefill(first[:-1])
+    kept.propose(first, 4, GREEDY)
+    # The next request extends the sequence; then one that diverges at position 3; then an unrelated one.
+    for ids, held in ([3, 17, 42, 5, 9, 11, 20, 21, 22], 6), ([3, 17, 42, 7, 7, 8], 3), ([50, 1, 2], 0):
+        assert kept.cached_prefix(ids) == held
+        spy.fed.clear()
+        kept.prefill(ids[:-1])
+        got = kept.propose(ids, 4, GREEDY)
+        assert spy.fed[0] == len(ids) - held  # only the tokens the cache lacks
+        fresh = ModelDrafter(TorchBackend(model, "fresh"))
+        fresh.prefill(ids[:-1])
+        assert got.tokens.tolist() == fresh.propose(ids, 4, GREEDY).tokens.tolist()
+
+
+def test_model_drafter_starts_over_when_its_backend_was_reset_behind_its_back_and_feed(qwen):
+    model = truncated_layers(qwen, 2)
+    spy = Spy(TorchBackend(model, "d"))
+    drafter = ModelDrafter(spy)
+    ids = [3, 17, 42, 5, 9, 11]
+    drafter.prefill(ids[:-1])
+    expected = drafter.propose(ids, 3, GREEDY).tokens.tolist()
+    spy.inner.reset()  # e.g. a benchmark emptied the draft model's cache
+    assert drafter.cached_prefix(ids) == 0
+    drafter.prefill(ids[:-1])
+    assert drafter.propose(ids, 3, GREEDY).tokens.tolist() == expected
+    spy.inner.reset()
+    drafter.feed(ids)  # a prefill outside a timed run: all but the last token
+    assert spy.seq_len == len(ids) - 1 and drafter.cached_prefix(ids) == len(ids) - 1
+    spy.fed.clear()
+    drafter.prefill(ids[:-1])
+    assert drafter.propose(ids, 3, GREEDY).tokens.tolist() == expected
+    assert spy.fed[0] == 1
+    other = [3, 17, 8, 8, 1, 2, 40]  # feed a different sequence (no prefill): checked from its first token
+    drafter.feed(other)
+    assert drafter.cached_prefix(other) == len(other) - 1 and spy.seq_len == len(other) - 1
+    fresh = ModelDrafter(TorchBackend(model, "fresh"))
+    assert drafter.propose(other, 3, GREEDY).tokens.tolist() == fresh.propose(other, 3, GREEDY).tokens.tolist()
+
+
+def test_engine_feeds_the_draft_model_only_what_a_new_request_adds():
+    table = markov_table(16, seed=3, scale=3.0)
+    draft_table = table + 0.7 * torch.randn(table.shape, generator=torch.Generator().manual_seed(4))
+    spy = Spy(MarkovBackend(draft_table, "draft"))
+    engine = SpeculativeEngine(MarkovBackend(table, "target"), ModelDrafter(spy), FixedController(3))
+    plain = SpeculativeEngine(MarkovBackend(table, "target"))
+    cfg = GenerationConfig(max_new_tokens=20, ignore_eos=True)
+
+    def run(prompt: list[int]) -> tuple[int, list[int], list[int]]:
+        held = engine.drafter.cached_prefix(prompt)
+        spy.fed.clear()
+        out = engine.generate(prompt, cfg).token_ids
+        assert out == plain.generate(prompt, cfg).token_ids  # lossless (greedy)
+        return held, out, list(spy.fed)
+
+    rng = random.Random(5)
+    p1 = [rng.randrange(16) for _ in range(40)]
+    held, out1, fed = run(p1)
+    assert held == 0 and fed[0] == len(p1) + 1  # cold: the prompt and the first token
+    p2 = p1 + out1 + [5, 9, 2]  # the next turn: the conversation so far and a new message
+    held, _, fed = run(p2)
+    assert held >= len(p1) + len(out1) - 4  # all but (at most) the last step's K + 1 tokens
+    assert fed[0] == len(p2) + 1 - held <= 3 + 1 + 4  # the new message, the first token and that tail
+    p3 = [(t + 1) % 16 for t in p1]  # a different prompt: nothing shared
+    held, _, fed = run(p3)
+    assert held == 0 and fed[0] == len(p3) + 1
+    p4 = p3[:6] + [(t + 2) % 16 for t in p3[6:]]  # shares 6 tokens with the sequence before
+    held, _, fed = run(p4)
+    assert held == 6 and fed[0] == len(p4) + 1 - 6

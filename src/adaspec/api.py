@@ -11,10 +11,13 @@ local Hugging Face folder, or a Hugging Face hub id. ``draft`` also accepts ``"n
 step: :class:`~adaspec.drafters.multi.MultiDrafter`), ``"hybrid"`` (= ``ngram+`` the default draft model) and
 ``"none"`` (plain decoding).
 
-Backends: a model spec may end in ``@torch`` (default: PyTorch, the GGUF converted once to a bf16/fp32 HF folder) or
-``@llamacpp`` (llama.cpp via llama-cpp-python, running the GGUF file itself, quantised; zoo names and ``.gguf``
-paths only). Target and draft may use different backends, e.g. target ``qwen2.5-coder-1.5b-instruct`` with draft
-``qwen2.5-coder-1.5b-instruct@llamacpp`` (quantised self-drafting), as long as their tokenizers agree.
+Backends (:mod:`adaspec.backends.select`): ``load(..., backend="auto")`` runs each model on the fastest path this
+machine has, measured: PyTorch on CUDA; on a CPU the fastest installed GGUF runtime for zoo names and ``.gguf``
+files (ik_llama.cpp or llama.cpp, running the GGUF file itself, quantised), PyTorch for Hugging Face folders and hub
+ids. ``backend="torch" | "llamacpp" | "ik"`` names one; a model spec may pin its own with a suffix: ``@torch`` (the
+GGUF converted once to a bf16/fp32 HF folder), ``@llamacpp`` (llama-cpp-python) or ``@ik`` (ik-llama-cpp-python).
+Target and draft may use different backends, e.g. target ``qwen2.5-coder-1.5b-instruct@torch`` with draft
+``qwen2.5-coder-1.5b-instruct@ik`` (quantised self-drafting), as long as their tokenizers agree.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from adaspec.backends.base import Backend
+from adaspec.backends.select import (BACKENDS, GGUF_RUNTIMES, RUNTIME_LABELS, choose_backend, make_gguf_backend,
+                                     normalize_backend, resolve_device)
 from adaspec.backends.torch_backend import TorchBackend, load_causal_lm, truncated_layers
 from adaspec.controllers import make_controller
 from adaspec.controllers.base import Controller
@@ -47,69 +52,87 @@ def set_threads(threads: int | None) -> int:
     return n
 
 
-BACKENDS = ("torch", "llamacpp")
-_BACKEND_ALIASES = {"torch": "torch", "pytorch": "torch", "pt": "torch", "llamacpp": "llamacpp",
-                    "llama.cpp": "llamacpp", "llama_cpp": "llamacpp", "gguf": "llamacpp"}
-
-
-def split_backend(spec: str) -> tuple[str, str]:
-    """``"name@llamacpp"`` -> ``("name", "llamacpp")``; no suffix -> ``(spec, "torch")``.
+def split_backend(spec: str) -> tuple[str, str | None]:
+    """``"name@ik"`` -> ``("name", "ik")``; no suffix -> ``(spec, None)`` (the caller's ``backend`` applies).
 
     Raises:
-        ConfigError: an unknown backend after ``@``.
+        ConfigError: an unknown backend after ``@`` (lists the choices).
     """
     name, sep, backend = str(spec).rpartition("@")
     if not sep or not name or not re.fullmatch(r"[A-Za-z_.]+", backend):  # e.g. a path with "@" in a folder name
-        return spec, "torch"
-    key = backend.strip().lower()
-    if key not in _BACKEND_ALIASES:
-        raise ConfigError(f"unknown backend {backend!r} in model spec {spec!r}; use @{' or @'.join(BACKENDS)}")
-    return name, _BACKEND_ALIASES[key]
+        return spec, None
+    try:
+        return name, normalize_backend(backend, allow_auto=False)
+    except ConfigError:
+        raise ConfigError(f"unknown backend {backend!r} in model spec {spec!r}; use "
+                          f"@{' or @'.join(BACKENDS[1:])}") from None
 
 
 @dataclass
 class LoadedModel:
-    """A backend plus the tokenizer and the resolved spec it came from (``name`` carries ``@llamacpp`` for
-    llama.cpp models, so a model on two backends has two names)."""
+    """A backend plus the tokenizer and the resolved spec it came from (``name`` carries ``@llamacpp`` / ``@ik``
+    for GGUF-runtime models, so a model on two backends has two names). ``runtime_reason``: why ``auto`` chose
+    this backend (empty when the backend was named)."""
 
     backend: Backend
     tokenizer: object
     name: str
+    runtime_reason: str = ""
 
 
-def load_model(spec: str, *, dtype: str = "bfloat16", device: str = "cpu", progress: bool = True,
-               threads: int | None = None, max_context: int | None = None) -> LoadedModel:
-    """Resolve ``spec`` and load it on the backend its ``@backend`` suffix names (default PyTorch).
+def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, device: str = "cpu",
+               progress: bool = True, threads: int | None = None, max_context: int | None = None) -> LoadedModel:
+    """Resolve ``spec`` and load it on the backend its ``@backend`` suffix names, else on ``backend``.
 
-    PyTorch: a zoo model is fetched and converted on first use; ``dtype``/``device`` apply. llama.cpp: the GGUF runs
-    as it is (its own quantisation; ``dtype`` does not apply) with ``threads`` threads (default: PyTorch's current
-    thread count, which :func:`set_threads` sets). ``max_context`` (tokens) sets the context window (default: the
-    model's own; llama.cpp: 8192, as it allocates the KV cache up front, and never beyond the training context).
+    ``backend``: ``torch`` (this function's default), ``llamacpp``, ``ik`` or ``auto`` (the fastest path on this
+    machine, measured: see :mod:`adaspec.backends.select`). PyTorch: a zoo model is fetched and converted on first
+    use; ``dtype`` (default ``bfloat16``) and ``device`` apply. GGUF runtimes (llama.cpp, ik_llama.cpp): the file
+    runs as it is (its own quantisation; ``dtype`` does not apply) on the CPU with ``threads`` threads (default:
+    PyTorch's current thread count, which :func:`set_threads` sets). ``max_context`` (tokens) sets the context
+    window (default: the model's own; GGUF runtimes: 8192, as they allocate the KV cache up front, and never beyond
+    the training context).
 
     Raises:
         UnknownModelError, ModelFetchError, CorruptModelError: see :func:`adaspec.models.resolve`.
-        ConfigError: unknown backend, or llama-cpp-python missing.
+        ConfigError: unknown backend or device; a runtime's package missing (names the install command);
+            ``--device cuda`` without CUDA.
     """
     from transformers import AutoTokenizer
 
-    spec, backend = split_backend(spec)
-    if backend == "llamacpp":
-        from adaspec.backends.llamacpp_backend import LlamaCppBackend, import_llama_cpp
+    spec, pinned = split_backend(spec)
+    device = resolve_device(device)
+    threads = threads or torch.get_num_threads()
+    reason = ""
+    if pinned is None:
+        backend = normalize_backend(backend)
+        if backend == "auto":
+            choice = choose_backend(spec, device=device, dtype=dtype, threads=threads, progress=progress)
+            backend, reason = choice.backend, choice.reason
+        elif backend != "torch" and device != "cpu":
+            raise ConfigError(f"--backend {backend} runs on the CPU here; use --device cpu or --backend torch")
+    else:
+        backend = pinned
+    if backend in GGUF_RUNTIMES:
         from adaspec.models import resolve_gguf
 
-        import_llama_cpp()  # fail before fetching anything when the extra is not installed
+        label = f"{spec}@{backend}"
+        if backend == "ik":
+            from adaspec.backends.ik_backend import import_ik_llama_cpp as check_installed
+        else:
+            from adaspec.backends.llamacpp_backend import import_llama_cpp as check_installed
+        check_installed()  # fail before fetching anything when the package is not installed
         if device != "cpu":
-            raise ConfigError(f"{spec}@llamacpp: the llama.cpp backend runs on the CPU here (device={device!r})")
+            raise ConfigError(f"{label}: the {RUNTIME_LABELS[backend]} backend runs on the CPU here "
+                              f"(device={device!r})")
         name, gguf_file, tok_dir = resolve_gguf(spec, progress=progress)
-        label = f"{name}@llamacpp"
+        label = f"{name}@{backend}"
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
-        return LoadedModel(LlamaCppBackend(gguf_file, label, threads=threads or torch.get_num_threads(),
-                                            max_context=max_context),
-                           tokenizer, label)
+        return LoadedModel(make_gguf_backend(backend, gguf_file, name=label, threads=threads,
+                                             max_context=max_context), tokenizer, label, reason)
     resolved = resolve(spec, progress=progress)
-    model = load_causal_lm(resolved.path, dtype=dtype, device=device)
+    model = load_causal_lm(resolved.path, dtype=dtype or "bfloat16", device=device)
     tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-    return LoadedModel(TorchBackend(model, resolved.name, max_context=max_context), tokenizer, resolved.name)
+    return LoadedModel(TorchBackend(model, resolved.name, max_context=max_context), tokenizer, resolved.name, reason)
 
 
 def builtin_drafter(spec: str) -> bool:
@@ -119,11 +142,13 @@ def builtin_drafter(spec: str) -> bool:
     return low in ("none", "ngram") or low.startswith("layerskip:")
 
 
-def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str = "bfloat16", device: str = "cpu",
-                 progress: bool = True, reuse: dict[str, Drafter] | None = None) -> Drafter | None:
+def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = None, device: str = "cpu",
+                 progress: bool = True, reuse: dict[str, Drafter] | None = None,
+                 backend: str = "torch") -> Drafter | None:
     """Build the drafter named by ``spec`` for ``target`` (see the module docstring for the forms).
 
-    ``reuse`` maps specs to drafters already built; the parts of an ``A+B`` spec found there are shared.
+    ``reuse`` maps specs to drafters already built; the parts of an ``A+B`` spec found there are shared. A draft
+    model loads on ``backend`` unless its spec ends in ``@backend`` (see :func:`load_model`).
 
     Raises:
         TokenizerMismatchError: a draft model whose tokenizer disagrees with the target's.
@@ -137,7 +162,7 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str = "bfloat1
         parts = {}
         for part in spec.split("+"):
             d = (NgramDrafter(max_ngram=4, min_ngram=2) if part.lower() == "ngram" else (reuse or {}).get(part)
-                 or make_drafter(part, target, dtype=dtype, device=device, progress=progress))
+                 or make_drafter(part, target, dtype=dtype, device=device, progress=progress, backend=backend))
             if d is None:
                 raise ConfigError(f"drafter {spec!r}: {part!r} is not a drafter")
             parts[d.name] = d
@@ -153,7 +178,7 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str = "bfloat1
             raise ConfigError(f"layerskip drafting needs a PyTorch target; {target.name} runs on another backend")
         backend = TorchBackend(truncated_layers(target.backend.model, n), f"{target.name}[:{n} layers]")
         return ModelDrafter(backend)
-    draft = load_model(spec, dtype=dtype, device=device, progress=progress)
+    draft = load_model(spec, backend=backend, dtype=dtype, device=device, progress=progress)
     check_tokenizers_compatible(target.tokenizer, draft.tokenizer, target_name=target.name, draft_name=draft.name)
     return ModelDrafter(draft.backend)
 
@@ -206,20 +231,28 @@ def _config(config: GenerationConfig | None, kwargs: dict) -> GenerationConfig:
 
 
 def load(target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFTER, *, controller: str = DEFAULT_CONTROLLER,
-         k: int | None = None, dtype: str = "bfloat16", device: str = "cpu", threads: int | None = None,
-         progress: bool = True) -> SpeculativeLM:
+         k: int | None = None, backend: str = "auto", device: str = "auto", dtype: str | None = None,
+         threads: int | None = None, progress: bool = True) -> SpeculativeLM:
     """Load a target and a drafter and return a ready :class:`SpeculativeLM`.
 
     Args:
         target: target model spec. draft: drafter spec (see module docstring), None/"none" for plain decoding.
         controller: one of :data:`adaspec.controllers.CONTROLLERS` (default ``"goodput"``); k: fixed K or initial K.
-        dtype: ``"bfloat16"`` (default; fast on AVX-512-bf16 CPUs) or ``"float32"``.
-        threads: PyTorch intra-op threads and llama.cpp threads (default: all cores).
+        backend: ``auto`` (default: the fastest path measured on this machine, see :mod:`adaspec.backends.select`),
+            ``torch``, ``llamacpp`` or ``ik``; a ``@backend`` suffix on a model spec wins.
+        device: ``auto`` (CUDA when PyTorch sees one, else the CPU), ``cpu`` or ``cuda``.
+        dtype: PyTorch dtype, ``"bfloat16"`` or ``"float32"``; giving one makes ``auto`` choose PyTorch (GGUF
+            runtimes run the file's own quantisation). Default: bfloat16 on PyTorch.
+        threads: PyTorch intra-op threads and GGUF-runtime threads (default: all cores).
+
+    Raises:
+        ConfigError: unknown controller, backend or device; see also :func:`load_model` and :func:`make_drafter`.
     """
     set_threads(threads)
     ctrl = make_controller(controller, k)  # validate before loading anything heavy
-    tgt = load_model(target, dtype=dtype, device=device, progress=progress)
-    drafter = make_drafter(draft, tgt, dtype=dtype, device=device, progress=progress)
+    tgt = load_model(target, backend=backend, dtype=dtype, device=device, progress=progress)
+    drafter = make_drafter(draft, tgt, dtype=dtype, device=resolve_device(device), progress=progress,
+                           backend=backend)
     if drafter is None:
         ctrl = make_controller("fixed", 0)
     return SpeculativeLM(tgt, drafter, ctrl)

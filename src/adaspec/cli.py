@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
+from adaspec.defaults import BACKEND_CHOICES, DEFAULT_CONTROLLER, DEFAULT_DRAFTER, DEVICE_CHOICES
 from adaspec.errors import AdaspecError
 from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from adaspec.models.cli import add_models_parser
@@ -18,18 +18,28 @@ from adaspec.models.cli import add_models_parser
 
 def _add_model_args(p: argparse.ArgumentParser, draft_default: str = DEFAULT_DRAFTER) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET,
-                   help="target model: zoo name, .gguf file, HF folder or hub id; append @llamacpp to run a zoo "
-                        "name or .gguf on llama.cpp instead of PyTorch (default: %(default)s)")
+                   help="target model: zoo name, .gguf file, HF folder or hub id; append @torch, @llamacpp or @ik "
+                        "to pin its backend (default: %(default)s)")
     p.add_argument("--draft", default=draft_default,
-                   help="drafter: model spec (NAME@llamacpp for llama.cpp), 'ngram', 'layerskip:N', 'A+B', "
+                   help="drafter: model spec (NAME@ik etc. pins a backend), 'ngram', 'layerskip:N', 'A+B', "
                         "'hybrid' or 'none' (default: %(default)s)")
     p.add_argument("--controller", default=DEFAULT_CONTROLLER,
                    help="draft-length controller: goodput, adaptive, heuristic, fixed, confidence, entropy or bandit "
                         "(default: %(default)s)")
     p.add_argument("--k", type=int, default=None, help="draft length K (fixed), or the initial K (adaptive, heuristic)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="PyTorch dtype")
+    _add_runtime_args(p)
+
+
+def _add_runtime_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="auto", choices=BACKEND_CHOICES,
+                   help="where models run: auto = the fastest path measured on this machine (a GGUF runtime on a "
+                        "CPU, PyTorch on CUDA), torch, llamacpp or ik (ik_llama.cpp) (default: %(default)s)")
+    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
+                   help="auto = CUDA when PyTorch sees a GPU, else the CPU (default: %(default)s)")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
+                   help="PyTorch dtype (default bfloat16); giving one makes --backend auto choose PyTorch")
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for PyTorch and llama.cpp (default: all cores)")
+                   help="CPU threads for PyTorch and the GGUF runtimes (default: all cores)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -69,10 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "hybrid/CONTROLLER, hf:constant[:K], hf:heuristic, hf:dynamic, hf:pld, llamacpp:pld[:N] "
                           "(default: plain,hybrid/goodput,goodput,fixed:2,fixed:4)")
     cmp.add_argument("--workloads", default=None,
-                     help="comma-separated: humaneval, gsm8k, specbench, specbench:<category>, or JSONL paths "
-                          "(default: humaneval)")
+                     help="comma-separated: humaneval, gsm8k, specbench, specbench:<category>, rag, summarization, "
+                          "code-edit, multi-turn, or JSONL paths (default: humaneval)")
     cmp.add_argument("--limit", type=int, default=None,
-                     help="prompts per workload (per category for specbench; default 10)")
+                     help="prompts per workload, per category (default 10)")
     cmp.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
     cmp.add_argument("--temperatures", default=None, help="comma-separated, e.g. 0,1.0 (default 0)")
     cmp.add_argument("--seed", type=int, default=0)
@@ -129,8 +139,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, seed=args.seed, stop=tuple(args.stop))
-    lm = load(args.target, args.draft, controller=args.controller, k=args.k, dtype=args.dtype,
-              threads=args.threads)
+    lm = load(args.target, args.draft, controller=args.controller, k=args.k, backend=args.backend,
+              device=args.device, dtype=args.dtype, threads=args.threads)
+    if lm.target.runtime_reason:
+        print(f"target runtime: {lm.target.runtime_reason}", file=sys.stderr)
     prompt_ids = lm.encode(prompt, args.chat)
     lm.engine.warmup(steps=12)  # also lets the default controller measure the draft's costs on this machine
     result = None
@@ -149,6 +161,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "speedup": round(result.stats.tokens_per_s / plain.stats.tokens_per_s, 3),
             "identical": plain.token_ids == result.token_ids,
             "plain_new_tokens": plain.stats.new_tokens,
+            "runtime": _runtime_of(lm.target.backend),
+            "other_runtimes_plain_tokens_per_s": _other_runtimes_plain(lm, prompt_ids, config),
         }
     if args.json:
         print(json.dumps(out, indent=2))
@@ -156,6 +170,37 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print()
         print(format_stats(out, target=lm.target.name, drafter=args.draft, controller=args.controller))
     return 0
+
+
+def _runtime_of(backend) -> str:
+    from adaspec.backends.gguf import GgufBackend
+
+    return backend.runtime if isinstance(backend, GgufBackend) else "PyTorch"
+
+
+def _other_runtimes_plain(lm, prompt_ids: list[int], config) -> dict[str, float]:
+    """Plain decoding of the same GGUF and request on every other installed GGUF runtime (tokens/s, end to end
+    like the main run), so ``--compare`` also shows the fastest plain path this machine has. Empty for a PyTorch
+    target or when no other runtime is installed."""
+    from adaspec.backends.gguf import GgufBackend
+    from adaspec.backends.select import RUNTIME_LABELS, installed_runtimes, make_gguf_backend
+    from adaspec.engine import SpeculativeEngine
+
+    backend = lm.target.backend
+    if not isinstance(backend, GgufBackend):
+        return {}
+    out = {}
+    for name in installed_runtimes():
+        if RUNTIME_LABELS[name] == backend.runtime:
+            continue
+        other = make_gguf_backend(name, backend.path, threads=backend.threads, max_context=backend.max_context)
+        try:
+            engine = SpeculativeEngine(other, None, None, tokenizer=lm.tokenizer)
+            engine.warmup(steps=12)
+            out[RUNTIME_LABELS[name]] = round(engine.generate(prompt_ids, config).stats.tokens_per_s, 3)
+        finally:
+            other.close()
+    return out
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -176,6 +221,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                       max_new_tokens=pick(args.max_new_tokens, "max_new_tokens", 128),
                       temperatures=[float(t) for t in pick(args.temperatures, "temperatures", [0.0])],
                       out=Path(args.out), dtype=args.dtype, threads=args.threads, seed=args.seed,
+                      backend=args.backend, device=args.device,
                       time_limit_s=args.time_limit * 60 if args.time_limit else None, prompt_cache=args.prompt_cache)
     report = markdown_report(read_results(out), args.default_method or DEFAULT_METHOD)
     print(report)
@@ -204,6 +250,8 @@ def _add_bench_parsers(sub) -> None:
     bench.add_argument("--sweeps", default=None, help="comma-separated sweep names to run (default: all)")
     bench.add_argument("--dtype", default=None, help="comma-separated dtypes (overrides bench.dtype)")
     bench.add_argument("--threads", default=None, help="comma-separated thread counts (overrides bench.threads)")
+    bench.add_argument("--backend", default=None,
+                       help="comma-separated backends: torch, llamacpp, ik (overrides bench.backend)")
     bench.add_argument("--out", default="results/bench.jsonl", help="results file (appended; reruns resume)")
     bench.add_argument("--time-limit", type=float, default=None, metavar="MIN",
                        help="start no new point after MIN minutes (rerun to continue)")
@@ -224,15 +272,15 @@ def _add_bench_parsers(sub) -> None:
     mp.set_defaults(func=cmd_map)
 
     prof = sub.add_parser("profile", help="measure a workload sample and advise whether and how to speculate")
-    prof.add_argument("workload", help="JSONL of prompts (fields prompt/text/question/turns) or a workload name")
+    prof.add_argument("workload", help="a workload name (humaneval, gsm8k, specbench[:<category>], rag, summarization, "
+                                       "code-edit, multi-turn) or a JSONL of prompts (fields prompt/text/question/turns)")
     prof.add_argument("--target", default=DEFAULT_TARGET, help="target model (default: %(default)s)")
     prof.add_argument("--drafts", default=f"{DEFAULT_DRAFT},ngram",
                       help="comma-separated candidate drafters (default: %(default)s)")
     prof.add_argument("--sample", type=int, default=3, help="prompts measured (default: %(default)s)")
     prof.add_argument("--max-new-tokens", type=int, default=48)
     prof.add_argument("--temperature", type=float, default=0.0)
-    prof.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    prof.add_argument("--threads", type=int, default=None)
+    _add_runtime_args(prof)
     prof.add_argument("--seed", type=int, default=0)
     prof.add_argument("--json", action="store_true", help="print one JSON object")
     prof.set_defaults(func=cmd_profile)
@@ -249,6 +297,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         overrides.append("bench.dtype=" + json.dumps(args.dtype.split(",")))
     if args.threads:
         overrides.append("bench.threads=[" + args.threads + "]")
+    if args.backend:
+        overrides.append("bench.backend=" + json.dumps(args.backend.split(",")))
     cfg = build_config(config_file=args.config, preset_name=args.preset, overrides=overrides,
                        sweeps=args.sweeps.split(",") if args.sweeps else None)
     if args.dry_run:
@@ -256,7 +306,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(json.dumps(p.fields()))
         return 0
     argv = ["adaspec", "bench"] + ([f"--{args.preset}"] if args.preset else [])
-    for flag in ("config", "sweeps", "dtype", "threads", "out"):
+    for flag in ("config", "sweeps", "dtype", "threads", "backend", "out"):
         if getattr(args, flag):
             argv += [f"--{flag}", str(getattr(args, flag))]
     argv += [f"--set '{o}'" for o in args.set]
@@ -291,7 +341,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     advice = profile_workload(args.workload, target=args.target, drafts=args.drafts.split(","),
                               sample=args.sample, max_new_tokens=args.max_new_tokens,
-                              temperature=args.temperature, dtype=args.dtype, threads=args.threads, seed=args.seed)
+                              temperature=args.temperature, dtype=args.dtype, threads=args.threads, seed=args.seed,
+                              backend=args.backend, device=args.device)
     print(json.dumps(advice, indent=2) if args.json else format_advice(advice))
     return 0
 
@@ -315,9 +366,16 @@ def format_stats(out: dict, *, target: str, drafter: str, controller: str) -> st
     ]
     if "compare" in out:
         c = out["compare"]
-        rows += [("plain decoding tokens/s", f"{c['plain_tokens_per_s']:.2f}"),
+        rows += [(f"plain decoding tokens/s ({c.get('runtime', 'same runtime')})", f"{c['plain_tokens_per_s']:.2f}"),
                  ("speedup vs plain", f"{c['speedup']:.2f}x"),
                  ("output identical to plain", "yes" if c["identical"] else "no")]
+        others = c.get("other_runtimes_plain_tokens_per_s") or {}
+        for name, tps in others.items():
+            rows.append((f"plain decoding tokens/s ({name})", f"{tps:.2f}"))
+        plains = {c.get("runtime", "same runtime"): c["plain_tokens_per_s"], **others}
+        fastest = max(plains, key=plains.get)
+        rows.append(("fastest plain path known", f"{fastest} {plains[fastest]:.2f} tokens/s; speculative "
+                                                 f"{c['speculative_tokens_per_s'] / plains[fastest]:.2f}x"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 

@@ -21,6 +21,7 @@ assisted-generation peer, plus the Spec-Bench average over its categories.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -112,9 +113,10 @@ def read_results(path: Path) -> list[dict]:
 
 
 def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[str], limit: int | None,
-                max_new_tokens: int, temperatures: list[float], out: Path, dtype: str = "bfloat16",
+                max_new_tokens: int, temperatures: list[float], out: Path, dtype: str | None = None,
                 threads: int | None = None, seed: int = 0, progress: bool = True,
-                time_limit_s: float | None = None, prompt_cache: bool = True) -> Path:
+                time_limit_s: float | None = None, prompt_cache: bool = True, backend: str = "auto",
+                device: str = "auto") -> Path:
     """Run the comparison and append rows to ``out`` (JSONL); returns ``out``. See the module docstring.
 
     Prompts are taken round-robin across categories (prompt 1 of every category, then prompt 2, ...), so a run
@@ -132,6 +134,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     from tqdm import tqdm
 
     from adaspec.api import SpeculativeLM, load_model, make_drafter, set_threads
+    from adaspec.backends.select import resolve_device
     from adaspec.workloads import load_workload
 
     parsed = [parse_method(m, draft) for m in methods]
@@ -145,7 +148,10 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     if not todo:
         return out
 
-    tgt = load_model(target, dtype=dtype, progress=progress)
+    device = resolve_device(device)
+    tgt = load_model(target, backend=backend, dtype=dtype, device=device, progress=progress)
+    if tgt.runtime_reason and progress:
+        print(f"target runtime: {tgt.runtime_reason}", file=sys.stderr)
     target_backend = tgt.backend
     if prompt_cache:
         from adaspec.bench.sweep import PrefixCacheBackend
@@ -154,7 +160,8 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     drafters: dict = {}
     specs = {m.drafter for m in parsed if m.drafter and m.controller not in PEER_LIBRARIES}
     for spec in sorted(specs, key=lambda x: "+" in x):  # single drafters first: composites share them
-        drafters[spec] = make_drafter(spec, tgt, dtype=dtype, progress=progress, reuse=drafters)
+        drafters[spec] = make_drafter(spec, tgt, dtype=dtype, device=device, progress=progress, reuse=drafters,
+                                      backend=backend)
     lm = SpeculativeLM(tgt, None, make_controller("fixed", 0))
 
     def engine(m: Method) -> SpeculativeEngine:
@@ -168,7 +175,8 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     # Warm up every method alike on the start of the first prompt: one-time allocations stay out of the timings, and
     # the controllers that learn this machine's costs (draft, catch-up, verify per n) learn them here, as a running
     # server would have before its first measured request.
-    warm_ids = lm.encode(todo[0][1].text)[:WARMUP_PROMPT_TOKENS] if todo else list(range(1, 9))
+    warm_ids = (lm.encode(todo[0][1].model_input(lm.has_chat_template))[:WARMUP_PROMPT_TOKENS] if todo
+                else list(range(1, 9)))
     for r in runners.values():
         if isinstance(r, SpeculativeEngine):
             r.warmup(warm_ids, steps=WARMUP_TOKENS)
@@ -183,7 +191,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
         for i, (workload, prompt, temp) in enumerate(todo):
             if i and time_limit_s is not None and time.monotonic() - start > time_limit_s:
                 break
-            ids = lm.encode(prompt.text)
+            ids = lm.encode(prompt.model_input(lm.has_chat_template))
             if prompt_cache and ids != cached:  # prefill this prompt once, outside every method's timing
                 t = time.perf_counter()
                 target_backend.reset()
@@ -204,16 +212,28 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                                       decode_tokens=max(result["new_tokens"] - 1, 0))
                 else:
                     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temp, seed=seed)
+                    _forget_drafts(runner.drafter)
                     result = _run_engine(runner, ids, cfg)
                 row = {"workload": workload, "category": prompt.category, "prompt_id": prompt.id,
                        "method": m.label, "temperature": temp, "target": tgt.name, "drafter": m.drafter,
-                       "controller": m.controller, "k": m.k, "dtype": dtype, "threads": threads,
+                       "controller": m.controller, "k": m.k, "dtype": dtype or "bfloat16", "threads": threads,
                        "prompt_cache": prompt_cache,
                        "prompt_prefill_ms": round(prompt_prefill_ms, 2) if prompt_cache else None, **result}
                 f.write(json.dumps(row) + "\n")
                 f.flush()
     bar.close()
     return out
+
+
+def _forget_drafts(drafter) -> None:
+    """Empty every draft model's cache: methods share drafter objects, and a draft model keeps its cache across
+    requests, so without this the first method on a prompt would pay the draft prefill the later ones skip. Each
+    row thus times a first request's draft prefill (lazy: only if the method drafts with the model)."""
+    from adaspec.drafters import ModelDrafter, MultiDrafter
+
+    for d in (drafter.drafters.values() if isinstance(drafter, MultiDrafter) else [drafter]):
+        if isinstance(d, ModelDrafter):
+            d.backend.reset()
 
 
 def _run_engine(engine: SpeculativeEngine, ids: list[int], cfg: GenerationConfig) -> dict:

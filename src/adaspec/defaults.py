@@ -5,3 +5,10 @@ DEFAULT_DRAFTER = "hybrid"
 
 DEFAULT_CONTROLLER = "goodput"
 """The default controller: measured-cost goodput maximisation, K = 0 (plain decoding) when nothing pays."""
+
+BACKEND_CHOICES = ("auto", "torch", "llamacpp", "ik")
+"""``--backend`` values: ``auto`` (the fastest path measured on this machine), PyTorch, llama.cpp (llama-cpp-python)
+or ik_llama.cpp (ik-llama-cpp-python)."""
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+"""``--device`` values: ``auto`` is CUDA when PyTorch sees a GPU, else the CPU."""

@@ -20,7 +20,7 @@ from adaspec.backends.base import Backend
 from adaspec.controllers.base import Controller
 from adaspec.controllers.fixed import FixedController
 from adaspec.drafters.base import Draft, Drafter, empty_draft
-from adaspec.drafters.multi import route
+from adaspec.drafters.multi import cached_prefixes, route
 from adaspec.errors import ConfigError, ContextLengthError
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
@@ -161,6 +161,7 @@ class SpeculativeEngine:
             t = time.perf_counter()
             self.drafter.prefill(prompt)
             stats.prefill_ms += (time.perf_counter() - t) * 1e3
+            self.controller.set_synced(cached_prefixes(self.drafter, ids))  # a draft cache kept from a request before
 
         while finish is None:
             step_start = time.perf_counter()
@@ -238,8 +239,13 @@ class SpeculativeEngine:
         return new, finish
 
     def warmup(self, prompt_ids: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8), steps: int = 3) -> None:
-        """Run a tiny greedy generation so one-time allocation costs stay out of measurements."""
+        """Run a tiny greedy generation so one-time allocation costs stay out of measurements; then let a controller
+        with a ``calibrate(backend)`` method (goodput) measure the target's verification cost curve (a few short
+        forwards at the warm-up's context; the target's cache is left as it was)."""
         self.generate(list(prompt_ids), GenerationConfig(max_new_tokens=steps, ignore_eos=True, seed=0))
+        calibrate = getattr(self.controller, "calibrate", None)
+        if calibrate is not None:
+            calibrate(self.target)
 
 
 def _fit_width(probs: torch.Tensor, width: int) -> torch.Tensor:

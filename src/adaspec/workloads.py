@@ -1,40 +1,97 @@
-"""Evaluation prompts: HumanEval, GSM8K and Spec-Bench from ``../shared/data``, or any JSONL file.
+"""Evaluation prompts: named workloads built from the data shipped in ``adaspec/data``, or any JSONL file.
 
-Workload names: ``humaneval``, ``gsm8k``, ``specbench`` (all categories, first turn) and ``specbench:<category>``;
-anything else is read as a JSONL path whose rows carry ``prompt``, ``text``, ``question`` or ``turns``. The data
-folder is ``$ADASPEC_DATA``, else the first of ``../shared/data`` beside the current folder or beside the package's
-checkout.
+Workload names (``load_workload``; ``NAME:<category>`` keeps one category of any named workload):
+
+- ``humaneval``: complete a HumanEval function (82 tasks).
+- ``gsm8k``: a GSM8K grade-school maths problem (600).
+- ``specbench``: every Spec-Bench category, first turn (480); ``specbench:<category>`` one category
+  (``translation``, ``summarization``, ``qa``, ``math_reasoning``, ``rag`` and MT-bench's ``writing``, ``roleplay``,
+  ``reasoning``, ``math``, ``coding``, ``extraction``, ``stem``, ``humanities``).
+- ``rag``, ``summarization``: aliases of ``specbench:rag`` and ``specbench:summarization`` (80 each).
+- ``code-edit``: rewrite a given HumanEval function with one change; the task's edit kind (its category) cycles
+  through ``rename`` (parameters, old → new names given), ``type-hints``, ``comments`` and ``fix-bug`` (one bug
+  planted by :func:`plant_bug`). The answer largely repeats the given code.
+- ``multi-turn``: a conversation (:attr:`Prompt.messages`): the ``humaneval`` request, the canonical function as the
+  assistant's answer, then a request to revise it; the revision (its category) cycles through ``revise-example``
+  (add a docstring example), ``revise-types`` (type hints), ``revise-names`` (descriptive variable names) and
+  ``revise-empty`` (handle empty input).
+
+No two workloads share a category name (``adaspec compare`` summarizes per category), bar the aliases, whose
+prompts are Spec-Bench's own.
+
+Anything else is read as a JSONL path whose rows carry ``prompt``, ``text``, ``question`` or ``turns``. The data
+folder is ``$ADASPEC_DATA`` when set (files named as in :data:`FILES`), else the package's own ``adaspec/data``.
 """
 
 from __future__ import annotations
 
+import ast
+import io
 import json
 import os
-from dataclasses import dataclass
+import tokenize
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from adaspec.errors import AdaspecError
 
 FILES = {"humaneval": "humaneval_dev.jsonl", "gsm8k": "gsm8k_dev.jsonl", "specbench": "spec_bench_questions.jsonl"}
+ALIASES = {"rag": "specbench:rag", "summarization": "specbench:summarization"}
+EDITS = ("rename", "type-hints", "comments", "fix-bug")
+REVISIONS = {"revise-example": "add a docstring example", "revise-types": "add type hints",
+             "revise-names": "rename the variables to be more descriptive", "revise-empty": "handle empty input"}
+REWRITE_REPLY = "Reply with the complete rewritten function only."
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One evaluation prompt: a stable id, its category (the workload name when it has none), and the user text."""
+    """One evaluation prompt: a stable id, its category (the workload name when it has none), the user text (the
+    last user turn of a conversation) and, for a conversation, its OpenAI-style ``messages``
+    (``{"role": ..., "content": ...}``, ending with the user's turn)."""
 
     id: str
     category: str
     text: str
+    messages: tuple[dict, ...] | None = field(default=None, hash=False)
+
+    def as_text(self) -> str:
+        """The whole prompt as one string: the text, or a conversation as a "Role: content" transcript."""
+        if not self.messages:
+            return self.text
+        return "\n\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in self.messages)
+
+    def model_input(self, chat: bool = True) -> str | list[dict]:
+        """What to encode: the messages of a conversation when ``chat`` (the model has a chat template), else
+        :meth:`as_text` (``SpeculativeLM.encode`` takes either)."""
+        return list(self.messages) if self.messages and chat else self.as_text()
 
 
 def data_dir() -> Path:
-    """The shared data folder (see module docstring). Raises AdaspecError when none exists."""
-    candidates = [os.environ.get("ADASPEC_DATA")] if os.environ.get("ADASPEC_DATA") else []
-    candidates += [Path.cwd().parent / "shared" / "data", Path(__file__).resolve().parents[3] / "shared" / "data"]
-    for c in candidates:
-        if c and Path(c).is_dir():
-            return Path(c)
-    raise AdaspecError("no evaluation data found: set ADASPEC_DATA to the folder holding humaneval_dev.jsonl etc.")
+    """The evaluation data folder: ``$ADASPEC_DATA`` when set, else the package's ``adaspec/data``.
+
+    Raises:
+        AdaspecError: ``$ADASPEC_DATA`` is not a folder, or the package is installed zipped (no folder on disk).
+    """
+    env = os.environ.get("ADASPEC_DATA")
+    if env:
+        if not Path(env).is_dir():
+            raise AdaspecError(f"ADASPEC_DATA={env!r} is not a folder")
+        return Path(env)
+    packaged = resources.files("adaspec") / "data"
+    if not isinstance(packaged, Path):
+        raise AdaspecError("adaspec's data is not on disk (zipped install): set ADASPEC_DATA to a folder of the data")
+    return packaged
+
+
+def _rows(path: Path) -> Iterator[dict]:
+    if not path.is_file():
+        raise AdaspecError(f"no data file {path} (check ADASPEC_DATA)")
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
 
 
 def _row_text(row: dict, source: str) -> str:
@@ -48,33 +105,155 @@ def _row_text(row: dict, source: str) -> str:
     raise AdaspecError(f"{source}: a row has none of the fields turns/prompt/text/question")
 
 
-def load_workload(name: str, limit: int | None = None) -> list[Prompt]:
-    """Prompts of a workload (see module docstring), at most ``limit`` of them (per category for Spec-Bench)."""
-    base, _, category = name.partition(":")
-    if base in FILES:
-        path = data_dir() / FILES[base]
-        label = base
+def _python(code: str) -> str:
+    """``code`` in a Markdown Python block, without its leading blank lines."""
+    code = code.lstrip("\n").rstrip()
+    return f"```python\n{code}\n```"
+
+
+_NUMBER = object()  # stands for "an integer literal, plus one"
+_MUTATIONS = ({"<": "<=", "<=": "<", ">": ">=", ">=": ">", "==": "!=", "!=": "=="},
+              {"+": "-", "-": "+", "%": "//", "//": "%"},
+              {"and": "or", "or": "and"},
+              {"True": "False", "False": "True"},
+              _NUMBER,
+              {"sorted": "reversed", "lower": "upper", "upper": "lower", "min": "max", "max": "min", "int": "float",
+               "any": "all", "all": "any", "if": "if not"},
+              {"''": "' '", '""': '" "'})
+
+
+def plant_bug(code: str, start: int = 0) -> str:
+    """``code`` with one small bug planted after character ``start`` (deterministic): the first token found of the
+    first of these changes that applies: a comparison flipped (``<`` ↔ ``<=``, ``>`` ↔ ``>=``, ``==`` ↔ ``!=``),
+    ``+`` ↔ ``-`` or ``%`` ↔ ``//``, ``and`` ↔ ``or``, ``True`` ↔ ``False``, an integer literal plus one, a builtin
+    swapped (``sorted`` → ``reversed``, ``lower`` ↔ ``upper``, ``min`` ↔ ``max``, ``int`` → ``float``, ``any`` ↔
+    ``all``) or ``if`` → ``if not``, an empty string made a space. Comments are never touched; the result still
+    parses and differs from ``code``'s syntax tree.
+
+    Raises:
+        AdaspecError: none of these applies after ``start``.
+    """
+    offsets = [0]
+    for line in code.splitlines(keepends=True):
+        offsets.append(offsets[-1] + len(line))
+    tokens = [(offsets[t.start[0] - 1] + t.start[1], offsets[t.end[0] - 1] + t.end[1], t)
+              for t in tokenize.generate_tokens(io.StringIO(code).readline)]
+    original = ast.dump(ast.parse(code))
+    for change in _MUTATIONS:
+        for a, b, t in tokens:
+            if a < start or t.type == tokenize.COMMENT:
+                continue
+            if change is _NUMBER:
+                if t.type != tokenize.NUMBER or not t.string.isdigit():
+                    continue
+                new = str(int(t.string) + 1)
+            elif t.string in change:
+                new = change[t.string]
+            else:
+                continue
+            buggy = code[:a] + new + code[b:]
+            try:
+                if ast.dump(ast.parse(buggy)) != original:
+                    return buggy
+            except SyntaxError:
+                continue
+    raise AdaspecError("no operator or constant to change in the code")
+
+
+def _entry_function(row: dict) -> ast.FunctionDef:
+    tree = ast.parse(row["prompt"] + row["canonical_solution"])
+    return [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == row["entry_point"]][-1]
+
+
+def _code_edit(row: dict, kind: str) -> Prompt:
+    """The ``code-edit`` prompt of kind ``kind`` (see :data:`EDITS`) for a HumanEval row."""
+    name, code = row["entry_point"], row["prompt"] + row["canonical_solution"]
+    if kind == "rename":
+        a = _entry_function(row).args
+        params = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]]
+        renames = ", ".join(f"`{p}` → `{p}_arg`" for p in params)
+        instruction = (f"Rename the parameters of the function `{name}` below: {renames}. Update every use, in the "
+                       "code and in the docstring, and change nothing else.")
+    elif kind == "type-hints":
+        instruction = (f"Add type hints to the function `{name}` below: every parameter, the return value and each "
+                       "local variable where it is first assigned (keep the hints it already has). "
+                       "Change nothing else.")
+    elif kind == "comments":
+        instruction = (f"Add a short comment above each statement in the body of the function `{name}` below, saying "
+                       "what it does. Leave the docstring and the code as they are.")
+    elif kind == "fix-bug":
+        code = plant_bug(code, start=len(row["prompt"]))
+        instruction = (f"The function `{name}` below has exactly one bug: a single operator, constant, name or "
+                       "condition is wrong. Fix it and change nothing else.")
     else:
-        path, label = Path(name), Path(name).stem
-        category = ""
+        raise AdaspecError(f"unknown edit kind {kind!r}: not one of {', '.join(EDITS)}")
+    text = f"{instruction}\n\n{_python(code)}\n\n{REWRITE_REPLY}"
+    return Prompt(f"{row['task_id']}:{kind}", kind, text)
+
+
+def _multi_turn(row: dict, revision: str) -> Prompt:
+    """The ``multi-turn`` prompt asking for ``revision`` (a key of :data:`REVISIONS`) for a HumanEval row."""
+    last = f"Revise your answer: {REVISIONS[revision]}. Reply with the complete function."
+    messages = ({"role": "user", "content": _row_text(row, FILES["humaneval"])},
+                {"role": "assistant", "content": _python(row["prompt"] + row["canonical_solution"])},
+                {"role": "user", "content": last})
+    return Prompt(f"{row['task_id']}:{revision}", revision, last, messages)
+
+
+def _built(base: str) -> list[Prompt]:
+    """The prompts of a workload built from HumanEval (``code-edit`` or ``multi-turn``), one per task."""
+    rows = _rows(data_dir() / FILES["humaneval"])
+    if base == "code-edit":
+        prompts = []
+        for i, row in enumerate(rows):
+            try:
+                prompts.append(_code_edit(row, EDITS[i % len(EDITS)]))
+            except AdaspecError:  # fix-bug where no bug can be planted: add type hints instead
+                prompts.append(_code_edit(row, "type-hints"))
+        return prompts
+    kinds = list(REVISIONS)
+    return [_multi_turn(row, kinds[i % len(kinds)]) for i, row in enumerate(rows)]
+
+
+NAMES = (*FILES, *ALIASES, "code-edit", "multi-turn")
+
+
+def load_workload(name: str, limit: int | None = None) -> list[Prompt]:
+    """Prompts of a workload (see the module docstring), at most ``limit`` per category, in file order.
+
+    Raises:
+        AdaspecError: an unknown name that is not a JSONL file (the message lists the names), a category with no
+            prompts (the message lists the categories), or a missing data file.
+    """
+    base, _, category = ALIASES.get(name, name).partition(":")
+    if base in ("code-edit", "multi-turn"):
+        prompts = _built(base)
+    elif base in FILES:
+        path = data_dir() / FILES[base]
+        prompts = [_prompt(row, i, base, path) for i, row in enumerate(_rows(path))]
+    else:
+        path, category = Path(name), ""
         if not path.is_file():
-            raise AdaspecError(f"unknown workload {name!r}: not one of {sorted(FILES)} (or specbench:<category>) "
-                               "and not a JSONL file")
-    prompts: list[Prompt] = []
-    per_category: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            cat = row.get("category", label)
-            if category and cat != category:
-                continue
-            if limit is not None and per_category.get(cat, 0) >= limit:
-                continue
-            per_category[cat] = per_category.get(cat, 0) + 1
-            pid = str(row.get("question_id", row.get("task_id", row.get("id", i))))
-            prompts.append(Prompt(pid, cat, _row_text(row, str(path))))
+            raise AdaspecError(f"unknown workload {name!r}: not one of {', '.join(sorted(NAMES))} "
+                               "(or NAME:<category>) and not a JSONL file")
+        prompts = [_prompt(row, i, path.stem, path) for i, row in enumerate(_rows(path))]
+    if category:
+        found = sorted({p.category for p in prompts})
+        prompts = [p for p in prompts if p.category == category]
+        if not prompts:
+            raise AdaspecError(f"workload {base!r} has no category {category!r}: choose one of {', '.join(found)}")
+    if limit is not None:
+        kept, seen = [], {}
+        for p in prompts:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            if seen[p.category] <= limit:
+                kept.append(p)
+        prompts = kept
     if not prompts:
         raise AdaspecError(f"workload {name!r} has no prompts")
     return prompts
+
+
+def _prompt(row: dict, index: int, label: str, path: Path) -> Prompt:
+    pid = str(row.get("question_id", row.get("task_id", row.get("id", index))))
+    return Prompt(pid, row.get("category", label), _row_text(row, str(path)))

@@ -18,6 +18,7 @@ import random
 import statistics
 from collections.abc import Callable, Sequence
 
+from adaspec.backends.gguf import GgufBackend
 from adaspec.bench.costmodel import CostModel, leviathan_alpha
 from adaspec.bench.micro import measure_backend, measure_overhead
 from adaspec.bench.prompts import hf_builder
@@ -37,24 +38,28 @@ def _sample(prompts: list, n: int) -> list:
     return [prompts[int(i * step)] for i in range(n)]
 
 
-def _load_drafter(spec: str, target, dtype: str, loader: Callable | None):
+def _load_drafter(spec: str, target, dtype: str | None, loader: Callable | None, backend: str = "auto",
+                  device: str = "cpu"):
     from adaspec.api import builtin_drafter, make_drafter
     from adaspec.drafters.model import ModelDrafter
 
     if loader is None or builtin_drafter(spec):
-        return make_drafter(spec, target, dtype=dtype)
+        return make_drafter(spec, target, dtype=dtype, backend=backend, device=device)
     return ModelDrafter(loader(spec, dtype).backend)
 
 
 def profile_workload(workload: str, *, target: str, drafts: list[str], sample: int = 3, max_new_tokens: int = 48,
-                     temperature: float = 0.0, dtype: str = "bfloat16", threads: int | None = None, seed: int = 0,
-                     loader: Callable | None = None, bootstrap: int = 2000) -> dict:
-    """Measure and advise (see the module docstring). Returns a JSON-ready dict.
+                     temperature: float = 0.0, dtype: str | None = None, threads: int | None = None, seed: int = 0,
+                     loader: Callable | None = None, bootstrap: int = 2000, backend: str = "auto",
+                     device: str = "auto") -> dict:
+    """Measure and advise (see the module docstring). Returns a JSON-ready dict. ``backend``/``device``/``dtype``
+    choose where the models run as in :func:`adaspec.api.load`.
 
     Raises:
         AdaspecError: unknown workload, or no usable drafter.
     """
     from adaspec.api import SpeculativeLM, load_model, set_threads
+    from adaspec.backends.select import resolve_device
     from adaspec.controllers import make_controller
     from adaspec.drafters.model import ModelDrafter
     from adaspec.engine import GenerationConfig, SpeculativeEngine
@@ -62,14 +67,15 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
 
     n_threads = set_threads(threads)
     prompts = _sample(load_workload(workload), sample)
-    tgt = loader(target, dtype) if loader else load_model(target, dtype=dtype)
+    device = resolve_device(device)
+    tgt = loader(target, dtype) if loader else load_model(target, backend=backend, dtype=dtype, device=device)
     tok = tgt.tokenizer if hasattr(tgt.tokenizer, "decode") else None
     lm = SpeculativeLM(tgt, None, make_controller("fixed", 0))
     if getattr(tgt.tokenizer, "chat_template", None):
-        encoded = [lm.encode(p.text) for p in prompts]
+        encoded = [lm.encode(p.model_input()) for p in prompts]
     else:
-        encoded = [tgt.tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
-    drafters = {d: _load_drafter(d, tgt, dtype, loader) for d in drafts if d.lower() != "none"}
+        encoded = [tgt.tokenizer(p.as_text(), add_special_tokens=False)["input_ids"] for p in prompts]
+    drafters = {d: _load_drafter(d, tgt, dtype, loader, backend, device) for d in drafts if d.lower() != "none"}
     if not drafters:
         raise AdaspecError("give at least one candidate drafter")
     # Every run of a prompt reuses its prompt cache (plain and speculative alike): prefill once per prompt.
@@ -151,7 +157,7 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
     return {
         "workload": workload, "sample": len(prompts), "context_tokens": context, "max_new_tokens": max_new_tokens,
         "temperature": temperature, "target": tgt.name,
-        "dtype": "gguf" if tgt.name.endswith("@llamacpp") else dtype, "threads": n_threads,
+        "dtype": "gguf" if isinstance(tgt.backend, GgufBackend) else dtype or "bfloat16", "threads": n_threads,
         "enable": enable, "expected_speedup": best["predicted_speedup"], "ci95": best["ci95"],
         "recommended": {"drafter": best["drafter"] if enable != "no" else "none",
                         "controller": controller if enable != "no" else "fixed", "k": k if enable != "no" else 0},

@@ -3,7 +3,7 @@
 A configuration has three parts (see ``presets/quick.toml`` for a commented example):
 
 * ``[bench]`` — what is held fixed within a run, plus the hardware axes: ``dtype``, ``threads``, ``backend``
-  (``torch`` or ``llamacpp``) and ``batch`` (lists; every sweep runs under each combination). A llama.cpp setting
+  (``torch``, ``llamacpp`` or ``ik`` = ik_llama.cpp) and ``batch`` (lists; every sweep runs under each combination). A llama.cpp setting
   runs the target's and drafts' GGUF files as they are: its dtype is recorded as ``gguf`` whatever the list says.
 * ``[micro]`` — the micro-measurements the cost model is fitted to: context lengths, verify widths n = K + 1,
   repeats, and the draft models to time.
@@ -31,8 +31,8 @@ from adaspec.errors import ConfigError
 PRESETS = ("quick", "full")
 AXES = ("drafter", "alpha", "cost", "k", "controller", "context", "temperature")
 HARDWARE_AXES = ("dtype", "threads", "backend", "batch")
-BACKENDS = ("torch", "llamacpp")
-GGUF_DTYPE = "gguf"  # the dtype of a llama.cpp setting: the GGUF's own quantisation (the dtype axis does not apply)
+BACKENDS = ("torch", "llamacpp", "ik")
+GGUF_DTYPE = "gguf"  # the dtype of a GGUF-runtime setting: the file's own quantisation (the dtype axis does not apply)
 
 DEFAULTS: dict = {
     "bench": {
@@ -239,7 +239,7 @@ def expand(cfg: dict) -> list[Point]:
     bench = cfg["bench"]
     points: dict[str, Point] = {}
     settings = list(dict.fromkeys(
-        Setting(bench["target"], GGUF_DTYPE if b == "llamacpp" else d, int(t), b, int(n))
+        Setting(bench["target"], GGUF_DTYPE if b != "torch" else d, int(t), b, int(n))
         for b in bench["backend"] for d in bench["dtype"] for t in bench["threads"] for n in bench["batch"]))
     for setting in settings:
         for sweep in cfg["sweep"]:

@@ -2,7 +2,7 @@
 
 A sweep point at context L needs a prompt of L tokens that still ends in a real task, so that the target and the
 drafters behave as they would on a long real prompt. The prompt is the task's chat message with "background
-material" in front of the task: real documents from ``../shared/data`` (Spec-Bench's summarization and RAG
+material" in front of the task: real documents from the package's evaluation data (``adaspec/data``, or ``$ADASPEC_DATA``) (Spec-Bench's summarization and RAG
 articles first, then its other turns, GSM8K problems and HumanEval functions), cut at the token that makes the
 whole prompt exactly L tokens long. Short contexts whose task alone is longer than L keep the task whole (the record
 says how long the prompt really was).
@@ -22,7 +22,7 @@ INTRO = "Background material (you may ignore it):\n\n"
 
 @lru_cache(maxsize=1)
 def corpus_text(max_chars: int = 600_000) -> str:
-    """Real text from the shared data folder, in a fixed order, at most ``max_chars`` characters."""
+    """Real text from the evaluation data folder, in a fixed order, at most ``max_chars`` characters."""
     folder = data_dir()
     first, rest = [], []
     with open(folder / FILES["specbench"], encoding="utf-8") as f:

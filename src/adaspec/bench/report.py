@@ -60,9 +60,13 @@ class SettingAnalysis:
 
     @property
     def short(self) -> str:
-        """``bfloat16, 2 threads`` (PyTorch) or ``llama.cpp GGUF, 2 threads``, for titles and the overview."""
+        """``bfloat16, 2 threads`` (PyTorch) or ``llama.cpp GGUF, 2 threads`` / ``ik_llama.cpp GGUF, ...``, for titles
+        and the overview."""
+        from adaspec.backends.select import RUNTIME_LABELS
+
         s = self.setting
-        return f"{'llama.cpp GGUF' if s['backend'] == 'llamacpp' else s['dtype']}, {_threads(s['threads'])}"
+        kind = s["dtype"] if s["backend"] == "torch" else f"{RUNTIME_LABELS.get(s['backend'], s['backend'])} GGUF"
+        return f"{kind}, {_threads(s['threads'])}"
 
     @property
     def slug(self) -> str:

@@ -175,17 +175,19 @@ class _Models:
 
 
 def _default_loader(spec: str, dtype: str, *, max_context: int | None = None):
-    """Load ``spec`` (``NAME`` on PyTorch in ``dtype``, or ``NAME@llamacpp`` with a KV cache of ``max_context``
-    tokens: llama.cpp allocates it up front)."""
+    """Load ``spec`` (``NAME`` on PyTorch in ``dtype``, or ``NAME@llamacpp`` / ``NAME@ik`` with a KV cache of
+    ``max_context`` tokens: GGUF runtimes allocate it up front)."""
     from adaspec.api import load_model, split_backend
+    from adaspec.backends.select import GGUF_RUNTIMES
 
-    if split_backend(spec)[1] == "llamacpp":
+    if split_backend(spec)[1] in GGUF_RUNTIMES:
         return load_model(spec, max_context=max_context)
     return load_model(spec, dtype=dtype)
 
 
 def on_backend(spec: str, setting: Setting) -> str:
-    """The model spec to load for ``setting``: ``NAME@llamacpp`` for a model on a llama.cpp setting, else as is.
+    """The model spec to load for ``setting``: ``NAME@llamacpp`` / ``NAME@ik`` for a model on a GGUF-runtime
+    setting, else as is.
 
     Raises:
         ConfigError: ``spec`` names another backend than the setting's (the backend is a bench axis).
@@ -195,7 +197,7 @@ def on_backend(spec: str, setting: Setting) -> str:
     if spec == "calibrated" or builtin_drafter(spec):
         return spec
     name, backend = split_backend(spec)
-    if "@" in spec and backend != setting.backend:
+    if backend is not None and backend != setting.backend:
         raise ConfigError(f"{spec}: adaspec bench puts every model of a setting on the setting's backend "
                           f"({setting.backend}); write {name} and list the backends in bench.backend")
     return name if setting.backend == "torch" else f"{name}@{setting.backend}"
@@ -232,10 +234,15 @@ class SweepRunner:
         for setting in {p.setting for p in expand(cfg)}:  # a model pinned to another backend: say so now
             for spec in [setting.target, *cfg["micro"]["drafts"], *(d for s in cfg["sweep"] for d in s["drafter"])]:
                 on_backend(str(spec), setting)
-        if "llamacpp" in self.bench["backend"] and loader is None:
-            from adaspec.backends.llamacpp_backend import import_llama_cpp
+        if loader is None:  # a missing runtime: fail now, not hours in when its first setting loads
+            if "llamacpp" in self.bench["backend"]:
+                from adaspec.backends.llamacpp_backend import import_llama_cpp
 
-            import_llama_cpp()  # fail now, not hours in when the first llama.cpp setting loads
+                import_llama_cpp()
+            if "ik" in self.bench["backend"]:
+                from adaspec.backends.ik_backend import import_ik_llama_cpp
+
+                import_ik_llama_cpp()
 
     def _validate_costs(self) -> None:
         drafts = set(self.cfg["micro"]["drafts"])
@@ -254,7 +261,7 @@ class SweepRunner:
         if self._tasks is None:
             from adaspec.workloads import load_workload
 
-            self._tasks = [p.text for p in load_workload(self.bench["workload"], int(self.bench["prompts"]))]
+            self._tasks = [p.as_text() for p in load_workload(self.bench["workload"], int(self.bench["prompts"]))]
         return self._tasks
 
     def _write(self, f, row: dict) -> None:

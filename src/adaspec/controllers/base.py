@@ -8,6 +8,7 @@ autoregressive step. Controllers know nothing about drafters.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 
 from adaspec.drafters.base import DraftStop
 from adaspec.stats import StepRecord
@@ -31,3 +32,7 @@ class Controller(ABC):
 
     def reset(self) -> None:
         """Forget per-request state (called at the start of each request)."""
+
+    def set_synced(self, synced: Mapping[str, int]) -> None:
+        """After ``reset`` and the drafter's prefill: per drafter name, how many leading tokens of the sequence it
+        already holds (see :func:`~adaspec.drafters.multi.cached_prefixes`). Default: ignored."""

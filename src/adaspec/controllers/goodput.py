@@ -13,12 +13,19 @@ machine, per context-length bucket, while decoding:
                steps without catch-up (d drafted the step before, so it only feeds the last draft and correction).
     f_d        catch-up time per token: a drafter that sat out some steps (or, prefilled lazily, never ran in this
                request) first feeds the c tokens it missed; measured from such steps as
-               (draft_ms − drafted · t_d) / (c − 2).
+               (draft_ms − drafted · t_d) / (c − 2). At a request's start the engine tells the controller how
+               much of the sequence each drafter already holds (:meth:`GoodputController.set_synced`: a draft
+               model keeps its cache across requests that share a prefix), so c counts only the tokens it lacks.
     t_v(n, L)  target verification time of n = K + 1 tokens at context bucket L: median of recent verify_ms per
-               measured n. A bucket lacking some n takes it from its nearest measured n scaled by the all-bucket
-               curve's shape; beyond the largest measured n that curve is extended linearly from its last two
-               points (flat with one point). So verification cost is measured, not assumed flat or linear: it is
-               nearly flat on memory-bound hardware and grows on compute-bound hardware.
+               measured n; for an n not yet run in that bucket, a value seeded from a measured curve
+               (:meth:`CostModel.seed_verify`, which :meth:`GoodputController.calibrate` fills in the engine's
+               warm-up with :func:`~adaspec.controllers.costcurve.measure_verify_curve`): real observations win. A
+               bucket lacking some n takes it from its nearest known n scaled by the curve's shape: the seeded
+               curve (of the nearest seeded bucket) when there is one, else all buckets' observations pooled. The
+               shape is piecewise linear between its points and extended with the slope of its last segment beyond
+               the largest (flat with one point). So verification cost is measured, not assumed flat or linear: it
+               is nearly flat on memory-bound hardware and grows on compute-bound hardware, where a seeded curve
+               lets K reach the widths the controller has not run yet.
     o          engine overhead per step outside drafting and verification (median of recent steps).
 
     E_d(K)  = 1 + Σ_{j=1..K} Π_{i<j} α_d[i]                            expected tokens emitted by the step
@@ -34,10 +41,10 @@ runs where it is predicted to lose. While plain it still probes the best specula
 plain steps, doubling the gap up to ``probe_max`` while speculation keeps losing, to notice when the text turns
 predictable, unless the probe's catch-up would cost more than ``probe_budget`` plain steps. A drafter whose draft
 time was never measured without catch-up is tried at ``k_init`` (twice in a row for a lazily prefilled draft model:
-the first try feeds it the whole prompt, the second measures t_d, and the first is then booked as catch-up f_d). The
-first step of every request is plain (it costs nothing against plain decoding and tells the controller the context
-length, which the catch-up cost needs). Costs persist across requests (they belong to the machine); acceptance
-counts are scaled by ``carry`` at each new request (they belong to the text).
+the first try feeds it the prompt tokens it lacks, the second measures t_d, and the first is then booked as
+catch-up f_d). The first step of every request is plain (it costs nothing against plain decoding and tells the
+controller the context length, which the catch-up cost needs). Costs persist across requests (they belong to the
+machine); acceptance counts are scaled by ``carry`` at each new request (they belong to the text).
 
 **Stop within a step** (``confidence_stop``; SpecDec++'s threshold policy, Huang et al. 2024, with the threshold
 derived from the cost model instead of tuned): a drafter that reports its token probabilities q (a draft model
@@ -58,12 +65,14 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from adaspec.backends.base import Backend
 from adaspec.controllers.base import Controller
+from adaspec.controllers.costcurve import DEFAULT_WIDTHS, interpolate, measure_verify_curve
 from adaspec.controllers.threshold import Calibration
 from adaspec.drafters.base import DraftStop
 from adaspec.errors import ConfigError
@@ -112,13 +121,14 @@ class CostModel:
         self.feed: dict[str, Recent] = {}  # per-token time of feeding missed tokens (catch-up, lazy prefill)
         self.verify: dict[int, dict[int, Recent]] = {}
         self.shape: dict[int, Recent] = {}  # verification time per n, all buckets pooled
+        self.seeded: dict[int, dict[int, float]] = {}  # per bucket: a measured verification curve {n: ms}
         self.overhead = Recent(window)
 
     def observe(self, step: StepRecord, behind: int = 0) -> None:
         """Record a step. ``behind``: tokens of the sequence its drafter had not seen before drafting (at most
-        :attr:`STEADY` when it also drafted the step before; the whole prompt for a lazily prefilled draft model's
-        first draft). The time of feeding those beyond STEADY is catch-up, a cost of switching drafters, measured
-        apart from the draft time per token."""
+        :attr:`STEADY` when it also drafted the step before; the prompt tokens a lazily prefilled draft model
+        lacks at its first draft). The time of feeding those beyond STEADY is catch-up, a cost of switching
+        drafters, measured apart from the draft time per token."""
         b = bucket_of(step.context_len)
         n = step.drafted + 1
         self.verify.setdefault(b, {}).setdefault(n, Recent(self.window)).add(step.verify_ms)
@@ -141,9 +151,17 @@ class CostModel:
         per_token = self.draft_ms(d, b) or 0.0
         self.feed.setdefault(d, Recent(self.window)).add(max(draft_ms - drafted * per_token, 0.0) / extra)
 
+    def seed_verify(self, curve: Mapping[int, float], context_len: int) -> None:
+        """Seed the verification curve with ``curve`` ({n tokens: ms per forward}) measured at ``context_len``
+        tokens of context. In that bucket a seeded n is used until a step of that width is observed there; in
+        every bucket the seeded curve gives the shape for the widths not known (see :meth:`verify_ms`)."""
+        if not curve or min(curve.values()) <= 0:
+            raise ValueError(f"need a non-empty curve of positive times, got {dict(curve)}")
+        self.seeded.setdefault(bucket_of(context_len), {}).update({int(n): float(ms) for n, ms in curve.items()})
+
     @property
     def measured(self) -> bool:
-        return bool(self.verify)
+        return bool(self.verify or self.seeded)
 
     def overhead_ms(self) -> float:
         return self.overhead.value if self.overhead else 0.0
@@ -164,28 +182,30 @@ class CostModel:
         return 0.25 * (self.draft_ms(drafter, b) or 0.0)
 
     def verify_ms(self, n: int, b: int) -> float:
-        """Verification time of ``n`` tokens at bucket ``b``. Needs at least one measurement (``measured``)."""
-        own = self.verify[_nearest(self.verify, b)]
-        if n in own:
-            return own[n].value
-        ref = min(own, key=lambda m: (abs(m - n), m))
-        return own[ref].value * self._shape(n) / self._shape(ref)
+        """Verification time (ms) of ``n`` tokens at bucket ``b``. Needs a measurement or a seed (``measured``).
 
-    def _shape(self, n: int) -> float:
-        """The pooled curve at ``n``: interpolated between measured n, extended linearly past the ends."""
-        xs = sorted(self.shape)
-        ys = [self.shape[x].value for x in xs]
-        if n in self.shape:
-            return self.shape[n].value
-        if len(xs) == 1:
-            return ys[0]
-        i = bisect.bisect_left(xs, n)
-        lo, hi = (0, 1) if i == 0 else (len(xs) - 2, len(xs) - 1) if i == len(xs) else (i - 1, i)
-        slope = (ys[hi] - ys[lo]) / (xs[hi] - xs[lo])
-        return max(ys[lo] + slope * (n - xs[lo]), 0.05 * min(ys))
+        The nearest bucket with any data gives its observed median for n, else its seeded value for n, else its
+        nearest known width m scaled by the shape: ``t(m) · shape(n) / shape(m)``."""
+        own = _nearest(self.verify.keys() | self.seeded.keys(), b)
+        observed, seeded = self.verify.get(own, {}), self.seeded.get(own, {})
+
+        def known(m: int) -> float:
+            return observed[m].value if m in observed else seeded[m]
+
+        if n in observed or n in seeded:
+            return known(n)
+        ref = min(observed.keys() | seeded.keys(), key=lambda m: (abs(m - n), m))
+        return known(ref) * self._shape(n, b) / self._shape(ref, b)
+
+    def _shape(self, n: int, b: int) -> float:
+        """The curve's shape at ``n``: the seeded curve of the bucket nearest ``b`` when one was seeded, else the
+        pooled observations; piecewise linear, extended with the slope of the last segment."""
+        if self.seeded:
+            return interpolate(self.seeded[_nearest(self.seeded, b)], n)
+        return interpolate({m: r.value for m, r in self.shape.items()}, n)
 
 
-def _nearest(table: Mapping[int, object], b: int) -> int:
+def _nearest(table: Iterable[int], b: int) -> int:
     return min(table, key=lambda key: (abs(key - b), key))
 
 
@@ -293,6 +313,25 @@ class GoodputController(Controller):
         self.fresh = True  # no step of this request seen yet: the context length is unknown
         self.plain_run = 0
         self.probe_gap = self.config.probe_init
+
+    def set_synced(self, synced: Mapping[str, int]) -> None:
+        """At a request's start: per drafter, the leading tokens of the sequence it already holds (a draft model
+        keeps its cache across requests that share a prefix), so its catch-up counts only the tokens it lacks."""
+        self.synced.update(synced)
+
+    def calibrate(self, backend: Backend, context_len: int = 0, widths: Sequence[int] = DEFAULT_WIDTHS,
+                  repeats: int = 3) -> dict[int, float]:
+        """Measure the target's verification curve on ``backend`` (see
+        :func:`~adaspec.controllers.costcurve.measure_verify_curve`; its cache is left as it was) and seed the cost
+        model with it at the measured context length. Returns the curve, ``{n: ms}`` (empty when the context
+        window leaves no room to measure)."""
+        at = max(backend.seq_len, context_len)
+        widths = [n for n in widths if at + n <= backend.max_context]  # no room for a width: not measured
+        if not widths:
+            return {}
+        curve = measure_verify_curve(backend, widths, context_len=at, repeats=repeats)
+        self.costs.seed_verify(curve, at)
+        return curve
 
     # Decisions --------------------------------------------------------------------------------------------
     def choose_drafter(self, options: Mapping[str, int | None]) -> str | None:

@@ -48,6 +48,11 @@ class Drafter(ABC):
     def prefill(self, prompt_ids: list[int]) -> None:
         """Start a new sequence with ``prompt_ids`` (called once per request, before any ``propose``)."""
 
+    def cached_prefix(self, ids: list[int]) -> int:
+        """How many leading tokens of ``ids`` this drafter already holds (e.g. a draft model's KV cache kept from an
+        earlier request sharing that prefix), so a proposal after ``ids`` feeds only the rest. Default: 0."""
+        return 0
+
     @abstractmethod
     def propose(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
                 stop: DraftStop | None = None) -> Draft:

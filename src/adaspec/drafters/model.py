@@ -18,6 +18,11 @@ class ModelDrafter(Drafter):
     Drafting K tokens costs K forwards; the last drafted token is never fed (the next call feeds it if accepted).
     Near the end of the draft model's own context window (which may be shorter than the target's) it drafts fewer
     tokens, then none: the engine then takes plain steps.
+
+    The cache outlives a request: a new request's first proposal keeps the prefix it shares with the previous
+    sequence (a multi-turn chat repeats the earlier prompt and answer) and feeds only the rest. The cache is
+    trusted while the backend holds as many tokens as this drafter fed it; when someone else reset or fed the
+    backend in between, the drafter starts from an empty cache.
     """
 
     def __init__(self, backend: Backend) -> None:
@@ -28,13 +33,35 @@ class ModelDrafter(Drafter):
 
     def prefill(self, prompt_ids: list[int]) -> None:
         # Lazy: the first proposal feeds the prompt (chunked) through _sync, so a request that never speculates
-        # (the controller chose K = 0 throughout) never pays for the draft's prefill.
-        self.backend.reset()
-        self._cached = []
+        # (the controller chose K = 0 throughout) never pays for the draft's prefill. The cache is kept: _sync
+        # cuts it at the first token that differs from the new sequence, checked token by token from 0.
         self._stable = 0
+
+    def cached_prefix(self, ids: list[int]) -> int:
+        """Leading tokens of ``ids`` whose KV is in the draft cache (the common prefix with what it was fed)."""
+        if self.backend.seq_len != len(self._cached):
+            return 0
+        n, limit = 0, min(len(self._cached), len(ids))
+        while n < limit and self._cached[n] == ids[n]:
+            n += 1
+        return n
+
+    def feed(self, ids: list[int]) -> None:
+        """Bring the cache to hold all of ``ids`` but its last token, as the first proposal after ``ids`` would
+        (e.g. to take a draft prefill out of a timed run); nothing beyond the draft model's window. Like
+        :meth:`prefill`, it starts a new sequence."""
+        self._stable = 0
+        if len(ids) <= self.backend.max_context:
+            pending = self._sync(ids)[:-1]
+            if pending:
+                self.backend.forward(pending, 1)
+                self._cached.extend(pending)
 
     def _sync(self, ids: list[int]) -> list[int]:
         """Roll the cache back to the prefix shared with ``ids``; return the tokens still to feed (never empty)."""
+        if self.backend.seq_len != len(self._cached):  # the backend was reset or fed behind this drafter's back
+            self.backend.reset()
+            self._cached, self._stable = [], 0
         limit = min(len(self._cached), len(ids) - 1)  # always feed at least one token to get logits
         n = min(self._stable, limit)
         while n < limit and self._cached[n] == ids[n]:

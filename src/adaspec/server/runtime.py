@@ -18,6 +18,7 @@ import copy
 import logging
 import os
 import statistics
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -26,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from adaspec.api import LoadedModel, SpeculativeLM, builtin_drafter, load_model, make_drafter, set_threads
+from adaspec.backends.select import resolve_device
 from adaspec.controllers import CONTROLLERS, Controller, FixedController, make_controller
 from adaspec.defaults import DEFAULT_CONTROLLER
 from adaspec.drafters import Drafter
@@ -126,25 +128,32 @@ class ModelHost:
         self.encode_executor = ThreadPoolExecutor(1, thread_name_prefix="adaspec-encode")
         self.plain_ms: float | None = None  # EMA of a plain decoding step's wall time
         self.service_s: float | None = None  # EMA of a request's generation time (for Retry-After)
+        self.backend = "torch"  # where a draft model a client names is loaded (load() sets the host's)
         self.current: Job | None = None
 
     @classmethod
     def load(cls, target: str, draft: str | None, *, controller: str = DEFAULT_CONTROLLER, k: int | None = None,
-             dtype: str = "bfloat16", device: str = "cpu", threads: int | None = None,
-             extra_drafters: Sequence[str] = (), progress: bool = True) -> ModelHost:
-        """Load the target and every model drafter clients may choose (the default one plus ``extra_drafters``)."""
+             dtype: str | None = None, device: str = "cpu", threads: int | None = None,
+             extra_drafters: Sequence[str] = (), progress: bool = True, backend: str = "torch") -> ModelHost:
+        """Load the target and every model drafter clients may choose (the default one plus ``extra_drafters``) on
+        ``backend``/``device`` (see :func:`adaspec.api.load`; ``adaspec serve`` passes ``auto``)."""
         set_threads(threads)
         make_controller(controller, k)  # validate before loading anything heavy
-        tgt = load_model(target, dtype=dtype, device=device, progress=progress)
+        device = resolve_device(device)
+        tgt = load_model(target, backend=backend, dtype=dtype, device=device, progress=progress)
+        if tgt.runtime_reason and progress:
+            print(f"target runtime: {tgt.runtime_reason}", file=sys.stderr)
         model_drafters: dict[str, Drafter] = {}
         draft = draft or "none"
         for spec in [draft, *extra_drafters]:
             if builtin_drafter(spec) or spec.lower() in model_drafters:
                 continue
-            drafter = make_drafter(spec, tgt, dtype=dtype, device=device, progress=progress)
+            drafter = make_drafter(spec, tgt, dtype=dtype, device=device, progress=progress, backend=backend)
             model_drafters[spec.lower()] = drafter
             model_drafters.setdefault(drafter.name.lower(), drafter)
-        return cls(tgt, SpecSettings(draft, controller, k), model_drafters)
+        host = cls(tgt, SpecSettings(draft, controller, k), model_drafters)
+        host.backend = backend  # where a draft model a client names later is loaded
+        return host
 
     # Settings ----------------------------------------------------------------------------------------------------
     def available_drafters(self) -> list[str]:
@@ -194,7 +203,7 @@ class ModelHost:
             if spec in self._model_drafters:
                 self._drafters[spec] = self._model_drafters[spec]
             else:
-                self._drafters[spec] = make_drafter(spec, self.target, progress=False)
+                self._drafters[spec] = make_drafter(spec, self.target, progress=False, backend=self.backend)
         return self._drafters[spec]
 
     def engine_for(self, settings: SpecSettings) -> EngineHandle:

@@ -1,0 +1,169 @@
+"""What every GGUF runtime backend shares: one ``llama_batch`` per call, logits only where asked, cache rollback.
+
+llama.cpp (llama-cpp-python) and ik_llama.cpp (ik-llama-cpp-python) expose the same C calls for the hot path
+(``llama_batch_init``, ``llama_decode``, ``llama_get_logits_ith``) but differ in how a model is loaded, how a
+sequence's cache positions are removed and which library they load. :class:`GgufBackend` holds the shared
+decode/truncate loop; a subclass loads the model and provides :meth:`GgufBackend._seq_rm` and the model's shape.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from adaspec.backends.base import Backend
+from adaspec.errors import ConfigError
+
+
+class GgufBackend(Backend):
+    """A GGUF model on a llama.cpp-family runtime: one sequence (seq_id 0), batch size 1.
+
+    A subclass's ``__init__`` loads the model and context, then calls :meth:`_init_state`. It sets ``self._lib``
+    (a namespace with ``llama_batch_init``, ``llama_batch_free``, ``llama_decode``, ``llama_get_logits_ith``,
+    ``llama_set_n_threads``, ``llama_model_size``), ``self._ctx`` and ``self._model`` (C pointers), and implements
+    :meth:`_seq_rm`, :meth:`_shape` and :meth:`_free`.
+
+    **Batch invariance.** These runtimes evaluate a one-token batch with other kernels (matrix-vector) than a batch
+    of two or more (matrix-matrix, whose rows do not depend on each other or on the batch size). Plain decoding
+    feeds one token per step and verification K + 1, so by default greedy speculative output equals plain greedy
+    output except where the two kernels flip a near-tie. ``batch_invariant=True`` never evaluates a one-token batch
+    after the first token: it re-runs the previous token with the new one (the cache drops and recomputes that
+    position), so every logit comes from the matrix-matrix kernels and greedy speculative output is token-for-token
+    identical to plain greedy output on the same backend, at the cost of a two-token forward per plain step.
+
+    Logits are returned as float32 ``[num_logits, V]`` CPU tensors.
+    """
+
+    runtime = "gguf"  # the runtime's short name, as in model specs (NAME@llamacpp, NAME@ik)
+
+    def _init_state(self, path: Path, name: str | None, n_ctx: int, n_batch: int, threads: int,
+                    batch_invariant: bool) -> None:
+        """Common state once the model and context exist (``n_ctx``/``n_batch`` as the context really has them)."""
+        self.name = name or path.stem
+        self.path = path
+        self.n_batch = n_batch
+        self.threads = threads
+        self._batch = self._lib.llama_batch_init(self.n_batch, 0, 1)
+        self.max_context = n_ctx
+        self.batch_invariant = batch_invariant
+        self._ids: list[int] = []  # token ids in the cache (batch-invariant mode re-runs the last one)
+        self._len = 0
+
+    @staticmethod
+    def _check_args(path: Path, runtime: str, n_batch: int, batch_invariant: bool) -> None:
+        if not path.is_file():
+            raise ConfigError(f"{runtime} backend: no GGUF file at {path}")
+        if n_batch < (3 if batch_invariant else 1):
+            raise ConfigError(f"n_batch must be >= {3 if batch_invariant else 1}, got {n_batch}")
+
+    # Subclass hooks ---------------------------------------------------------------------------------------
+    @abstractmethod
+    def _seq_rm(self, start: int) -> bool:
+        """Remove cache positions ``start..`` of sequence 0; False when the runtime refuses."""
+
+    @abstractmethod
+    def _shape(self) -> tuple[int, int, int, int]:
+        """``(n_layer, n_head, n_head_kv, n_embd)`` of the model."""
+
+    @abstractmethod
+    def _free(self) -> None:
+        """Free the context and the model (the batch is already freed)."""
+
+    # Backend interface ------------------------------------------------------------------------------------
+    @property
+    def seq_len(self) -> int:
+        return self._len
+
+    def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
+        ids = [int(t) for t in input_ids]
+        n = len(ids)
+        self.check_forward(n, num_logits)
+        if self._ctx is None:
+            raise RuntimeError(f"{self.name}: the {self.runtime} backend was closed")
+        if self.batch_invariant and n == 1 and self._ids:  # re-run the previous token so no batch has one row
+            prev = self._ids[-1]
+            self.truncate(self._len - 1)
+            try:
+                return self._decode([prev, ids[0]], 1)
+            except RuntimeError:
+                self._decode([prev], 1)  # put the previous token back before reporting the failure
+                raise
+        return self._decode(ids, num_logits)
+
+    def _decode(self, ids: list[int], num_logits: int) -> torch.Tensor:
+        """``llama_decode`` over ``ids`` in chunks of at most ``n_batch`` (never a last chunk of one token after
+        others when batch-invariant), logits only for the last ``num_logits`` positions."""
+        lib, batch = self._lib, self._batch
+        n = len(ids)
+        starts = list(range(0, n, self.n_batch))
+        if self.batch_invariant and n > 1 and n % self.n_batch == 1:
+            starts[-1] -= 1
+        first_logit = n - num_logits
+        rows: list[np.ndarray] = []
+        for start, end in zip(starts, starts[1:] + [n]):
+            batch.n_tokens = end - start
+            wanted = []
+            for j, i in enumerate(range(start, end)):
+                batch.token[j] = ids[i]
+                batch.pos[j] = self._len + i
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                batch.logits[j] = i >= first_logit
+                if i >= first_logit:
+                    wanted.append(j)
+            rc = lib.llama_decode(self._ctx, batch)
+            if rc != 0:  # undo the chunks already decoded: the cache is as before the call
+                self._seq_rm(self._len)
+                why = {1: "no room left in the KV cache", -1: "invalid batch (a token id out of range?)"}.get(
+                    rc, f"{self.runtime} error")
+                raise RuntimeError(f"{self.name}: llama_decode returned {rc} ({why}) at position "
+                                   f"{self._len + start}")
+            for j in wanted:
+                ptr = lib.llama_get_logits_ith(self._ctx, j)
+                rows.append(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy())
+        self._ids.extend(ids)
+        self._len += n
+        return torch.from_numpy(np.stack(rows))
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self._len:
+            raise ValueError(f"cannot truncate a cache of {self._len} tokens to {length}")
+        if length < self._len:
+            if not self._seq_rm(length):
+                raise RuntimeError(f"{self.name}: {self.runtime} refused to remove cache positions {length}..")
+        del self._ids[length:]
+        self._len = length
+
+    def set_threads(self, threads: int) -> None:
+        if threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}")
+        self._lib.llama_set_n_threads(self._ctx, threads, threads)
+        self.threads = threads
+
+    def weight_bytes(self) -> int:
+        """Bytes of the GGUF's tensors (``llama_model_size``: quantised weights as loaded)."""
+        return int(self._lib.llama_model_size(self._model))
+
+    def kv_bytes_per_token(self) -> int:
+        """2 (K and V) × layers × KV heads × head dim × 2 bytes (the runtime's default f16 cache)."""
+        n_layer, n_head, n_head_kv, n_embd = self._shape()
+        return 2 * n_layer * n_head_kv * (n_embd // n_head) * 2
+
+    def close(self) -> None:
+        """Free the batch, the context and the model (also done at garbage collection)."""
+        if getattr(self, "_batch", None) is not None:
+            self._lib.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None) is not None or getattr(self, "_model", None) is not None:
+            self._free()
+            self._ctx = self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass

@@ -1,0 +1,159 @@
+"""An ik_llama.cpp model (a GGUF file, run as it is, quantised) behind the :class:`Backend` interface.
+
+ik_llama.cpp is a fork of llama.cpp with faster CPU kernels for quantised matrix products, notably for the small
+batches (2-9 tokens) speculative verification feeds, and optional **run-time repacking** of quantised tensors into
+interleaved-row layouts (``repack_tensors``) that speed up both one-token decoding and small batches on AVX2/AVX-512
+CPUs. The binding is ik-llama-cpp-python (PyPI, a prebuilt AVX2 wheel: no source build), used through its ctypes
+module; the few C functions it does not declare (per-sequence cache removal, thread count, model size and shape,
+log silencing) are declared here against the library it loaded (ik_llama.cpp's ``llama.h``).
+
+The library is loaded by path with ``RTLD_LOCAL`` and links its own ``libggml`` under a hashed soname, so a process
+may also load llama-cpp-python's ``libllama.so``: each backend calls its own library (tested).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+from adaspec.backends.gguf import GgufBackend
+from adaspec.errors import ConfigError
+
+INSTALL = 'pip install "ik-llama-cpp-python==0.1.5"'
+
+_LIB: SimpleNamespace | None = None
+_LOG_CALLBACK = None  # keeps the ctypes callback alive for as long as the library may call it
+
+
+def import_ik_llama_cpp() -> SimpleNamespace:
+    """The ik_llama.cpp C API as a namespace (the binding's functions plus the ones declared here), loaded once.
+
+    Raises:
+        ConfigError: ik-llama-cpp-python is not installed (names the install command), or its library cannot be
+            loaded on this machine (for example a CPU without AVX2, which the prebuilt wheel needs).
+    """
+    global _LIB, _LOG_CALLBACK
+    if _LIB is not None:
+        return _LIB
+    try:
+        from ik_llama_cpp import _ctypes_api as C
+    except ImportError as e:
+        raise ConfigError(f"the ik_llama.cpp backend (@ik) needs ik-llama-cpp-python: {INSTALL} "
+                          f"(a prebuilt wheel; import failed: {e})") from None
+    except OSError as e:  # the shared library exists but cannot be loaded here
+        raise ConfigError(f"ik-llama-cpp-python is installed but its library cannot be loaded: {e}") from None
+    lib = C._lib
+    declared = {  # name: (argtypes, restype), from ik_llama.cpp's include/llama.h
+        "llama_kv_cache_seq_rm": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32], ctypes.c_bool),
+        "llama_set_n_threads": ([ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32], None),
+        "llama_model_size": ([ctypes.c_void_p], ctypes.c_uint64),
+        "llama_n_ctx": ([ctypes.c_void_p], ctypes.c_uint32),
+        "llama_n_batch": ([ctypes.c_void_p], ctypes.c_uint32),
+        "llama_n_ctx_train": ([ctypes.c_void_p], ctypes.c_int32),
+        "llama_n_vocab": ([ctypes.c_void_p], ctypes.c_int32),
+        "llama_model_meta_val_str": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t],
+                                     ctypes.c_int32),
+        "llama_print_system_info": ([], ctypes.c_char_p),
+        "llama_log_set": ([ctypes.c_void_p, ctypes.c_void_p], None),
+    }
+    ns = SimpleNamespace(**{k: getattr(C, k) for k in dir(C) if k.startswith("llama_")}, C=C, path=lib._name)
+    for name, (argtypes, restype) in declared.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, restype
+        setattr(ns, name, fn)
+    _LOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(lambda *a: None)
+    ns.llama_log_set(ctypes.cast(_LOG_CALLBACK, ctypes.c_void_p), None)  # quiet unless verbose
+    ns.llama_backend_init()
+    _LIB = ns
+    return ns
+
+
+class IkLlamaBackend(GgufBackend):
+    """A GGUF model on ik_llama.cpp, one sequence (seq_id 0), batch size 1.
+
+    Args:
+        model_path: path to a ``.gguf`` file.
+        name: display name (default: the file name without suffix).
+        max_context: context window in tokens (``n_ctx``; default 8192; the KV cache is allocated up front, f16),
+            never more than the model's training context.
+        threads: threads for decoding and batch evaluation (default: all cores).
+        n_batch: tokens per ``llama_decode`` call; longer inputs (prefill) are split.
+        batch_invariant: never evaluate a batch of one token after the first (see :class:`GgufBackend`).
+        repack: repack quantised tensors at load time into the runtime's interleaved layouts (``repack_tensors``;
+            default True: faster one-token and small-batch products on x86; loading reads the weights into memory
+            instead of mapping them).
+        flash_attn: ik_llama.cpp's flash attention (default False: its CPU kernels assert on some prompt shapes
+            without AVX-VNNI, and at the contexts here it gains little).
+
+    Logits are float32 ``[num_logits, V]`` CPU tensors. Numerics as for llama.cpp: a row's logits do not depend on
+    how tokens are split into batches of >= 2; a one-token batch uses other kernels.
+
+    Raises:
+        ConfigError: the package is missing, the file is missing, or the runtime cannot load it.
+    """
+
+    runtime = "ik_llama.cpp"
+
+    def __init__(self, model_path: str | Path, name: str | None = None, *, max_context: int | None = None,
+                 threads: int | None = None, n_batch: int = 512, batch_invariant: bool = False,
+                 repack: bool = True, flash_attn: bool = False, verbose: bool = False) -> None:
+        lib = import_ik_llama_cpp()
+        self._lib = lib
+        path = Path(model_path)
+        self._check_args(path, self.runtime, n_batch, batch_invariant)
+        if verbose:
+            lib.llama_log_set(None, None)  # the library's default: log to stderr
+        threads = threads or os.cpu_count() or 1
+        mp = lib.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        mp.repack_tensors = repack
+        mp.use_mmap = not repack  # repacking rewrites the tensors, so they must live in memory
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mp)
+        if not self._model:
+            self._ctx = None
+            raise ConfigError(f"ik_llama.cpp could not load {path} (not a GGUF file it supports?)")
+        n_ctx_train = int(lib.llama_n_ctx_train(self._model))
+        n_ctx = min(max_context or 8192, n_ctx_train)
+        cp = lib.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, n_batch, n_batch, 1
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.logits_all, cp.embeddings, cp.flash_attn = False, False, flash_attn
+        self._ctx = lib.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            lib.llama_free_model(self._model)
+            self._model = None
+            raise ConfigError(f"ik_llama.cpp could not create a context of {n_ctx} tokens for {path}")
+        self.vocab_size = int(lib.llama_n_vocab(self._model))
+        self.repack = repack
+        self._init_state(path, name, min(n_ctx, int(lib.llama_n_ctx(self._ctx))),
+                         min(int(lib.llama_n_batch(self._ctx)), int(lib.llama_n_ubatch(self._ctx))),
+                         threads, batch_invariant)
+
+    def _seq_rm(self, start: int) -> bool:
+        return bool(self._lib.llama_kv_cache_seq_rm(self._ctx, 0, start, -1))
+
+    def _meta_int(self, key: str) -> int:
+        buf = ctypes.create_string_buffer(128)
+        if self._lib.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf)) < 0:
+            raise NotImplementedError(f"{self.name}: the GGUF has no {key!r}")
+        return int(buf.value)
+
+    def _shape(self) -> tuple[int, int, int, int]:
+        buf = ctypes.create_string_buffer(64)
+        self._lib.llama_model_meta_val_str(self._model, b"general.architecture", buf, len(buf))
+        arch = buf.value.decode()
+        n_head = self._meta_int(f"{arch}.attention.head_count")
+        try:
+            n_head_kv = self._meta_int(f"{arch}.attention.head_count_kv")
+        except NotImplementedError:
+            n_head_kv = n_head
+        return (self._meta_int(f"{arch}.block_count"), n_head, n_head_kv,
+                self._meta_int(f"{arch}.embedding_length"))
+
+    def _free(self) -> None:
+        if self._ctx is not None:
+            self._lib.llama_free(self._ctx)
+        if self._model is not None:
+            self._lib.llama_free_model(self._model)

@@ -1,0 +1,76 @@
+"""The verification cost curve t_v(n): measured on a backend, and read between and beyond its measured widths.
+
+Verifying K drafts runs the target once over n = K + 1 tokens. How that forward's time grows with n decides how
+long a draft pays: nearly flat on memory-bound hardware (a GPU, a big model on few cores), steeper where compute
+binds (llama.cpp on 2 AVX2 cores: 65 ms for n = 1, 99 ms for n = 4, 157 ms for n = 8). The goodput controller
+learns the curve from its own steps, but it only ever sees the widths it has run; :func:`measure_verify_curve`
+times a handful of widths up front (in the engine's warm-up) so that it knows the curve's shape from the start.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from adaspec.backends.base import Backend
+
+DEFAULT_WIDTHS = (1, 2, 3, 4, 5, 6, 8)
+
+
+def interpolate(points: Mapping[int, float], n: float) -> float:
+    """Value of the piecewise-linear curve through ``points`` ({n: ms}) at ``n``.
+
+    Between two measured widths: the straight line between them. Beyond the largest (or below the smallest): the
+    slope of the last (first) segment, floored at 5% of the smallest value. One point: flat.
+    """
+    xs = sorted(points)
+    if n in points:
+        return float(points[n])
+    ys = [float(points[x]) for x in xs]
+    if len(xs) == 1:
+        return ys[0]
+    i = bisect.bisect_left(xs, n)
+    lo, hi = (0, 1) if i == 0 else (len(xs) - 2, len(xs) - 1) if i == len(xs) else (i - 1, i)
+    slope = (ys[hi] - ys[lo]) / (xs[hi] - xs[lo])
+    return max(ys[lo] + slope * (n - xs[lo]), 0.05 * min(ys))
+
+
+def measure_verify_curve(backend: Backend, widths: Sequence[int] = DEFAULT_WIDTHS, context_len: int = 0,
+                         repeats: int = 3, filler: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)) -> dict[int, float]:
+    """Time one verification-like forward of n tokens for each n in ``widths``; return ``{n: median ms}``.
+
+    Each sample is ``forward(n tokens, num_logits=n)`` + argmax over the ``[n, V]`` logits + ``truncate`` back +
+    ``synchronize``, as a verification step does; widths run in rotating order ``repeats`` times. The cache is
+    first extended to ``context_len`` tokens with ``filler`` ids (cycled) if it holds fewer, so the curve is
+    measured at ``max(backend.seq_len, context_len)`` tokens of context; afterwards the cache holds exactly what it
+    held before. Cost: ``len(widths) * repeats`` forwards of at most ``max(widths)`` tokens.
+    """
+    widths = sorted({int(n) for n in widths})
+    if not widths or widths[0] < 1 or repeats < 1:
+        raise ValueError(f"need widths >= 1 and repeats >= 1, got {widths}, {repeats}")
+    filler = [int(t) % backend.vocab_size for t in filler]
+    start_len = backend.seq_len
+    base = max(start_len, context_len)
+    if base + widths[-1] > backend.max_context:
+        raise ValueError(f"{backend.name}: measuring at {base} + {widths[-1]} tokens exceeds its context window")
+
+    def tokens(count: int, at: int) -> list[int]:
+        return [filler[(at + i) % len(filler)] for i in range(count)]
+
+    samples: dict[int, list[float]] = {n: [] for n in widths}
+    with torch.inference_mode():
+        if base > start_len:
+            backend.forward(tokens(base - start_len, start_len), 1)
+        for r in range(repeats):
+            for n in widths[r % len(widths):] + widths[:r % len(widths)]:
+                t = time.perf_counter()
+                backend.forward(tokens(n, base), n).argmax(dim=-1)
+                backend.truncate(base)
+                backend.synchronize()
+                samples[n].append((time.perf_counter() - t) * 1e3)
+        backend.truncate(start_len)
+    return {n: statistics.median(s) for n, s in samples.items()}
