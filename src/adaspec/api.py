@@ -80,12 +80,13 @@ class LoadedModel:
     runtime_reason: str = ""
 
 
-def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, device: str = "cpu",
+def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, device: str = "auto",
                progress: bool = True, threads: int | None = None, max_context: int | None = None) -> LoadedModel:
     """Resolve ``spec`` and load it on the backend its ``@backend`` suffix names, else on ``backend``.
 
     ``backend``: ``torch`` (this function's default), ``llamacpp``, ``ik`` or ``auto`` (the fastest path on this
-    machine, measured: see :mod:`adaspec.backends.select`). PyTorch: a zoo model is fetched and converted on first
+    machine, measured: see :mod:`adaspec.backends.select`). ``device``: ``auto`` (default: CUDA for PyTorch when
+    PyTorch sees a GPU, else the CPU; the CPU for GGUF runtimes), ``cpu``, ``cuda``. PyTorch: a zoo model is fetched and converted on first
     use; ``dtype`` (default ``bfloat16``) and ``device`` apply. GGUF runtimes (llama.cpp, ik_llama.cpp): the file
     runs as it is (its own quantisation; ``dtype`` does not apply) on the CPU with ``threads`` threads (default:
     PyTorch's current thread count, which :func:`set_threads` sets). ``max_context`` (tokens) sets the context
@@ -100,18 +101,16 @@ def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, d
     from transformers import AutoTokenizer
 
     spec, pinned = split_backend(spec)
+    asked_device = (device or "auto").strip().lower()
     device = resolve_device(device)
     threads = threads or torch.get_num_threads()
     reason = ""
-    if pinned is None:
-        backend = normalize_backend(backend)
-        if backend == "auto":
-            choice = choose_backend(spec, device=device, dtype=dtype, threads=threads, progress=progress)
-            backend, reason = choice.backend, choice.reason
-        elif backend != "torch" and device != "cpu":
-            raise ConfigError(f"--backend {backend} runs on the CPU here; use --device cpu or --backend torch")
-    else:
-        backend = pinned
+    backend = pinned or normalize_backend(backend)
+    if backend == "auto":
+        choice = choose_backend(spec, device=device, dtype=dtype, threads=threads, progress=progress)
+        backend, reason = choice.backend, choice.reason
+    if backend in GGUF_RUNTIMES and asked_device == "auto":
+        device = "cpu"  # "auto" means the best device for each model: the GGUF runtimes here run on the CPU
     if backend in GGUF_RUNTIMES:
         from adaspec.models import resolve_gguf
 
@@ -123,7 +122,7 @@ def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, d
         check_installed()  # fail before fetching anything when the package is not installed
         if device != "cpu":
             raise ConfigError(f"{label}: the {RUNTIME_LABELS[backend]} backend runs on the CPU here "
-                              f"(device={device!r})")
+                              f"(device={device!r}); use --device cpu, or --backend torch for {device}")
         name, gguf_file, tok_dir = resolve_gguf(spec, progress=progress)
         label = f"{name}@{backend}"
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
@@ -142,7 +141,7 @@ def builtin_drafter(spec: str) -> bool:
     return low in ("none", "ngram") or low.startswith("layerskip:")
 
 
-def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = None, device: str = "cpu",
+def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = None, device: str = "auto",
                  progress: bool = True, reuse: dict[str, Drafter] | None = None,
                  backend: str = "torch") -> Drafter | None:
     """Build the drafter named by ``spec`` for ``target`` (see the module docstring for the forms).
@@ -175,7 +174,8 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
         except ValueError:
             raise ConfigError(f"expected layerskip:N with an integer N, got {spec!r}") from None
         if not isinstance(target.backend, TorchBackend):
-            raise ConfigError(f"layerskip drafting needs a PyTorch target; {target.name} runs on another backend")
+            raise ConfigError(f"layerskip drafting needs a PyTorch target; {target.name} runs on another backend "
+                              "(use --backend torch, or a target spec ending in @torch)")
         backend = TorchBackend(truncated_layers(target.backend.model, n), f"{target.name}[:{n} layers]")
         return ModelDrafter(backend)
     draft = load_model(spec, backend=backend, dtype=dtype, device=device, progress=progress)
@@ -251,8 +251,7 @@ def load(target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFTER, *, c
     set_threads(threads)
     ctrl = make_controller(controller, k)  # validate before loading anything heavy
     tgt = load_model(target, backend=backend, dtype=dtype, device=device, progress=progress)
-    drafter = make_drafter(draft, tgt, dtype=dtype, device=resolve_device(device), progress=progress,
-                           backend=backend)
+    drafter = make_drafter(draft, tgt, dtype=dtype, device=device, progress=progress, backend=backend)
     if drafter is None:
         ctrl = make_controller("fixed", 0)
     return SpeculativeLM(tgt, drafter, ctrl)

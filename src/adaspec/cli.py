@@ -193,11 +193,17 @@ def _other_runtimes_plain(lm, prompt_ids: list[int], config) -> dict[str, float]
     for name in installed_runtimes():
         if RUNTIME_LABELS[name] == backend.runtime:
             continue
-        other = make_gguf_backend(name, backend.path, threads=backend.threads, max_context=backend.max_context)
+        try:
+            other = make_gguf_backend(name, backend.path, threads=backend.threads, max_context=backend.max_context)
+        except AdaspecError as e:  # this runtime cannot run the file: say so, keep the main result
+            print(f"plain decoding on {RUNTIME_LABELS[name]} skipped: {e}", file=sys.stderr)
+            continue
         try:
             engine = SpeculativeEngine(other, None, None, tokenizer=lm.tokenizer)
             engine.warmup(steps=12)
             out[RUNTIME_LABELS[name]] = round(engine.generate(prompt_ids, config).stats.tokens_per_s, 3)
+        except (AdaspecError, RuntimeError) as e:
+            print(f"plain decoding on {RUNTIME_LABELS[name]} failed: {e}", file=sys.stderr)
         finally:
             other.close()
     return out

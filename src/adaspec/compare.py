@@ -134,7 +134,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     from tqdm import tqdm
 
     from adaspec.api import SpeculativeLM, load_model, make_drafter, set_threads
-    from adaspec.backends.select import resolve_device
+    from adaspec.backends.gguf import GgufBackend
     from adaspec.workloads import load_workload
 
     parsed = [parse_method(m, draft) for m in methods]
@@ -148,8 +148,16 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     if not todo:
         return out
 
-    device = resolve_device(device)
+    libraries = {m.controller for m in parsed if m.controller in PEER_LIBRARIES}
+    if backend == "auto" and "hf" in libraries:  # transformers peers run on the very PyTorch model objects
+        backend = "torch"
+    elif backend == "auto" and "llamacpp" in libraries:  # llama-cpp-python's own speculation runs its GGUF
+        backend = "llamacpp"
     tgt = load_model(target, backend=backend, dtype=dtype, device=device, progress=progress)
+    others = sorted({r.get("target") for r in read_results(out)} - {tgt.name, None})
+    if others:  # resuming would mix two targets (or one model on two backends) in one file
+        raise ConfigError(f"{out} holds results of {', '.join(others)}, not {tgt.name}; write to another --out "
+                          "(the backend is part of the target's name: NAME@ik, NAME@llamacpp)")
     if tgt.runtime_reason and progress:
         print(f"target runtime: {tgt.runtime_reason}", file=sys.stderr)
     target_backend = tgt.backend
@@ -171,7 +179,8 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
 
     runners = {m.label: engine(m) for m in parsed if m.controller not in PEER_LIBRARIES}
     peers = [m for m in parsed if m.controller in PEER_LIBRARIES]
-    runners.update(_peer_runners(peers, tgt, drafters, runners["plain"], dtype=dtype, progress=progress))
+    runners.update(_peer_runners(peers, tgt, drafters, runners["plain"], dtype=dtype, progress=progress,
+                                 device=device))
     # Warm up every method alike on the start of the first prompt: one-time allocations stay out of the timings, and
     # the controllers that learn this machine's costs (draft, catch-up, verify per n) learn them here, as a running
     # server would have before its first measured request.
@@ -216,7 +225,8 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                     result = _run_engine(runner, ids, cfg)
                 row = {"workload": workload, "category": prompt.category, "prompt_id": prompt.id,
                        "method": m.label, "temperature": temp, "target": tgt.name, "drafter": m.drafter,
-                       "controller": m.controller, "k": m.k, "dtype": dtype or "bfloat16", "threads": threads,
+                       "controller": m.controller, "k": m.k, "threads": threads,
+                       "dtype": "gguf" if isinstance(tgt.backend, GgufBackend) else dtype or "bfloat16",
                        "prompt_cache": prompt_cache,
                        "prompt_prefill_ms": round(prompt_prefill_ms, 2) if prompt_cache else None, **result}
                 f.write(json.dumps(row) + "\n")
@@ -255,8 +265,8 @@ def _round_robin(prompts: list[tuple]) -> list[tuple]:
     return [g[i] for i in range(longest) for g in groups.values() if i < len(g)]
 
 
-def _peer_runners(methods: list[Method], tgt, drafters: dict, plain: SpeculativeEngine, *, dtype: str,
-                  progress: bool) -> dict:
+def _peer_runners(methods: list[Method], tgt, drafters: dict, plain: SpeculativeEngine, *, dtype: str | None,
+                  progress: bool, device: str = "auto") -> dict:
     """A runner per peer: transformers peers (:class:`~adaspec.peers.PeerRunner`) on the very model objects adaspec
     runs (the draft model is shared with a loaded ModelDrafter when there is one), which must be on PyTorch;
     llama-cpp-python peers (:class:`~adaspec.peers.LlamaCppPeerRunner`) on the GGUF of a llama.cpp target.
@@ -275,7 +285,7 @@ def _peer_runners(methods: list[Method], tgt, drafters: dict, plain: Speculative
                 if (isinstance(sub, ModelDrafter) and spec in (sub.name, sub.backend.name)
                         and hasattr(sub.backend, "model")):
                     return sub.backend.model
-        model = getattr(load_model(spec, dtype=dtype, progress=progress).backend, "model", None)
+        model = getattr(load_model(spec, dtype=dtype, device=device, progress=progress).backend, "model", None)
         if model is None:
             raise ConfigError(f"transformers assisted generation needs a PyTorch draft model, not {spec}")
         return model

@@ -82,8 +82,7 @@ class GgufBackend(Backend):
         ids = [int(t) for t in input_ids]
         n = len(ids)
         self.check_forward(n, num_logits)
-        if self._ctx is None:
-            raise RuntimeError(f"{self.name}: the {self.runtime} backend was closed")
+        self._check_open()
         if self.batch_invariant and n == 1 and self._ids:  # re-run the previous token so no batch has one row
             prev = self._ids[-1]
             self.truncate(self._len - 1)
@@ -129,7 +128,13 @@ class GgufBackend(Backend):
         self._len += n
         return torch.from_numpy(np.stack(rows))
 
+    def _check_open(self) -> None:
+        if self._ctx is None:
+            raise RuntimeError(f"{self.name}: the {self.runtime} backend was closed")
+
     def truncate(self, length: int) -> None:
+        if length < self._len:
+            self._check_open()
         if not 0 <= length <= self._len:
             raise ValueError(f"cannot truncate a cache of {self._len} tokens to {length}")
         if length < self._len:
@@ -141,15 +146,18 @@ class GgufBackend(Backend):
     def set_threads(self, threads: int) -> None:
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")
+        self._check_open()
         self._lib.llama_set_n_threads(self._ctx, threads, threads)
         self.threads = threads
 
     def weight_bytes(self) -> int:
         """Bytes of the GGUF's tensors (``llama_model_size``: quantised weights as loaded)."""
+        self._check_open()
         return int(self._lib.llama_model_size(self._model))
 
     def kv_bytes_per_token(self) -> int:
         """2 (K and V) × layers × KV heads × head dim × 2 bytes (the runtime's default f16 cache)."""
+        self._check_open()
         n_layer, n_head, n_head_kv, n_embd = self._shape()
         return 2 * n_layer * n_head_kv * (n_embd // n_head) * 2
 
@@ -161,6 +169,7 @@ class GgufBackend(Backend):
         if getattr(self, "_ctx", None) is not None or getattr(self, "_model", None) is not None:
             self._free()
             self._ctx = self._model = None
+            self._ids, self._len = [], 0
 
     def __del__(self) -> None:
         try:

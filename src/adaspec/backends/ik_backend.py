@@ -37,6 +37,11 @@ def import_ik_llama_cpp() -> SimpleNamespace:
     global _LIB, _LOG_CALLBACK
     if _LIB is not None:
         return _LIB
+    from adaspec.backends.select import cpu_has_avx2
+
+    if not cpu_has_avx2():  # the wheel's kernels would die with SIGILL on the first forward
+        raise ConfigError("the ik_llama.cpp backend's prebuilt wheel needs a CPU with AVX2, which this one lacks; "
+                          "use --backend llamacpp or torch")
     try:
         from ik_llama_cpp import _ctypes_api as C
     except ImportError as e:

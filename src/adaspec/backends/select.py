@@ -28,7 +28,7 @@ from pathlib import Path
 
 from adaspec.defaults import BACKEND_CHOICES as BACKENDS
 from adaspec.defaults import DEVICE_CHOICES as DEVICES
-from adaspec.errors import ConfigError
+from adaspec.errors import AdaspecError, ConfigError
 
 
 GGUF_RUNTIMES = ("ik", "llamacpp")  # preference order when timings tie
@@ -223,7 +223,12 @@ def fastest_gguf_runtime(gguf_file: Path, threads: int, probe_ids: list[int], *,
     timings = table.get(key)
     measured_now = timings is None
     if measured_now:
-        timings = {name: measure(name, gguf_file, threads, probe_ids) for name in runtimes}
+        timings = {}
+        for name in runtimes:
+            try:
+                timings[name] = measure(name, gguf_file, threads, probe_ids)
+            except (AdaspecError, RuntimeError, OSError) as e:  # cannot load or run this file: not a candidate
+                timings[name] = {"error": f"{type(e).__name__}: {e}"}
         table[key] = timings
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
@@ -232,9 +237,14 @@ def fastest_gguf_runtime(gguf_file: Path, threads: int, probe_ids: list[int], *,
             os.replace(tmp, cache)
         except OSError:
             pass  # a read-only cache only costs a re-measurement next time
-    ref = min([t["nll"] for t in timings.values()] + ([reference_nll] if reference_nll is not None else []))
-    sound = {n: t for n, t in timings.items() if t["nll"] <= ref + NLL_TOLERANCE}
+    ran = {n: t for n, t in timings.items() if "nll" in t and "1" in t and "5" in t}
     for n, t in timings.items():
+        if n not in ran:
+            _REJECTED[n] = f"{RUNTIME_LABELS.get(n, n)} not used: it failed on this file ({t.get('error', t)})"
+    ref = min([t["nll"] for t in ran.values()] + ([reference_nll] if reference_nll is not None else []),
+              default=0.0)
+    sound = {n: t for n, t in ran.items() if t["nll"] <= ref + NLL_TOLERANCE}
+    for n, t in ran.items():
         if n not in sound:
             _REJECTED[n] = (f"{RUNTIME_LABELS[n]} not used: it computes this model wrongly here (probe NLL "
                             f"{t['nll']:.2f} nats/token against {ref:.2f})")
@@ -304,6 +314,7 @@ def choose_backend(spec: str, backend: str = "auto", *, device: str = "cpu", dty
         return RuntimeChoice("torch", "PyTorch: " + "; ".join(last_rejections().values()))
     if choice is None:
         missing = "; ".join(unavailable_runtimes().values())
-        return RuntimeChoice("torch", f"PyTorch: no GGUF runtime can run here ({missing}; "
-                                      'pip install "ik-llama-cpp-python==0.1.5" for the fast CPU path)')
+        hint = ('; pip install "ik-llama-cpp-python==0.1.5" for the fast CPU path' if cpu_has_avx2()
+                else '; pip install -e ".[llamacpp]" for llama.cpp')
+        return RuntimeChoice("torch", f"PyTorch: no GGUF runtime can run here ({missing}{hint})")
     return choice

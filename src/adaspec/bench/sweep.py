@@ -152,14 +152,17 @@ def machine_info() -> dict:
         capability = torch.backends.cpu.get_cpu_capability()
     except AttributeError:
         capability = ""
-    try:
-        from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version
 
-        llama_cpp_python = version("llama-cpp-python")
-    except PackageNotFoundError:
-        llama_cpp_python = None
+    def installed(dist: str) -> str | None:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return None
+
     return {"cpu": cpu, "cores": os.cpu_count(), "cpu_flags": flags, "torch_cpu_capability": capability,
-            "llama_cpp_python": llama_cpp_python,
+            "llama_cpp_python": installed("llama-cpp-python"),
+            "ik_llama_cpp_python": installed("ik-llama-cpp-python"),
             "memory_bytes": mem,
             "torch": torch.__version__, "platform": platform.platform(), "python": platform.python_version()}
 

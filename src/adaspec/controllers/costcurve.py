@@ -18,7 +18,7 @@ import torch
 
 from adaspec.backends.base import Backend
 
-DEFAULT_WIDTHS = (1, 2, 3, 4, 5, 6, 8)
+DEFAULT_WIDTHS = (1, 2, 3, 4, 5, 6, 7, 9)  # n = K + 1 up to the goodput controller's default k_max = 8
 
 
 def interpolate(points: Mapping[int, float], n: float) -> float:

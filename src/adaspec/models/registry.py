@@ -45,6 +45,7 @@ ZOO: dict[str, ModelEntry] = {
         gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         quant="Q4_K_M",
         license="Apache-2.0",
+        probe_nll=1.048,
     ),
     "qwen2.5-coder-0.5b-instruct": ModelEntry(
         name="qwen2.5-coder-0.5b-instruct",
@@ -57,6 +58,7 @@ ZOO: dict[str, ModelEntry] = {
         gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         quant="Q4_K_M",
         license="Apache-2.0",
+        probe_nll=1.365,
     ),
     "smollm2-135m-instruct": ModelEntry(
         name="smollm2-135m-instruct",
@@ -67,6 +69,7 @@ ZOO: dict[str, ModelEntry] = {
         gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         quant="Q4_1",
         license="Apache-2.0",
+        probe_nll=1.969,
     ),
 }
 

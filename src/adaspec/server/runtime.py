@@ -183,7 +183,8 @@ class ModelHost:
                 raise ConfigError(f"expected layerskip:N with an integer N, got {spec!r}") from None
             if not 1 <= n <= self.num_layers:
                 if not self.num_layers:
-                    raise ConfigError(f"layerskip drafting needs a PyTorch target; {self.name} runs on llama.cpp")
+                    raise ConfigError(f"layerskip drafting needs a PyTorch target; {self.name} runs on a GGUF runtime "
+                                      "(start the server with --backend torch)")
                 raise ConfigError(f"layerskip:N needs 1 <= N <= {self.num_layers} for {self.name}, got {n}")
             spec = f"layerskip:{n}"
         elif low in self._model_drafters:
