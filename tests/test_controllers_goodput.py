@@ -9,7 +9,7 @@ import torch
 
 from adaspec.backends import Backend
 from adaspec.controllers import GoodputController, costcurve, make_controller
-from adaspec.controllers.costcurve import interpolate, measure_verify_curve
+from adaspec.controllers.costcurve import DEFAULT_WIDTHS, interpolate, measure_verify_curve
 from adaspec.controllers.goodput import Acceptance, CostModel, Recent, bucket_of, expected_tokens
 from adaspec.errors import ConfigError
 from adaspec.stats import StepRecord
@@ -473,7 +473,7 @@ def test_calibrate_seeds_the_controller_and_the_warm_up_calls_it(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(costcurve, "time", clock)
     ctrl = GoodputController()
-    assert ctrl.calibrate(CurveBackend(CHEAP, clock), context_len=300) == pytest.approx(CHEAP)
+    assert ctrl.calibrate(CurveBackend(CHEAP, clock), context_len=300, widths=tuple(CHEAP)) == pytest.approx(CHEAP)
     assert list(ctrl.costs.seeded) == [bucket_of(300)]
     assert ctrl.costs.seeded[bucket_of(300)] == pytest.approx(CHEAP)
     assert ctrl.calibrate(CurveBackend(CHEAP, clock, max_context=8), context_len=6) == pytest.approx({1: 65.0,
@@ -485,7 +485,9 @@ def test_calibrate_seeds_the_controller_and_the_warm_up_calls_it(monkeypatch):
 
     ctrl = GoodputController()
     SpeculativeEngine(CurveBackend(CHEAP, clock), NgramDrafter(), ctrl).warmup(list(range(1, 9)), steps=3)
-    assert list(ctrl.costs.seeded) == [0] and ctrl.costs.seeded[0] == pytest.approx(CHEAP)
+    seeded = ctrl.costs.seeded[0]
+    assert list(ctrl.costs.seeded) == [0] and sorted(seeded) == list(DEFAULT_WIDTHS)  # n = K + 1 up to k_max + 1
+    assert {n: seeded[n] for n in CHEAP if n in seeded} == pytest.approx({n: CHEAP[n] for n in CHEAP if n in seeded})
     SpeculativeEngine(CurveBackend(CHEAP, clock), NgramDrafter(), make_controller("fixed", 3)).warmup()  # no calibrate
 
 

@@ -258,6 +258,9 @@ def _add_bench_parsers(sub) -> None:
     bench.add_argument("--threads", default=None, help="comma-separated thread counts (overrides bench.threads)")
     bench.add_argument("--backend", default=None,
                        help="comma-separated backends: torch, llamacpp, ik (overrides bench.backend)")
+    bench.add_argument("--device", default=None, choices=DEVICE_CHOICES,
+                       help="where PyTorch settings run (overrides bench.device; default auto: CUDA when PyTorch "
+                            "sees one); the GGUF runtimes run on the CPU")
     bench.add_argument("--out", default="results/bench.jsonl", help="results file (appended; reruns resume)")
     bench.add_argument("--time-limit", type=float, default=None, metavar="MIN",
                        help="start no new point after MIN minutes (rerun to continue)")
@@ -305,6 +308,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         overrides.append("bench.threads=[" + args.threads + "]")
     if args.backend:
         overrides.append("bench.backend=" + json.dumps(args.backend.split(",")))
+    if args.device:
+        overrides.append("bench.device=" + json.dumps(args.device))
     cfg = build_config(config_file=args.config, preset_name=args.preset, overrides=overrides,
                        sweeps=args.sweeps.split(",") if args.sweeps else None)
     if args.dry_run:
@@ -312,7 +317,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(json.dumps(p.fields()))
         return 0
     argv = ["adaspec", "bench"] + ([f"--{args.preset}"] if args.preset else [])
-    for flag in ("config", "sweeps", "dtype", "threads", "backend", "out"):
+    for flag in ("config", "sweeps", "dtype", "threads", "backend", "device", "out"):
         if getattr(args, flag):
             argv += [f"--{flag}", str(getattr(args, flag))]
     argv += [f"--set '{o}'" for o in args.set]

@@ -39,7 +39,7 @@ DEFAULTS: dict = {
         "target": "qwen2.5-coder-1.5b-instruct",
         "dtype": ["bfloat16"], "threads": [2], "backend": ["torch"], "batch": [1],
         "workload": "humaneval", "prompts": 1, "max_new_tokens": 32, "seed": 0,
-        "plain_every": 4, "prefix_cache": True, "chat": True,
+        "plain_every": 4, "prefix_cache": True, "chat": True, "device": "auto",
     },
     "micro": {"contexts": [256, 1024], "verify_tokens": [1, 2, 3, 5, 9], "repeats": 3, "drafts": []},
     "sweep": [],
@@ -131,6 +131,11 @@ def normalize(config: dict) -> dict:
     for b in cfg["bench"]["backend"]:
         if b not in BACKENDS:
             raise ConfigError(f"unknown backend {b!r}; available: {', '.join(BACKENDS)}")
+    if cfg["bench"]["device"] not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"unknown device {cfg['bench']['device']!r}; choose one of: auto, cpu, cuda")
+    if cfg["bench"]["device"] == "cuda" and set(cfg["bench"]["backend"]) - {"torch"}:
+        raise ConfigError("bench.device = cuda: only the torch backend runs on CUDA here; the GGUF runtimes run on "
+                          "the CPU (drop them from bench.backend, or use device auto)")
     for b in cfg["bench"]["batch"]:
         if b != 1:
             raise ConfigError(f"batch size {b}: batching does not exist yet, only batch = 1 is measured")

@@ -177,7 +177,7 @@ class _Models:
     draft_bytes: dict[str, dict] = field(default_factory=dict)
 
 
-def _default_loader(spec: str, dtype: str, *, max_context: int | None = None):
+def _default_loader(spec: str, dtype: str, *, max_context: int | None = None, device: str = "auto"):
     """Load ``spec`` (``NAME`` on PyTorch in ``dtype``, or ``NAME@llamacpp`` / ``NAME@ik`` with a KV cache of
     ``max_context`` tokens: GGUF runtimes allocate it up front)."""
     from adaspec.api import load_model, split_backend
@@ -185,7 +185,7 @@ def _default_loader(spec: str, dtype: str, *, max_context: int | None = None):
 
     if split_backend(spec)[1] in GGUF_RUNTIMES:
         return load_model(spec, max_context=max_context)
-    return load_model(spec, dtype=dtype)
+    return load_model(spec, dtype=dtype, device=device)
 
 
 def on_backend(spec: str, setting: Setting) -> str:
@@ -226,7 +226,8 @@ class SweepRunner:
         self.cfg = cfg
         self.bench = cfg["bench"]
         self.out = Path(out)
-        self.loader = loader or functools.partial(_default_loader, max_context=context_needed(cfg))
+        self.loader = loader or functools.partial(_default_loader, max_context=context_needed(cfg),
+                                                  device=self.bench["device"])
         self._tasks = tasks
         self.progress = progress
         self.time_limit_s = time_limit_s
