@@ -549,3 +549,37 @@ def test_engine_tells_the_controller_what_the_draft_model_holds():
     step, behind = next((step, behind) for step, behind in behinds if step.drafted)
     assert behind == spy.fed[0] == step.context_len - held  # priced as the tokens the draft really fed
     assert behind <= 3 + 2 + 3  # the new message, two target tokens, the previous answer's tail
+
+
+# Probing is per drafter -------------------------------------------------------------------------------------------
+def test_a_drafter_that_pays_now_and_then_does_not_keep_another_from_being_probed():
+    """Hybrid drafting: a free lookup drafter that matches every third step (and pays then) and a draft model that
+    does not pay on what is known of it. The draft model is still re-measured (probed) now and then, with its gap
+    doubling while it keeps losing; before probes were counted per drafter, every lookup step reset the one probe
+    counter and the draft model was never tried again."""
+    ctrl = GoodputController(probe_init=4, probe_max=16)
+    ctx = 100
+    ctrl.update(rec(0, 0, ctx=ctx))
+    for d, ms in (("lookup", 0.1), ("model", 40.0)):  # measured once each: lookup pays, the model not (α 0.25)
+        for _ in range(3):
+            ctrl.update(rec(2, 2 if d == "lookup" else 0, draft_ms=2 * ms, ctx=ctx, drafter=d))
+            ctx += 1
+    used = []
+    for step in range(200):
+        options = {"lookup": 4 if step % 3 == 0 else 0, "model": None}
+        name = ctrl.choose_drafter(options)
+        k = ctrl.next_k()
+        used.append(name if k else None)
+        if name == "lookup":
+            ctrl.update(rec(k, k, draft_ms=0.1 * k, ctx=ctx, drafter="lookup"))
+        elif name == "model":
+            ctrl.update(rec(k, 0, draft_ms=40.0 * k, ctx=ctx, drafter="model"))
+        else:
+            ctrl.update(rec(0, 0, ctx=ctx))
+        ctx += 1
+    lookups = [i for i, n in enumerate(used) if n == "lookup"]
+    probes = [i for i, n in enumerate(used) if n == "model"]
+    assert len(lookups) >= 60  # the lookup drafter is used whenever it matches
+    assert 4 <= len(probes) <= 20  # the model is probed, and not often
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # its probe gap grows while it keeps losing

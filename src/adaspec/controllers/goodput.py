@@ -268,7 +268,8 @@ class GoodputConfig:
     probe_max: int = 48
     confidence_stop: bool = True
     horizon: int = 16
-    probe_budget: float = 1.0
+    probe_budget: float = 4.0  # plain steps a probe may spend catching a drafter up (e.g. a 0.5B GGUF draft
+    # model feeding a ~50-token chat prompt on 2 cores: ~3 steps); 1.0 kept the draft model from ever being probed
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_init <= self.k_max:
@@ -311,8 +312,9 @@ class GoodputController(Controller):
         self._plan: tuple[str | None, int] | None = None
         self.synced: dict[str, int] = {}  # per drafter: tokens of this request's sequence it has seen
         self.fresh = True  # no step of this request seen yet: the context length is unknown
-        self.plain_run = 0
-        self.probe_gap = self.config.probe_init
+        self.plain_run = 0  # steps since the last speculative step
+        self.idle: dict[str, int] = {}  # per drafter: steps it could have drafted since it last did
+        self.probe_gap: dict[str, int] = {}  # per drafter: idle steps before it is probed again
 
     def set_synced(self, synced: Mapping[str, int]) -> None:
         """At a request's start: per drafter, the leading tokens of the sequence it already holds (a draft model
@@ -357,6 +359,7 @@ class GoodputController(Controller):
         overhead = self.costs.overhead_ms()
         plain_ms = self.costs.verify_ms(1, b) + overhead
         best: tuple[float, str | None, int, float] = (0.0, None, 0, 0.0)
+        candidates: dict[str, tuple[float, int, float]] = {}  # name -> its best (gain, K, catch-up)
         for name, cap in options.items():
             k_top = c.k_max if cap is None else min(c.k_max, cap)
             if k_top <= 0:
@@ -370,21 +373,31 @@ class GoodputController(Controller):
             for k in range(1, k_top + 1):
                 step_ms = k * per_token + self.costs.verify_ms(k + 1, b) + overhead + catch_up / c.horizon
                 gain = expected_tokens(alphas, k) / step_ms
+                if gain > candidates.get(name, (0.0,))[0]:
+                    candidates[name] = (gain, k, catch_up)
                 if gain > best[0]:
                     best = (gain, name, k, catch_up)
         gain, name, k, catch_up = best
         self.last_choice = (name, k, gain, 1.0 / plain_ms)
         if name is None:
             return None, 0
+        for other in candidates:  # every drafter that could draft now and (unless chosen below) does not
+            self.idle[other] = self.idle.get(other, 0) + 1
         if gain >= c.min_gain / plain_ms:
-            self.plain_run, self.probe_gap = 0, c.probe_init
+            self.plain_run, self.idle[name], self.probe_gap[name] = 0, 0, c.probe_init
             return self._speculate(name, k, gain, b, options[name])
         self.plain_run += 1
-        if self.plain_run > self.probe_gap:  # probe (at the best K, not extended): speculation may pay again
-            self.plain_run, self.probe_gap = 0, min(2 * self.probe_gap, c.probe_max)
-            if catch_up <= c.probe_budget * plain_ms:  # unless catching up would cost more than plain steps
-                self._thresholds = None
-                return name, k
+        # Nothing pays now. Probe (at its best K, not extended) the most promising drafter that has sat out more
+        # than its probe gap -- counted per drafter, so a free n-gram drafter that pays now and then does not keep
+        # the draft model from ever being re-measured -- unless its catch-up would cost more than plain steps.
+        for gain, name, k, catch_up in sorted(((g, n, kk, cu) for n, (g, kk, cu) in candidates.items()),
+                                              reverse=True):
+            gap = self.probe_gap.get(name, c.probe_init)
+            if self.idle[name] > gap:
+                self.idle[name], self.probe_gap[name] = 0, min(2 * gap, c.probe_max)
+                if catch_up <= c.probe_budget * plain_ms:
+                    self._thresholds = None
+                    return name, k
         return None, 0
 
     def _speculate(self, name: str, k: int, gain: float, b: int, cap: int | None) -> tuple[str, int]:
