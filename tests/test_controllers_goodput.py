@@ -583,3 +583,27 @@ def test_a_drafter_that_pays_now_and_then_does_not_keep_another_from_being_probe
     assert 4 <= len(probes) <= 20  # the model is probed, and not often
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # its probe gap grows while it keeps losing
+
+
+def test_a_probe_may_spend_on_catch_up_only_a_share_of_the_request_so_far():
+    """Ski-rental: a draft model 300 ms of catch-up behind (a chat prompt to feed) is not probed while the request
+    has cost little (a short answer could not earn the prefill back), and is once it has run long enough:
+    0.25 × the request's time >= 300 ms, i.e. after ~12 plain steps of 100 ms."""
+    ctrl = GoodputController(probe_init=2, probe_max=2, probe_share=0.25, probe_budget=8.0)
+    ctrl.update(rec(0, 0, ctx=10))
+    for _ in range(3):  # the model's costs, measured earlier: 40 ms per draft token, 5 ms per token of catch-up
+        ctrl.update(rec(2, 0, draft_ms=80.0, ctx=10, drafter="model"))
+    ctrl.costs.feed["model"] = type(ctrl.costs.overhead)()
+    ctrl.costs.feed["model"].add(5.0)
+    ctrl.reset()  # a new request: the model holds nothing of its 62-token prompt -> 60 × 5 ms = 300 ms to feed
+    ctrl.set_synced({"model": 0})
+    ctrl.update(rec(0, 0, ctx=62))
+    first_probe = None
+    for step in range(1, 40):
+        if ctrl.choose_drafter({"model": None}) == "model" and ctrl.next_k() > 0:
+            first_probe = step
+            break
+        ctrl.next_k()
+        ctrl.update(rec(0, 0, ctx=62 + step))
+    assert ctrl.request_ms >= 0.25 ** -1 * 300.0 - 100.0  # not before ~12 steps of 100 ms ...
+    assert first_probe is not None and 10 <= first_probe <= 20  # ... and soon after

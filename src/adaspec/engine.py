@@ -238,11 +238,14 @@ class SpeculativeEngine:
                 new, finish = new[:keep], "stop"
         return new, finish
 
-    def warmup(self, prompt_ids: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8), steps: int = 3) -> None:
-        """Run a tiny greedy generation so one-time allocation costs stay out of measurements; then let a controller
+    def warmup(self, prompt_ids: Sequence[int] = tuple(range(100, 148)), steps: int = 3) -> None:
+        """Run a short greedy generation so one-time allocation costs stay out of measurements; then let a controller
         with a ``calibrate(backend)`` method (goodput) measure the target's verification cost curve (a few short
-        forwards at the warm-up's context; the target's cache is left as it was)."""
-        self.generate(list(prompt_ids), GenerationConfig(max_new_tokens=steps, ignore_eos=True, seed=0))
+        forwards at the warm-up's context; the target's cache is left as it was). The default prompt has 48 tokens,
+        as many as a short chat prompt, so that a draft model's first catch-up is timed at a realistic size: the
+        goodput controller prices later catch-ups per token from it (ids are taken modulo the vocabulary)."""
+        ids = [int(t) % self.target.vocab_size for t in prompt_ids]
+        self.generate(ids, GenerationConfig(max_new_tokens=steps, ignore_eos=True, seed=0))
         calibrate = getattr(self.controller, "calibrate", None)
         if calibrate is not None:
             calibrate(self.target)

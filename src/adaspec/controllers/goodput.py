@@ -37,9 +37,12 @@ last. (Where a long prompt costs seconds to feed to a draft model, speculating f
 
 K ranges over 1..k_max (and no further than a lookup drafter's match can propose). The controller speculates with
 the best (d, K) when G(d, K) >= min_gain · G(plain) and takes a plain step (K = 0) otherwise, so speculation never
-runs where it is predicted to lose. While plain it still probes the best speculative choice after ``probe_init``
-plain steps, doubling the gap up to ``probe_max`` while speculation keeps losing, to notice when the text turns
-predictable, unless the probe's catch-up would cost more than ``probe_budget`` plain steps. A drafter whose draft
+runs where it is predicted to lose. When nothing pays it still probes the most promising drafter that has sat out
+more than its probe gap (``probe_init`` steps, doubling up to ``probe_max`` while that drafter keeps losing; counted
+per drafter, so a lookup drafter that pays now and then does not starve the draft model of probes), to notice when
+the text turns predictable, unless the probe's catch-up would cost more than a ``probe_share`` of the request's
+time so far (at least one plain step, at most ``probe_budget``): a short request never pays a draft prefill it
+cannot earn back. A drafter whose draft
 time was never measured without catch-up is tried at ``k_init`` (twice in a row for a lazily prefilled draft model:
 the first try feeds it the prompt tokens it lacks, the second measures t_d, and the first is then booked as
 catch-up f_d). The first step of every request is plain (it costs nothing against plain decoding and tells the
@@ -268,8 +271,8 @@ class GoodputConfig:
     probe_max: int = 48
     confidence_stop: bool = True
     horizon: int = 16
-    probe_budget: float = 4.0  # plain steps a probe may spend catching a drafter up (e.g. a 0.5B GGUF draft
-    # model feeding a ~50-token chat prompt on 2 cores: ~3 steps); 1.0 kept the draft model from ever being probed
+    probe_budget: float = 8.0
+    probe_share: float = 0.25
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_init <= self.k_max:
@@ -283,8 +286,8 @@ class GoodputConfig:
             raise ConfigError("need shrink > 0 and window >= 1")
         if not 1 <= self.probe_init <= self.probe_max:
             raise ConfigError("need 1 <= probe_init <= probe_max")
-        if self.horizon < 1 or self.probe_budget < 0:
-            raise ConfigError("need horizon >= 1 and probe_budget >= 0")
+        if self.horizon < 1 or self.probe_budget < 0 or self.probe_share < 0:
+            raise ConfigError("need horizon >= 1, probe_budget >= 0 and probe_share >= 0")
 
 
 class GoodputController(Controller):
@@ -313,6 +316,7 @@ class GoodputController(Controller):
         self.synced: dict[str, int] = {}  # per drafter: tokens of this request's sequence it has seen
         self.fresh = True  # no step of this request seen yet: the context length is unknown
         self.plain_run = 0  # steps since the last speculative step
+        self.request_ms = 0.0  # time of this request's steps so far
         self.idle: dict[str, int] = {}  # per drafter: steps it could have drafted since it last did
         self.probe_gap: dict[str, int] = {}  # per drafter: idle steps before it is probed again
 
@@ -395,10 +399,19 @@ class GoodputController(Controller):
             gap = self.probe_gap.get(name, c.probe_init)
             if self.idle[name] > gap:
                 self.idle[name], self.probe_gap[name] = 0, min(2 * gap, c.probe_max)
-                if catch_up <= c.probe_budget * plain_ms:
+                if catch_up <= self._probe_allowance(plain_ms):
                     self._thresholds = None
                     return name, k
         return None, 0
+
+    def _probe_allowance(self, plain_ms: float) -> float:
+        """Milliseconds a probe may spend catching its drafter up: a share (``probe_share``) of what this request
+        has cost so far, at least one plain step and at most ``probe_budget`` plain steps. Exploring in proportion
+        to the time already spent (the ski-rental rule) keeps a short request from paying a draft model's prefill
+        it cannot earn back, while a long one soon affords it (a 0.5B GGUF draft catching up on a 50-token chat
+        prompt costs ~3 plain steps on 2 cores: allowed from about the 12th step)."""
+        c = self.config
+        return min(c.probe_budget * plain_ms, max(plain_ms, c.probe_share * self.request_ms))
 
     def _speculate(self, name: str, k: int, gain: float, b: int, cap: int | None) -> tuple[str, int]:
         """The step's plan. With the confidence stop and a drafter that consults it, the draft may run to k_max
@@ -444,6 +457,7 @@ class GoodputController(Controller):
         if step.drafted:  # it has fed the context and its drafts but the last; those past the rejection are gone
             self.synced[step.drafter] = step.context_len + min(step.drafted - 1, step.accepted)
         self.context_len = step.context_len + step.emitted
+        self.request_ms += step.total_ms
         self.fresh = False
         if step.drafted:
             self._acceptance(step.drafter).observe(step.drafted, step.accepted)

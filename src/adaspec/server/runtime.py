@@ -244,7 +244,7 @@ class ModelHost:
     def warmup(self, steps: int = 8) -> None:
         """Run the default engine once, and plain decoding for ``steps`` tokens to measure a plain step's time."""
         ids = list(range(1, 9))
-        self.engine_for(self.default).engine.warmup(ids)
+        self.engine_for(self.default).engine.warmup()
         plain = self.engine_for(PLAIN).engine
         cfg = GenerationConfig(max_new_tokens=steps + 1, ignore_eos=True, seed=0, temperature=0.0)
         plain.generate(ids, cfg)  # first run allocates
