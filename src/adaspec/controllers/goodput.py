@@ -397,11 +397,10 @@ class GoodputController(Controller):
         for gain, name, k, catch_up in sorted(((g, n, kk, cu) for n, (g, kk, cu) in candidates.items()),
                                               reverse=True):
             gap = self.probe_gap.get(name, c.probe_init)
-            if self.idle[name] > gap:
+            if self.idle[name] > gap and catch_up <= self._probe_allowance(plain_ms):  # else: as soon as allowed
                 self.idle[name], self.probe_gap[name] = 0, min(2 * gap, c.probe_max)
-                if catch_up <= self._probe_allowance(plain_ms):
-                    self._thresholds = None
-                    return name, k
+                self._thresholds = None
+                return name, k
         return None, 0
 
     def _probe_allowance(self, plain_ms: float) -> float:
