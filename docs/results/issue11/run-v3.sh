@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 11, final round (the code as committed: per-drafter probe gaps, probe catch-up <= 1/4 of the request's time
-# so far, 48-token warm-up): the default on ik_llama.cpp against plain decoding on the same runtime, interleaved.
+# Issue 11, third round (per-drafter probe gaps; a probe may spend on catch-up 1/4 of the request time so far; the
+# gap doubled even for a probe its allowance blocked; 48-token warm-up): the default on ik_llama.cpp against plain.
 # Plain llama.cpp: v2-humaneval-llamacpp.jsonl and v2-code-edit-llamacpp.jsonl (run-v2.sh, same prompts, same hour).
 set -euo pipefail
 OUT=docs/results/issue11
