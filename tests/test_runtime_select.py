@@ -51,14 +51,15 @@ class Scripted:
 
 
 BOTH = {"ik": "0.1.5", "llamacpp": "0.3.36"}
+REJECTED: dict[str, str] = {}  # the rejections of the last fastest_gguf_runtime_nocache call
 
 
 def test_picks_the_lowest_plain_plus_verify_time_and_caches_the_probe(cache, gguf):
     probe = Scripted({"ik": {"1": 65.0, "5": 111.0, "nll": 2.00}, "llamacpp": {"1": 80.0, "5": 256.0, "nll": 2.01}})
-    choice = fastest_gguf_runtime(gguf, 2, [1, 2, 3], measure=probe, runtimes=BOTH)
+    choice, _ = fastest_gguf_runtime(gguf, 2, [1, 2, 3], measure=probe, runtimes=BOTH)
     assert choice.backend == "ik" and sorted(probe.calls) == ["ik", "llamacpp"]
     assert "measured now" in choice.reason and "65/111 ms" in choice.reason and "80/256 ms" in choice.reason
-    again = fastest_gguf_runtime(gguf, 2, [1, 2, 3], measure=probe, runtimes=BOTH)
+    again, _ = fastest_gguf_runtime(gguf, 2, [1, 2, 3], measure=probe, runtimes=BOTH)
     assert again.backend == "ik" and len(probe.calls) == 2  # from $ADASPEC_CACHE/runtimes.json
     assert json.loads((cache / "runtimes.json").read_text())
     fastest_gguf_runtime(gguf, 1, [1, 2, 3], measure=probe, runtimes=BOTH)  # another thread count: probed anew
@@ -74,6 +75,7 @@ def test_plain_step_alone_does_not_decide():
 
 
 def fastest_gguf_runtime_nocache(probe, **kwargs):
+    """The choice of :func:`fastest_gguf_runtime` with a throw-away cache; the rejections go to ``REJECTED``."""
     import tempfile
     from pathlib import Path
 
@@ -83,7 +85,11 @@ def fastest_gguf_runtime_nocache(probe, **kwargs):
         old = select._cache_file
         select._cache_file = lambda: Path(d) / "runtimes.json"
         try:
-            return fastest_gguf_runtime(path, 2, [1], measure=probe, runtimes=kwargs.pop("runtimes", BOTH), **kwargs)
+            choice, rejected = fastest_gguf_runtime(path, 2, [1], measure=probe, runtimes=kwargs.pop("runtimes", BOTH),
+                                                    **kwargs)
+            REJECTED.clear()
+            REJECTED.update(rejected)
+            return choice
         finally:
             select._cache_file = old
 
@@ -102,7 +108,7 @@ def test_a_runtime_that_computes_the_model_wrongly_is_left_out_with_the_reason()
 def test_a_lone_runtime_is_checked_against_the_zoo_reference():
     probe = Scripted({"ik": {"1": 65.0, "5": 111.0, "nll": 4.82}})
     assert fastest_gguf_runtime_nocache(probe, runtimes={"ik": "0.1.5"}, reference_nll=3.06) is None
-    assert "ik_llama.cpp not used" in select.last_rejections()["ik"]
+    assert "ik_llama.cpp not used" in REJECTED["ik"]
     choice = fastest_gguf_runtime_nocache(probe, runtimes={"ik": "0.1.5"}, reference_nll=4.7)
     assert choice.backend == "ik" and "the GGUF runtime installed" in choice.reason
     assert fastest_gguf_runtime_nocache(probe, runtimes={}) is None
@@ -169,7 +175,7 @@ def test_a_runtime_that_fails_on_the_file_is_left_out_not_fatal():
     choice = fastest_gguf_runtime_nocache(probe)
     assert choice.backend == "llamacpp" and "ik_llama.cpp not used: it failed on this file" in choice.reason
     assert fastest_gguf_runtime_nocache(probe, runtimes={"ik": "0.1.5"}) is None
-    assert "could not load" in select.last_rejections()["ik"]
+    assert "could not load" in REJECTED["ik"]
 
 
 # Real runtimes ------------------------------------------------------------------------------------------------

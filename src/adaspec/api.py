@@ -31,7 +31,7 @@ import torch
 
 from adaspec.backends.base import Backend
 from adaspec.backends.select import (BACKENDS, GGUF_RUNTIMES, RUNTIME_LABELS, choose_backend, make_gguf_backend,
-                                     normalize_backend, resolve_device)
+                                     normalize_backend, require_runtime, resolve_device)
 from adaspec.backends.torch_backend import TorchBackend, load_causal_lm, truncated_layers
 from adaspec.controllers import make_controller
 from adaspec.controllers.base import Controller
@@ -114,14 +114,9 @@ def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, d
     if backend in GGUF_RUNTIMES:
         from adaspec.models import resolve_gguf
 
-        label = f"{spec}@{backend}"
-        if backend == "ik":
-            from adaspec.backends.ik_backend import import_ik_llama_cpp as check_installed
-        else:
-            from adaspec.backends.llamacpp_backend import import_llama_cpp as check_installed
-        check_installed()  # fail before fetching anything when the package is not installed
+        require_runtime(backend)  # fail before fetching anything when the package is not installed
         if device != "cpu":
-            raise ConfigError(f"{label}: the {RUNTIME_LABELS[backend]} backend runs on the CPU here "
+            raise ConfigError(f"{spec}@{backend}: the {RUNTIME_LABELS[backend]} backend runs on the CPU here "
                               f"(device={device!r}); use --device cpu, or --backend torch for {device}")
         name, gguf_file, tok_dir = resolve_gguf(spec, progress=progress)
         label = f"{name}@{backend}"

@@ -243,7 +243,7 @@ def _forget_drafts(drafter) -> None:
 
     for d in (drafter.drafters.values() if isinstance(drafter, MultiDrafter) else [drafter]):
         if isinstance(d, ModelDrafter):
-            d.backend.reset()
+            d.forget()
 
 
 def _run_engine(engine: SpeculativeEngine, ids: list[int], cfg: GenerationConfig) -> dict:

@@ -102,7 +102,8 @@ class GgufBackend(Backend):
         if self.batch_invariant and n > 1 and n % self.n_batch == 1:
             starts[-1] -= 1
         first_logit = n - num_logits
-        rows: list[np.ndarray] = []
+        out = np.empty((num_logits, self.vocab_size), dtype=np.float32)
+        row = 0
         for start, end in zip(starts, starts[1:] + [n]):
             batch.n_tokens = end - start
             wanted = []
@@ -121,12 +122,12 @@ class GgufBackend(Backend):
                     rc, f"{self.runtime} error")
                 raise RuntimeError(f"{self.name}: llama_decode returned {rc} ({why}) at position "
                                    f"{self._len + start}")
-            for j in wanted:
-                ptr = lib.llama_get_logits_ith(self._ctx, j)
-                rows.append(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy())
+            for j in wanted:  # copied straight into the result: the runtime reuses its buffer on the next decode
+                out[row] = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, j), shape=(self.vocab_size,))
+                row += 1
         self._ids.extend(ids)
         self._len += n
-        return torch.from_numpy(np.stack(rows))
+        return torch.from_numpy(out)
 
     def _check_open(self) -> None:
         if self._ctx is None:

@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,24 +163,37 @@ def measure_runtime(runtime: str, gguf_file: Path, threads: int, probe_ids: list
                     repeats: int = 3) -> dict[str, float]:
     """Probe ``runtime`` on ``gguf_file``: ``"1"``/``"5"`` = milliseconds of one forward of n tokens (logits for all
     n, as verification needs) after a :data:`PROBE_CONTEXT`-token context, median of ``repeats`` after one warm-up;
-    ``"nll"`` = :func:`probe_nll` of ``probe_ids`` (nats/token)."""
+    ``"nll"`` = :func:`probe_nll` of ``probe_ids`` (nats/token). Timing is the goodput controller's own
+    :func:`~adaspec.controllers.costcurve.measure_verify_curve`."""
+    from adaspec.controllers.costcurve import measure_verify_curve
+
     context = max(PROBE_CONTEXT, len(probe_ids))
     backend = make_gguf_backend(runtime, gguf_file, threads=threads, max_context=context + 16)
     try:
         out = {"nll": round(probe_nll(backend, probe_ids), 4)}
-        backend.forward([min(100 + i, backend.vocab_size - 1) for i in range(PROBE_CONTEXT)], 1)
-        for n in PROBE_WIDTHS:
-            ids = [min(1000 + i, backend.vocab_size - 1) for i in range(n)]
-            times = []
-            for _ in range(repeats + 1):
-                t0 = time.perf_counter()
-                backend.forward(ids, n)
-                times.append((time.perf_counter() - t0) * 1000)
-                backend.truncate(PROBE_CONTEXT)
-            out[str(n)] = round(statistics.median(times[1:]), 2)
-        return out
+        measure_verify_curve(backend, PROBE_WIDTHS, context_len=PROBE_CONTEXT, repeats=1)  # warm-up
+        curve = measure_verify_curve(backend, PROBE_WIDTHS, context_len=PROBE_CONTEXT, repeats=repeats)
+        return out | {str(n): round(ms, 2) for n, ms in curve.items()}
     finally:
         backend.close()
+
+
+def require_runtime(runtime: str) -> None:
+    """Fail now, with the install command, when GGUF runtime ``runtime`` cannot be used here.
+
+    Raises:
+        ConfigError: its package is missing or cannot run on this CPU; ``runtime`` is not a GGUF runtime.
+    """
+    if runtime == "ik":
+        from adaspec.backends.ik_backend import import_ik_llama_cpp
+
+        import_ik_llama_cpp()
+    elif runtime == "llamacpp":
+        from adaspec.backends.llamacpp_backend import import_llama_cpp
+
+        import_llama_cpp()
+    else:
+        raise ConfigError(f"{runtime!r} is not a GGUF runtime; choose one of: {', '.join(GGUF_RUNTIMES)}")
 
 
 def make_gguf_backend(runtime: str, gguf_file: Path, **kwargs):
@@ -200,17 +211,21 @@ def make_gguf_backend(runtime: str, gguf_file: Path, **kwargs):
 
 def fastest_gguf_runtime(gguf_file: Path, threads: int, probe_ids: list[int], *, reference_nll: float | None = None,
                          measure: Callable = measure_runtime,
-                         runtimes: dict[str, str] | None = None) -> RuntimeChoice | None:
+                         runtimes: dict[str, str] | None = None) -> tuple[RuntimeChoice | None, dict[str, str]]:
     """The installed GGUF runtime with the lowest ``t(1) + t(5)`` (one plain step plus one K = 4 verification) on
     this file, CPU and thread count, among those that compute the model correctly: a runtime whose probe NLL
     exceeds the reference (``reference_nll`` when known, else the best runtime's) by more than
     :data:`NLL_TOLERANCE` is left out, with the reason. Probes run once and are cached in
-    ``$ADASPEC_CACHE/runtimes.json``. None when no GGUF runtime is installed or none passes the check (the reason
-    is then in :func:`last_rejections`)."""
+    ``$ADASPEC_CACHE/runtimes.json``.
+
+    Returns:
+        ``(choice, rejected)``: the choice (None when no GGUF runtime is installed or none passes the check) and,
+        per runtime left out, one line saying why.
+    """
     runtimes = installed_runtimes() if runtimes is None else runtimes
-    _REJECTED.clear()
+    rejected: dict[str, str] = {}
     if not runtimes:
-        return None
+        return None, rejected
     gguf_file = Path(gguf_file)
     st = gguf_file.stat()
     key = "|".join([gguf_file.name, str(st.st_size), _cpu_name(), f"threads={threads}", f"probe={len(probe_ids)}",
@@ -240,16 +255,16 @@ def fastest_gguf_runtime(gguf_file: Path, threads: int, probe_ids: list[int], *,
     ran = {n: t for n, t in timings.items() if "nll" in t and "1" in t and "5" in t}
     for n, t in timings.items():
         if n not in ran:
-            _REJECTED[n] = f"{RUNTIME_LABELS.get(n, n)} not used: it failed on this file ({t.get('error', t)})"
+            rejected[n] = f"{RUNTIME_LABELS.get(n, n)} not used: it failed on this file ({t.get('error', t)})"
     ref = min([t["nll"] for t in ran.values()] + ([reference_nll] if reference_nll is not None else []),
               default=0.0)
     sound = {n: t for n, t in ran.items() if t["nll"] <= ref + NLL_TOLERANCE}
     for n, t in ran.items():
         if n not in sound:
-            _REJECTED[n] = (f"{RUNTIME_LABELS[n]} not used: it computes this model wrongly here (probe NLL "
+            rejected[n] = (f"{RUNTIME_LABELS[n]} not used: it computes this model wrongly here (probe NLL "
                             f"{t['nll']:.2f} nats/token against {ref:.2f})")
     if not sound:
-        return None
+        return None, rejected
     order = {n: i for i, n in enumerate(GGUF_RUNTIMES)}
     best = min(sound, key=lambda n: (sound[n]["1"] + sound[n]["5"], order.get(n, 9)))
     parts = ", ".join(f"{RUNTIME_LABELS[n]} {t['1']:.0f}/{t['5']:.0f} ms" for n, t in sorted(sound.items()))
@@ -257,17 +272,9 @@ def fastest_gguf_runtime(gguf_file: Path, threads: int, probe_ids: list[int], *,
                                           "the GGUF runtime installed") +
            f" ({'measured now' if measured_now else 'measured'}: one forward of 1/5 tokens at a {PROBE_CONTEXT}-token "
            f"context with {threads} threads: {parts})")
-    if _REJECTED:
-        why += "; " + "; ".join(_REJECTED.values())
-    return RuntimeChoice(best, why, timings)
-
-
-_REJECTED: dict[str, str] = {}
-
-
-def last_rejections() -> dict[str, str]:
-    """Runtimes the last :func:`fastest_gguf_runtime` call left out as computing the model wrongly, with why."""
-    return dict(_REJECTED)
+    if rejected:
+        why += "; " + "; ".join(rejected.values())
+    return RuntimeChoice(best, why, timings), rejected
 
 
 def has_gguf(spec: str) -> bool:
@@ -304,14 +311,14 @@ def choose_backend(spec: str, backend: str = "auto", *, device: str = "cpu", dty
     name, gguf_file, tok_dir = resolve_gguf(spec, progress=progress)
     probe_ids = AutoTokenizer.from_pretrained(str(tok_dir))(PROBE_TEXT)["input_ids"]
     entry = ZOO.get(name.lower())
-    choice = fastest_gguf_runtime(gguf_file, threads, probe_ids,
-                                  reference_nll=entry.probe_nll if entry is not None else None)
+    choice, rejected = fastest_gguf_runtime(gguf_file, threads, probe_ids,
+                                            reference_nll=entry.probe_nll if entry is not None else None)
     blocked = {n: why for n, why in unavailable_runtimes().items() if "not installed" not in why}
     if choice is not None and blocked:  # installed but cannot run here (a CPU without AVX2): say so
         choice = RuntimeChoice(choice.backend, choice.reason + "; " + "; ".join(
             f"{RUNTIME_LABELS[n]} not used: {why}" for n, why in blocked.items()), choice.timings)
-    if choice is None and last_rejections():
-        return RuntimeChoice("torch", "PyTorch: " + "; ".join(last_rejections().values()))
+    if choice is None and rejected:
+        return RuntimeChoice("torch", "PyTorch: " + "; ".join(rejected.values()))
     if choice is None:
         missing = "; ".join(unavailable_runtimes().values())
         hint = ('; pip install "ik-llama-cpp-python==0.1.5" for the fast CPU path' if cpu_has_avx2()

@@ -239,14 +239,10 @@ class SweepRunner:
             for spec in [setting.target, *cfg["micro"]["drafts"], *(d for s in cfg["sweep"] for d in s["drafter"])]:
                 on_backend(str(spec), setting)
         if loader is None:  # a missing runtime: fail now, not hours in when its first setting loads
-            if "llamacpp" in self.bench["backend"]:
-                from adaspec.backends.llamacpp_backend import import_llama_cpp
+            from adaspec.backends.select import GGUF_RUNTIMES, require_runtime
 
-                import_llama_cpp()
-            if "ik" in self.bench["backend"]:
-                from adaspec.backends.ik_backend import import_ik_llama_cpp
-
-                import_ik_llama_cpp()
+            for runtime in set(self.bench["backend"]) & set(GGUF_RUNTIMES):
+                require_runtime(runtime)
 
     def _validate_costs(self) -> None:
         drafts = set(self.cfg["micro"]["drafts"])

@@ -70,6 +70,11 @@ class ModelDrafter(Drafter):
             del self._cached[n:]
         return ids[n:]
 
+    def forget(self) -> None:
+        """Empty the draft cache: the next proposal feeds the whole sequence, as a first request's would."""
+        self._cached, self._stable = [], 0
+        self.backend.reset()
+
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         """Forward ``tokens`` through the draft model and record them as cached; returns the last position's ``[V]``
         logits. If the forward fails, the cache is emptied before the error propagates: the cache is kept across
@@ -77,10 +82,8 @@ class ModelDrafter(Drafter):
         try:
             logits = self.backend.forward(tokens, 1)[-1]
         except BaseException:
-            self._cached = []
-            self._stable = 0
             try:
-                self.backend.reset()
+                self.forget()
             except Exception:  # the backend is broken too: the next request's _sync starts from seq_len anyway
                 pass
             raise
