@@ -616,3 +616,63 @@ def test_request_schema_offers_every_controller():
 
     literal = typing.get_args(SpeculationOptions.model_fields["controller"].annotation)[0]
     assert set(typing.get_args(literal)) == set(CONTROLLERS)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Strict mode (issue 16): a request field and a server default
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_strict_request_repeats_and_equals_plain_strict(server):
+    client = server.client()
+
+    def complete(**extra) -> str:
+        r = client.completions.create(model=None, prompt="def fibonacci(n):", max_tokens=24, temperature=0,
+                                      extra_body=extra)
+        return r.choices[0].text
+
+    plain = complete(strict=True, speculation={"drafter": "none"})
+    outs = {complete(strict=True, speculation={"controller": "fixed", "k": k}) for k in (1, 3, 6)}
+    outs.add(complete(strict=True))
+    assert outs == {plain}
+
+
+def test_strict_request_field_is_validated(server):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "strict": "maybe"},
+                   timeout=30)
+    assert r.status_code == 400 and "strict" in r.text
+
+
+def test_server_strict_default_sets_the_backend_per_request(host):
+    seen = []
+    backend = host.target.backend
+    original = backend.forward
+
+    def spy(ids, num_logits=1):
+        seen.append(backend.batch_invariant)
+        return original(ids, num_logits)
+
+    backend.forward = spy
+    try:
+        with live(host, strict=True) as srv:
+            srv.client().completions.create(model=None, prompt="hello", max_tokens=4, temperature=0)
+            assert seen and all(seen)
+            seen.clear()
+            srv.client().completions.create(model=None, prompt="hello", max_tokens=4, temperature=0,
+                                            extra_body={"strict": False})
+            assert seen and not any(seen)
+    finally:
+        del backend.forward
+    assert backend.batch_invariant is False
+
+
+def test_loadtest_repeat_counts_changed_answers(server):
+    from adaspec.server.loadtest import markdown, run_repeat
+
+    model = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    r = run_repeat(server.url, model, prompts=2, repeats=3, max_tokens=8, strict=True, api_key=None,
+                   deadline=time.monotonic() + 120, timeout=60)
+    assert r["errors"] == 0 and r["repeats_compared"] == 4 and r["changed"] == 0 and r["changed_rate"] == 0.0
+    assert [p["answers"] for p in r["per_prompt"]] == [3, 3]
+    table = markdown({"model": "m", "max_tokens": 8, "machine": "x", "repeat": [r]})
+    assert "| strict | 2 × 3 | 0/4 (0.0%) | 0/2 | 0 |" in table

@@ -49,6 +49,14 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    _add_strict_arg(p)
+
+
+def _add_strict_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strict", action="store_true",
+                   help="strict mode: a batch-invariant target, so greedy output equals plain (strict) decoding "
+                        "token for token and a repeated request gives the same text (costs a wider forward per "
+                        "plain step)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,9 +101,27 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
                      help="every method prefills the prompt itself (default: one untimed prefill per prompt, "
                           "shared by all methods, so rows time decoding)")
+    _add_strict_arg(cmp)
     cmp.add_argument("--default-method", default=None,
                      help="the method the target check is about (default: adaspec's default configuration)")
     cmp.set_defaults(func=cmd_compare)
+
+    ev = sub.add_parser("eval", help="task accuracy of plain vs speculative (and strict, lossy) decoding: HumanEval "
+                                     "pass@1, GSM8K; paired tests, identity, divergence margins")
+    _add_model_args(ev, DEFAULT_DRAFT)
+    ev.add_argument("--tasks", default="humaneval,gsm8k", help="comma-separated: humaneval, gsm8k (default: both)")
+    ev.add_argument("--methods", default=None,
+                    help="comma-separated compare methods, with +strict and lossy modifiers +typical[:eps], "
+                         "+topk[:k], +bild[:nats] (default: plain, hybrid/goodput, their strict versions and the "
+                         "three lossy rules)")
+    ev.add_argument("--limit", type=int, default=None, help="prompts per task (default: all: 82 / 600)")
+    ev.add_argument("--max-new-tokens", type=int, default=256)
+    ev.add_argument("--out", default="results/eval", help="results folder (reruns resume; scores are cached)")
+    ev.add_argument("--time-limit", type=float, default=None, metavar="MIN",
+                    help="start no new prompt after MIN minutes (rerun to continue), then score and report")
+    ev.add_argument("--report-only", action="store_true", help="score and report the folder's generations only")
+    ev.add_argument("--exec-timeout", type=float, default=10.0, help="seconds per HumanEval completion's tests")
+    ev.set_defaults(func=cmd_eval)
 
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server with speculative-decoding metrics")
     _add_model_args(srv)
@@ -113,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens accepted")
     srv.add_argument("--metrics-namespace", default="adaspec", help="metric name prefix ('vllm' for vLLM dashboards)")
     srv.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation at start")
+    _add_strict_arg(srv)
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     srv.set_defaults(func=cmd_serve)
 
@@ -138,7 +165,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     prompt = _read_prompt(args)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                              top_k=args.top_k, seed=args.seed, stop=tuple(args.stop))
+                              top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), strict=args.strict or None)
     lm = load(args.target, args.draft, controller=args.controller, k=args.k, backend=args.backend,
               device=args.device, dtype=args.dtype, threads=args.threads)
     if lm.target.runtime_reason:
@@ -228,12 +255,34 @@ def cmd_compare(args: argparse.Namespace) -> int:
                       temperatures=[float(t) for t in pick(args.temperatures, "temperatures", [0.0])],
                       out=Path(args.out), dtype=args.dtype, threads=args.threads, seed=args.seed,
                       backend=args.backend, device=args.device,
-                      time_limit_s=args.time_limit * 60 if args.time_limit else None, prompt_cache=args.prompt_cache)
+                      time_limit_s=args.time_limit * 60 if args.time_limit else None, prompt_cache=args.prompt_cache,
+                      strict=args.strict)
     report = markdown_report(read_results(out), args.default_method or DEFAULT_METHOD)
     print(report)
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(report, encoding="utf-8")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from adaspec.quality.evaluate import DEFAULT_METHODS, run_eval
+
+    out = Path(args.out)
+    results, meta, ok = run_eval(
+        target=args.target, draft=args.draft, tasks=args.tasks.split(","),
+        methods=args.methods.split(",") if args.methods else list(DEFAULT_METHODS), limit=args.limit,
+        max_new_tokens=args.max_new_tokens, out_dir=out, dtype=args.dtype, threads=args.threads,
+        backend=args.backend, device=args.device, time_limit_s=args.time_limit * 60 if args.time_limit else None,
+        timeout_s=args.exec_timeout, generate=not args.report_only)
+    print((out / "report.md").read_text(encoding="utf-8"))
+    if not ok:
+        print("adaspec eval: a lossless method diverged from its reference at a margin above the threshold "
+              f"({meta['threshold']:.3g} logits): that is a bug, not rounding (see the divergence table)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

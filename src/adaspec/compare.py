@@ -11,7 +11,11 @@ the fraction of outputs identical to plain decoding, and where the time went.
 Method syntax: ``plain`` | ``fixed:K`` | ``CONTROLLER[:K]`` (any of :data:`adaspec.controllers.CONTROLLERS`, with
 the default drafter), or ``DRAFTER/CONTROLLER[:K]`` with any drafter spec of :func:`adaspec.api.make_drafter`, e.g.
 ``ngram/fixed:4``; ``hybrid/...`` is n-gram lookup plus the default draft model, chosen per step. ``hf:KIND[:K]``
-runs a Hugging Face transformers peer on the same models (:mod:`adaspec.peers`).
+runs a Hugging Face transformers peer on the same models (:mod:`adaspec.peers`). Modifiers follow with ``+``:
+``+strict`` (strict mode: a batch-invariant target, see :class:`~adaspec.engine.GenerationConfig`) and one lossy
+acceptance rule of :data:`adaspec.verify.LOSSY_RULES` (``+typical[:ε]``, ``+topk[:k]``, ``+bild[:nats]``), e.g.
+``plain+strict``, ``hybrid/goodput+strict``, ``hybrid/goodput+topk:2``. A strict method's identity is counted
+against ``plain+strict``.
 
 The report adds, per category and temperature, the **oracle** (the best fixed K in hindsight, default drafter) and
 a target check: the default method's tokens/s against the oracle, plain decoding and the best transformers
@@ -32,6 +36,7 @@ from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
 from adaspec.peers import parse_peer
+from adaspec.verify import parse_lossy
 
 DEFAULT_METHOD = f"{DEFAULT_DRAFTER}/{DEFAULT_CONTROLLER}"
 """What ``adaspec generate`` does by default (the method the target check is about)."""
@@ -66,6 +71,13 @@ class Method:
     drafter: str | None
     controller: str
     k: int | None
+    strict: bool = False
+    lossy: str | None = None
+
+    @property
+    def reference(self) -> str:
+        """The plain-decoding method whose output this one must reproduce (``plain`` or ``plain+strict``)."""
+        return "plain+strict" if self.strict else "plain"
 
 
 def parse_method(text: str, default_draft: str) -> Method:
@@ -73,6 +85,28 @@ def parse_method(text: str, default_draft: str) -> Method:
 
     A transformers peer is ``Method(label, draft model spec or None for prompt lookup, "hf", K)``.
     """
+    drafter_part, slash, rest = text.rpartition("/")
+    base, *mods = rest.split("+")
+    if mods:
+        strict, lossy = False, None
+        for mod in mods:
+            if mod == "strict":
+                strict = True
+                continue
+            try:
+                parse_lossy(mod)
+            except ValueError as e:
+                raise ConfigError(f"bad method {text!r}: modifier {mod!r} is neither 'strict' nor a lossy rule "
+                                  f"({e})") from None
+            if lossy is not None:
+                raise ConfigError(f"bad method {text!r}: one lossy rule at most")
+            lossy = mod
+        inner = parse_method(drafter_part + slash + base, default_draft)
+        if inner.controller in PEER_LIBRARIES:
+            raise ConfigError(f"bad method {text!r}: modifiers apply to adaspec's methods, not to peers")
+        if lossy is not None and inner.drafter is None:
+            raise ConfigError(f"bad method {text!r}: a lossy rule needs a drafter (plain decoding drafts nothing)")
+        return Method(text, inner.drafter, inner.controller, inner.k, strict, lossy)
     if text == "plain":
         return Method("plain", None, "fixed", 0)
     peer = parse_peer(text)
@@ -116,7 +150,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                 max_new_tokens: int, temperatures: list[float], out: Path, dtype: str | None = None,
                 threads: int | None = None, seed: int = 0, progress: bool = True,
                 time_limit_s: float | None = None, prompt_cache: bool = True, backend: str = "auto",
-                device: str = "auto") -> Path:
+                device: str = "auto", strict: bool = False) -> Path:
     """Run the comparison and append rows to ``out`` (JSONL); returns ``out``. See the module docstring.
 
     Prompts are taken round-robin across categories (prompt 1 of every category, then prompt 2, ...), so a run
@@ -130,6 +164,9 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     measured here is subtracted from their time: identical work is left out of every method, which matters where
     prefill is slow (a CPU without fast bf16 matrix multiplication spends longer on a 150-token prompt than on 64 new
     tokens). False: every method prefills and tokens/s are end to end.
+
+    ``strict``: every adaspec method runs in strict mode (as if each had ``+strict``; labels unchanged). Rows carry
+    the target's top-1/top-2 logit margin per generated token (``margins``), for divergence analysis.
     """
     from tqdm import tqdm
 
@@ -138,8 +175,13 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     from adaspec.workloads import load_workload
 
     parsed = [parse_method(m, draft) for m in methods]
+    if strict:
+        parsed = [m if m.controller in PEER_LIBRARIES else Method(m.label, m.drafter, m.controller, m.k, True, m.lossy)
+                  for m in parsed]
     if not any(m.label == "plain" for m in parsed):
-        parsed.insert(0, Method("plain", None, "fixed", 0))
+        parsed.insert(0, Method("plain", None, "fixed", 0, strict))
+    if not strict and any(m.strict for m in parsed) and not any(m.label == "plain+strict" for m in parsed):
+        parsed.insert(1, parse_method("plain+strict", draft))  # the reference of the strict methods
     prompts = _round_robin([(w, p) for w in workloads for p in load_workload(w, limit)])
     set_threads(threads)
     done = {result_key(r) for r in read_results(out)}
@@ -220,12 +262,14 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                         result.update(decode_ms=round(max(result["total_ms"] - prompt_prefill_ms, 1.0), 2),
                                       decode_tokens=max(result["new_tokens"] - 1, 0))
                 else:
-                    cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temp, seed=seed)
+                    cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temp, seed=seed,
+                                           strict=m.strict, lossy=m.lossy, return_margins=True)
                     _forget_drafts(runner.drafter)
                     result = _run_engine(runner, ids, cfg)
                 row = {"workload": workload, "category": prompt.category, "prompt_id": prompt.id,
                        "method": m.label, "temperature": temp, "target": tgt.name, "drafter": m.drafter,
-                       "controller": m.controller, "k": m.k, "threads": threads,
+                       "controller": m.controller, "k": m.k, "threads": threads, "strict": m.strict,
+                       "lossy": m.lossy, "reference": m.reference,
                        "dtype": "gguf" if isinstance(tgt.backend, GgufBackend) else dtype or "bfloat16",
                        "prompt_cache": prompt_cache,
                        "prompt_prefill_ms": round(prompt_prefill_ms, 2) if prompt_cache else None, **result}
@@ -252,7 +296,9 @@ def _run_engine(engine: SpeculativeEngine, ids: list[int], cfg: GenerationConfig
     verification included; ``decode_tokens`` the tokens after the first."""
     r = engine.generate(ids, cfg)
     s = r.stats
-    return {"finish_reason": r.finish_reason, "token_ids": r.token_ids, **s.to_dict(),
+    margins = [round(x, 5) for x in r.margins] if r.margins is not None else None
+    return {"finish_reason": r.finish_reason, "token_ids": r.token_ids, "text": r.text, "margins": margins,
+            **s.to_dict(),
             "decode_ms": round(s.total_ms - s.ttft_ms, 2), "decode_tokens": max(s.new_tokens - 1, 0)}
 
 
@@ -344,7 +390,8 @@ def summarize(rows: list[dict]) -> dict[tuple[str, float], dict[str, dict]]:
             drafted = sum(r["draft_tokens"] for r in rs) if counted else 0
             spec_steps = sum(r["speculation_steps"] for r in rs) if counted else 0
             accepted = sum(r["accepted_tokens"] for r in rs) if counted else 0
-            same = [ms[m]["token_ids"] == ms["plain"]["token_ids"] for ms in complete.values() if "plain" in ms]
+            ref = _reference(m)
+            same = [ms[m]["token_ids"] == ms[ref]["token_ids"] for ms in complete.values() if ref in ms]
             stats[m] = {
                 "prompts": len(rs),
                 "tokens_per_s": tokens_per_s,
@@ -361,6 +408,12 @@ def summarize(rows: list[dict]) -> dict[tuple[str, float], dict[str, dict]]:
                 s["speedup"] = s["tokens_per_s"] / stats["plain"]["tokens_per_s"]
         table[key] = stats
     return table
+
+
+def _reference(label: str) -> str:
+    """The plain method a method's identity is measured against (``plain+strict`` for a strict one)."""
+    base, *mods = label.rpartition("/")[2].split("+")
+    return "plain+strict" if "strict" in mods else "plain"
 
 
 def oracle(stats: dict[str, dict]) -> str | None:

@@ -25,7 +25,7 @@ from adaspec.errors import ConfigError, ContextLengthError
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
 from adaspec.text import TextStream
-from adaspec.verify import verify_greedy, verify_sampling
+from adaspec.verify import parse_lossy, verify_greedy, verify_lossy, verify_sampling
 
 
 @dataclass
@@ -39,6 +39,15 @@ class GenerationConfig:
         stop: stop strings; the returned text ends before the first one.
         eos_token_ids: ids that end generation (None = the engine's defaults from the tokenizer/model).
         ignore_eos: keep going past EOS (benchmarks that need a fixed number of tokens).
+        strict: batch-invariant target for this request (``Backend.batch_invariant``): every decoding forward uses
+            the same kernels whatever K is, so greedy speculative output is token-for-token plain (strict) greedy
+            output and a repeated request gives the same text whatever the controller's state. None = leave the
+            backend as it is configured. Costs a wider forward per plain step (``adaspec eval`` measures it).
+        lossy: a LOSSY acceptance rule of :data:`~adaspec.verify.LOSSY_RULES` (``"typical"``, ``"topk:3"``,
+            ``"bild:2"``): faster, but the output is no longer the target's; never a default. None = exact
+            verification (lossless).
+        return_margins: record, per generated token, the target's top-1 minus top-2 logit at the position it was
+            chosen (:attr:`GenerationResult.margins`): where two runs diverge, a tiny margin means numerics.
     """
 
     max_new_tokens: int = 128
@@ -49,6 +58,9 @@ class GenerationConfig:
     stop: Sequence[str] = ()
     eos_token_ids: Sequence[int] | None = None
     ignore_eos: bool = False
+    strict: bool | None = None
+    lossy: str | None = None
+    return_margins: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # OpenAI and HF accept one stop string as a plain str
@@ -56,6 +68,11 @@ class GenerationConfig:
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         self.sampling  # validates temperature/top_k/top_p
+        if self.lossy is not None:
+            try:
+                parse_lossy(self.lossy)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
     @property
     def sampling(self) -> SamplingParams:
@@ -71,12 +88,15 @@ class GenerationResult:
         text: decoded text without special tokens, cut before a stop string ("" without a tokenizer).
         finish_reason: ``"stop"`` (EOS or stop string) or ``"length"`` (max_new_tokens or the context window).
         stats: counters and timings.
+        margins: with ``return_margins``, one float per token of ``token_ids``: the target's top-1 minus top-2
+            logit where the token was chosen (logit units; None otherwise).
     """
 
     token_ids: list[int]
     text: str
     finish_reason: str
     stats: GenerationStats
+    margins: list[float] | None = None
 
 
 @dataclass
@@ -114,9 +134,13 @@ class SpeculativeEngine:
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         """Generate a continuation of ``prompt_ids`` (list of int token ids); see :meth:`stream`."""
-        for chunk in self.stream(prompt_ids, config):
-            if chunk.result is not None:
-                return chunk.result
+        chunks = self.stream(prompt_ids, config)
+        try:
+            for chunk in chunks:
+                if chunk.result is not None:
+                    return chunk.result
+        finally:
+            chunks.close()  # restores the backend's mode at once (see GenerationConfig.strict)
         raise AssertionError("stream ended without a result")
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> Iterator[StreamChunk]:
@@ -144,10 +168,26 @@ class SpeculativeEngine:
         if cfg.stop and self.tokenizer is None:
             raise ConfigError("stop strings need a tokenizer (pass tokenizer= to SpeculativeEngine)")
         text = TextStream(self.tokenizer, cfg.stop) if self.tokenizer is not None else None
+        lossy = parse_lossy(cfg.lossy) if cfg.lossy is not None else None
         stats = GenerationStats(prompt_tokens=len(prompt))
         self.controller.reset()
         stop_rule = self.controller.draft_stop()
+        if cfg.strict and not self.target.supports_batch_invariance:
+            raise ConfigError(f"strict mode needs a batch-invariant backend; {self.target.name} "
+                              f"({type(self.target).__name__}) has none")
+        was_invariant = self.target.batch_invariant
+        if cfg.strict is not None:
+            self.target.batch_invariant = cfg.strict
+        try:
+            yield from self._stream(prompt, cfg, params, eos, generator, text, stats, stop_rule, lossy)
+        finally:
+            self.target.batch_invariant = was_invariant
 
+    def _stream(self, prompt: list[int], cfg: GenerationConfig, params: SamplingParams, eos: tuple[int, ...],
+                generator: torch.Generator, text: TextStream | None, stats: GenerationStats, stop_rule,
+                lossy: tuple[str, float] | None) -> Iterator[StreamChunk]:
+        """The loop of :meth:`stream`, once the request is validated and the backend's mode is set."""
+        margins: list[float] | None = [] if cfg.return_margins else None
         start = time.perf_counter()
         self.target.reset()
         logits = self.target.forward(prompt, 1)
@@ -155,6 +195,8 @@ class SpeculativeEngine:
         self.target.synchronize()
         stats.ttft_ms = stats.prefill_ms = (time.perf_counter() - start) * 1e3
         new, finish = self._accept(prompt, [first], cfg, eos, text, 0)
+        if margins is not None:
+            margins += _margins(logits[-1:])[:len(new)]
         ids = prompt + new
         yield StreamChunk(new, text.delta() if text else "")
         if self.drafter is not None and finish is None:
@@ -175,13 +217,15 @@ class SpeculativeEngine:
             draft = (self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft())
             draft_end = time.perf_counter()
 
-            n_accepted, token = self._verify(ids, draft, params, generator)
+            n_accepted, token, logits = self._verify(ids, draft, params, generator, lossy)
             self.target.truncate(len(ids) + n_accepted)
             self.target.synchronize()
             verify_end = time.perf_counter()
 
             new, finish = self._accept(ids, draft.tokens[:n_accepted].tolist() + [token], cfg, eos, text,
                                        generated)
+            if margins is not None:
+                margins += _margins(logits[:len(new)])
             ids += new
             step = StepRecord(k=k, drafted=len(draft), accepted=n_accepted, emitted=len(new),
                               context_len=len(ids) - len(new),
@@ -199,7 +243,7 @@ class SpeculativeEngine:
         stats.total_ms = (time.perf_counter() - start) * 1e3
         stats.peak_rss_bytes = peak_rss_bytes()
         tail = text.delta(final=True) if text else ""
-        result = GenerationResult(ids[len(prompt):], text.text if text else "", finish or "length", stats)
+        result = GenerationResult(ids[len(prompt):], text.text if text else "", finish or "length", stats, margins)
         yield StreamChunk(new if stats.steps else [], tail, result)
 
     # Pieces of a step ---------------------------------------------------------------------------------------
@@ -209,15 +253,19 @@ class SpeculativeEngine:
             return int(logits.argmax())
         return int(sample(logits_to_probs(logits, params), generator))
 
-    def _verify(self, ids: list[int], draft: Draft, params: SamplingParams,
-                generator: torch.Generator) -> tuple[int, int]:
-        """One target forward over ``[pending] + draft`` and the accept/reject decision."""
+    def _verify(self, ids: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator,
+                lossy: tuple[str, float] | None = None) -> tuple[int, int, torch.Tensor]:
+        """One target forward over ``[pending] + draft`` and the accept/reject decision:
+        ``(n_accepted, next token, the target's [K + 1, V] logits)``."""
         k = len(draft)
         logits = self.target.forward([ids[-1]] + draft.tokens.tolist(), k + 1)
+        if lossy is not None:
+            probs = logits.float().softmax(-1) if params.greedy else logits_to_probs(logits, params)
+            return (*verify_lossy(draft.tokens, probs, *lossy, greedy=params.greedy, generator=generator), logits)
         if params.greedy:
-            return verify_greedy(draft.tokens, logits)
+            return (*verify_greedy(draft.tokens, logits), logits)
         q = _fit_width(draft.probs, logits.shape[-1]) if draft.probs is not None else None
-        return verify_sampling(draft.tokens, q, logits_to_probs(logits, params), generator)
+        return (*verify_sampling(draft.tokens, q, logits_to_probs(logits, params), generator), logits)
 
     def _accept(self, ids: list[int], new: list[int], cfg: GenerationConfig, eos: tuple[int, ...],
                 text: TextStream | None, generated: int) -> tuple[list[int], str | None]:
@@ -249,6 +297,12 @@ class SpeculativeEngine:
         calibrate = getattr(self.controller, "calibrate", None)
         if calibrate is not None:
             calibrate(self.target)
+
+
+def _margins(logits: torch.Tensor) -> list[float]:
+    """Top-1 minus top-2 logit per row of ``[n, V]`` logits (logit units)."""
+    top = logits.float().topk(2, dim=-1).values
+    return (top[:, 0] - top[:, 1]).tolist()
 
 
 def _fit_width(probs: torch.Tensor, width: int) -> torch.Tensor:

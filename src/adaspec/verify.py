@@ -79,3 +79,75 @@ def verify_sampling(
     # total == 0 only when p == q exactly, in which case rejection has probability 0; fall back to p for safety.
     residual = residual / total if total > 0 else p
     return n_accepted, int(sample(residual, generator))
+
+
+# Lossy acceptance ---------------------------------------------------------------------------------------------------
+# These rules accept draft tokens the exact rules would reject, so the output is NOT the target's own (greedy) output
+# nor distributed as its samples. They exist to measure the speed-quality trade-off (``adaspec eval``) and are never a
+# default. Rejections and the bonus token still come from the target (its argmax, or a sample of p when sampling).
+
+LOSSY_RULES: dict[str, float] = {"typical": 0.09, "topk": 3.0, "bild": 2.0}
+"""Lossy acceptance rules and their default parameter:
+
+* ``typical`` (ε): typical acceptance, Cai et al. 2024 ("Medusa", §2.3.1): accept draft token x when
+  p(x) > min(ε, δ·exp(-H(p))) with δ = √ε (Medusa's defaults: posterior threshold 0.09, alpha 0.3).
+* ``topk`` (k): lenient top-k acceptance: accept x when it is among the target's k most likely tokens.
+* ``bild`` (nats): the rollback policy of Kim et al. 2023 ("Speculative Decoding with Big Little Decoder", §3.3):
+  accept x unless the target's cross-entropy against it, -log p(x), exceeds the threshold.
+
+p is the target's distribution after temperature/top-k/top-p when sampling, its softmax at temperature 1 in greedy
+mode."""
+
+
+def parse_lossy(spec: str) -> tuple[str, float]:
+    """``"typical"`` / ``"topk:2"`` / ``"bild:1.5"`` → (rule, parameter).
+
+    Raises:
+        ValueError: unknown rule or an out-of-range parameter (names the choices / the range).
+    """
+    name, _, value = spec.partition(":")
+    if name not in LOSSY_RULES:
+        raise ValueError(f"unknown lossy acceptance rule {name!r}: choose one of {', '.join(LOSSY_RULES)}")
+    try:
+        param = float(value) if value else LOSSY_RULES[name]
+    except ValueError:
+        raise ValueError(f"bad parameter in {spec!r}: expected a number") from None
+    if name == "typical" and not 0.0 < param < 1.0:
+        raise ValueError(f"typical acceptance needs 0 < ε < 1, got {param}")
+    if name == "topk" and (param != int(param) or param < 1):
+        raise ValueError(f"top-k acceptance needs an integer k >= 1, got {param}")
+    if name == "bild" and param <= 0.0:
+        raise ValueError(f"BiLD acceptance needs a threshold > 0 nats, got {param}")
+    return name, param
+
+
+def verify_lossy(draft_tokens: torch.Tensor, target_probs: torch.Tensor, rule: str, param: float, *,
+                 greedy: bool, generator: torch.Generator | None = None) -> tuple[int, int]:
+    """Lossy verification (see :data:`LOSSY_RULES`): accept the longest prefix whose tokens pass ``rule``.
+
+    Args:
+        draft_tokens: ``[K]`` int64 drafted ids.
+        target_probs: ``[K + 1, V]`` float32 target distributions p (row i follows draft token i - 1).
+        rule, param: a rule of :data:`LOSSY_RULES` and its parameter (see :func:`parse_lossy`).
+        greedy: the extra token is the target's argmax (else a sample of p at that row).
+        generator: randomness for the extra token when sampling.
+
+    Returns:
+        ``(n_accepted, next_token)`` with 0 <= n_accepted <= K.
+    """
+    k = draft_tokens.shape[0]
+    p = target_probs[:k]
+    p_draft = p[torch.arange(k), draft_tokens] if k else p.new_zeros(0)
+    if rule == "typical":
+        entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)
+        ok = p_draft > torch.minimum(torch.full_like(entropy, param), param ** 0.5 * torch.exp(-entropy))
+    elif rule == "topk":
+        ok = (p > p_draft[:, None]).sum(-1) < int(param)  # fewer than k tokens strictly more likely
+    elif rule == "bild":
+        ok = -p_draft.clamp_min(1e-30).log() <= param
+    else:
+        raise ValueError(f"unknown lossy acceptance rule {rule!r}: choose one of {', '.join(LOSSY_RULES)}")
+    n_accepted = int(ok.int().cumprod(0).sum())
+    row = target_probs[n_accepted]
+    token = int(row.argmax()) if greedy else int(sample(row, generator))
+    return n_accepted, token

@@ -26,11 +26,18 @@ class Backend(ABC):
         name: display name of the model (for stats and errors).
         vocab_size: width V of the logits (may be padded beyond the tokenizer's length).
         max_context: maximum number of positions the model supports (prompt + generated tokens).
+        batch_invariant: strict mode: every forward after the first of a sequence computes each position's logits
+            with the same kernels whatever the number of positions (K + 1) in the forward, so greedy speculative
+            decoding reproduces plain greedy decoding bit for bit and a request's output does not depend on the
+            controller's choices. Settable between requests where ``supports_batch_invariance`` is True (the
+            engine sets it per request from ``GenerationConfig.strict``).
     """
 
     name: str
     vocab_size: int
     max_context: int
+    batch_invariant: bool = False
+    supports_batch_invariance: bool = False
 
     @property
     @abstractmethod

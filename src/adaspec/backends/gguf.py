@@ -39,6 +39,7 @@ class GgufBackend(Backend):
     """
 
     runtime = "gguf"  # the runtime's short name, as in model specs (NAME@llamacpp, NAME@ik)
+    supports_batch_invariance = True
 
     def _init_state(self, path: Path, name: str | None, n_ctx: int, n_batch: int, threads: int,
                     batch_invariant: bool) -> None:

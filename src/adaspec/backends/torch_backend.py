@@ -26,6 +26,54 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}") from None
 
 
+INVARIANT_ATTENTION = "adaspec_invariant"
+"""Name under which :func:`invariant_attention` is registered in transformers' ``AttentionInterface``."""
+
+
+def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                        **kwargs) -> tuple[torch.Tensor, None]:
+    """Causal attention whose result for a query row depends only on that row's position, not on how many rows
+    the forward has or how long the cache is (strict mode of :class:`TorchBackend`).
+
+    Each query row i of the last ``q`` positions attends to exactly its ``kv - q + i + 1`` visible keys, one row at a
+    time (the query heads sharing a KV head form the row block, so grouped-query attention needs no copy of K/V): the
+    matrix shapes, hence the kernels and their reduction order, are those of the same position in any other forward.
+    Fused attention (SDPA) and eager attention over the whole cache instead reduce over a length that includes the
+    masked keys, and their blocking changes with it (measured: bf16 logits differ).
+
+    Args:
+        query: ``[B, H, q, D]``; key, value: ``[B, H_kv, kv, D]`` (cache included); attention_mask: additive
+            ``[B, 1, q, kv]`` or None (causal); scaling: softmax scale (default D^-0.5). Dropout must be 0.
+
+    Returns:
+        ``(attn_output [B, q, H, D], None)`` as transformers' attention functions do.
+    """
+    b, h, q, d = query.shape
+    h_kv, kv = key.shape[1], key.shape[2]
+    rep = h // h_kv
+    scale = d ** -0.5 if scaling is None else scaling
+    rows = []
+    for i in range(q):
+        n = kv - q + i + 1
+        qi = query[:, :, i].reshape(b, h_kv, rep, d)
+        scores = torch.matmul(qi, key[:, :, :n].transpose(2, 3)) * scale  # [B, H_kv, rep, n]
+        if attention_mask is not None:
+            scores = scores + attention_mask[:, :, i, :n].unsqueeze(2)
+        probs = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        rows.append(torch.matmul(probs, value[:, :, :n]).reshape(b, h, d))
+    return torch.stack(rows, dim=1), None  # [B, q, H, D]
+
+
+def _register_invariant_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(INVARIANT_ATTENTION, invariant_attention)
+
+
+_register_invariant_attention()
+
+
 def load_causal_lm(path: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu") -> PreTrainedModel:
     """Load a transformers causal LM from a local folder or hub id, in eval mode, on ``device``."""
     from transformers import AutoModelForCausalLM
@@ -67,10 +115,23 @@ class TorchBackend(Backend):
         name: display name.
         max_context: context window in tokens (default: ``config.max_position_embeddings``).
         prefill_chunk: long inputs are run in chunks of this many tokens to bound activation memory.
+        batch_invariant: strict mode (see :class:`~adaspec.backends.Backend`).
+        invariant_width: the fixed forward width W of strict mode.
+
+    **Batch invariance.** PyTorch's matrix kernels and its fused attention (SDPA) pick their blocking by the number
+    of rows, so a position's logits differ (~2e-5 in fp32, up to ~0.6 in bf16 on a CPU) between a one-token forward
+    and a K + 1-token one, and between different K. In strict mode every forward after the prompt's (the cache is
+    not empty) is padded to exactly ``invariant_width`` positions (longer inputs: chunks of W, each padded), the
+    padding's cache entries are dropped at once, and attention runs :func:`invariant_attention` (each query row over
+    exactly its visible keys). Every decoded position then sees the same kernels on the same shapes, and its logits
+    are bit-identical whatever K was (fp32 and bf16, tests/test_strict.py). Cost: a plain decoding step runs a
+    W-token forward, and attention runs row by row.
     """
 
+    supports_batch_invariance = True
+
     def __init__(self, model: PreTrainedModel, name: str = "model", *, max_context: int | None = None,
-                 prefill_chunk: int = 2048) -> None:
+                 prefill_chunk: int = 2048, batch_invariant: bool = False, invariant_width: int = 8) -> None:
         self.model = model.eval()
         self.name = name
         self.device = next(model.parameters()).device
@@ -83,6 +144,23 @@ class TorchBackend(Backend):
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._cache = DynamicCache(config=model.config)
         self._len = 0
+        if invariant_width < 1:
+            raise ConfigError(f"invariant_width must be >= 1, got {invariant_width}")
+        self.invariant_width = invariant_width
+        self._attn_default = getattr(model.config, "_attn_implementation", None)
+        self._invariant = False
+        self.batch_invariant = batch_invariant
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self._invariant
+
+    @batch_invariant.setter
+    def batch_invariant(self, on: bool) -> None:
+        on = bool(on)
+        if on != self._invariant and self._attn_default is not None:
+            self.model.set_attn_implementation(INVARIANT_ATTENTION if on else self._attn_default)
+        self._invariant = on
 
     @property
     def seq_len(self) -> int:
@@ -93,12 +171,29 @@ class TorchBackend(Backend):
         n = len(input_ids)
         self.check_forward(n, num_logits)
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).unsqueeze(0)
+        if self._invariant and self._len > 0:
+            return self._forward_invariant(ids, num_logits)
         # Run all but the final segment in chunks (their logits are not needed), then the final segment, which
         # holds at least the positions whose logits we return.
         last_start = max(0, min(n - num_logits, (n - 1) // self.prefill_chunk * self.prefill_chunk))
         for start in range(0, last_start, self.prefill_chunk):
             self._run(ids[:, start:min(start + self.prefill_chunk, last_start)], 1)
         return self._run(ids[:, last_start:], num_logits)
+
+    def _forward_invariant(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:
+        """Strict mode: chunks of exactly ``invariant_width`` positions (the last one padded by repeating its final
+        token; the padding is cropped from the cache), every position's logits kept."""
+        w, n = self.invariant_width, ids.shape[1]
+        rows = []
+        for start in range(0, n, w):
+            chunk = ids[:, start:start + w]
+            real = chunk.shape[1]
+            if real < w:
+                chunk = torch.cat([chunk, chunk[:, -1:].expand(1, w - real)], dim=1)
+            base = self._len
+            rows.append(self._run(chunk, w)[:real])
+            self.truncate(base + real)
+        return torch.cat(rows)[n - num_logits:]
 
     def _run(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:
         n = ids.shape[1]

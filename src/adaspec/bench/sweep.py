@@ -74,6 +74,18 @@ class PrefixCacheBackend(Backend):
     def seq_len(self) -> int:
         return 0 if self._fresh else len(self._ids)
 
+    @property
+    def supports_batch_invariance(self) -> bool:
+        return self.inner.supports_batch_invariance
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self.inner.batch_invariant
+
+    @batch_invariant.setter
+    def batch_invariant(self, on: bool) -> None:
+        self.inner.batch_invariant = on
+
     def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
         ids = [int(t) for t in input_ids]
         if self._fresh:

@@ -52,6 +52,8 @@ class ServerConfig:
         default_max_tokens: ``max_tokens`` when a request gives none (capped by the context window).
         max_tokens_limit: the largest ``max_tokens`` accepted (default: the context window).
         metrics_namespace: prefix of the metric names.
+        strict: every request runs in strict mode (batch-invariant target: greedy output equals plain decoding and
+            a repeated request gives the same text) unless it sends ``"strict": false``.
     """
 
     served_model_name: str | None = None
@@ -62,6 +64,7 @@ class ServerConfig:
     default_max_tokens: int = 256
     max_tokens_limit: int | None = None
     metrics_namespace: str = "adaspec"
+    strict: bool = False
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -348,7 +351,8 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
         try:
             return GenerationConfig(max_new_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
                                     top_k=max(0, body.top_k), seed=seed, stop=body.stop_list,
-                                    ignore_eos=body.ignore_eos)
+                                    ignore_eos=body.ignore_eos,
+                                    strict=body.strict if body.strict is not None else (config.strict or None))
         except ConfigError as e:
             raise APIError(400, str(e)) from None
 

@@ -5,6 +5,9 @@ client concurrencies, with the server's default speculation and with speculation
         -- --threads 2                    # arguments after -- go to the spawned `adaspec serve`
     python -m adaspec.server.loadtest --url http://127.0.0.1:8000   # against a running server
 
+    python -m adaspec.server.loadtest --spawn --repeat 20 --prompts 5 --out docs/results/issue16/repeat.json \
+        -- --threads 2                    # determinism: the same greedy request 20 times, default vs strict
+
 Each configuration sends a fixed number of requests from C client threads (each sends its next request when the
 previous one is answered), all greedy chat completions of short coding prompts with ``max_tokens`` tokens. The
 whole run stops issuing requests after ``--time-limit`` seconds. Stdlib only (no extra dependencies).
@@ -139,7 +142,52 @@ def run_config(url: str, model: str, *, concurrency: int, requests: int, max_tok
     }
 
 
+def run_repeat(url: str, model: str, *, prompts: int, repeats: int, max_tokens: int, strict: bool,
+               api_key: str | None, deadline: float, timeout: float) -> dict:
+    """Send each of the first ``prompts`` prompts ``repeats`` times, greedy, one request at a time, prompts in
+    rotation (so the server's controller state differs from repeat to repeat), with ``"strict": strict``. Reports,
+    per prompt, how many distinct texts came back and how many repeats differ from the first answer."""
+    texts: dict[int, list[str]] = {i: [] for i in range(prompts)}
+    errors = 0
+    for _ in range(repeats):
+        for i in range(prompts):
+            if time.monotonic() > deadline:
+                break
+            body = {"model": model, "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+                    "max_tokens": max_tokens, "temperature": 0, "strict": strict}
+            try:
+                status, resp = _request(url, "/v1/chat/completions", body, api_key, timeout)
+            except (OSError, TimeoutError):
+                status, resp = 0, {}
+            if status == 200:
+                texts[i].append(resp["choices"][0]["message"]["content"])
+            else:
+                errors += 1
+    per_prompt = [{"prompt": PROMPTS[i % len(PROMPTS)], "answers": len(t), "distinct": len(set(t)),
+                   "differ_from_first": sum(x != t[0] for x in t[1:]) if t else 0} for i, t in texts.items()]
+    answered = sum(max(p["answers"] - 1, 0) for p in per_prompt)
+    changed = sum(p["differ_from_first"] for p in per_prompt)
+    return {"mode": "strict" if strict else "default", "prompts": prompts, "repeats": repeats, "errors": errors,
+            "repeats_compared": answered, "changed": changed,
+            "changed_rate": round(changed / answered, 4) if answered else None,
+            "prompts_with_several_answers": sum(p["distinct"] > 1 for p in per_prompt), "per_prompt": per_prompt}
+
+
+def markdown_repeat(result: dict) -> str:
+    lines = [f"Model: `{result['model']}`; {result['max_tokens']} tokens per greedy chat completion; "
+             f"{result['machine']}.", "",
+             "| mode | prompts × repeats | repeats differing from the first answer | prompts with > 1 distinct answer "
+             "| errors |", "|---|---|---:|---:|---:|"]
+    for r in result["repeat"]:
+        rate = "–" if r["changed_rate"] is None else f"{100 * r['changed_rate']:.1f}%"
+        lines.append(f"| {r['mode']} | {r['prompts']} × {r['repeats']} | {r['changed']}/{r['repeats_compared']} "
+                     f"({rate}) | {r['prompts_with_several_answers']}/{r['prompts']} | {r['errors']} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(result: dict) -> str:
+    if "repeat" in result:
+        return markdown_repeat(result)
     default = {k: v for k, v in result["speculation_default"].items() if k in ("drafter", "controller", "k")}
     lines = [f"Model: `{result['model']}`; default speculation: `{json.dumps(default)}`; "
              f"{result['max_tokens']} tokens per request (greedy chat completions of short coding prompts); "
@@ -196,7 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--request-timeout", type=float, default=900)
     p.add_argument("--out", default=None, help="write the results JSON here")
     p.add_argument("--markdown", default=None, help="write the Markdown table here")
+    p.add_argument("--repeat", type=int, default=0, metavar="N",
+                   help="determinism test instead: each prompt N times, greedy, default and strict mode")
+    p.add_argument("--prompts", type=int, default=5, help="prompts of the --repeat test (at most 8)")
     args = p.parse_args(argv)
+    if args.repeat and not 1 <= args.prompts <= len(PROMPTS):
+        p.error(f"--prompts must be in 1..{len(PROMPTS)}")
 
     concurrency = [int(x) for x in args.concurrency.split(",")]
     counts = [int(x) for x in args.requests.split(",")]
@@ -226,6 +279,17 @@ def main(argv: list[str] | None = None) -> int:
         model = card["id"]
         deadline = time.monotonic() + args.time_limit
         runs = []
+        machine = f"{os.cpu_count()} CPUs, {platform.machine()}, {platform.python_version()}"
+        if args.repeat:
+            reps = []
+            for strict in (False, True):
+                r = run_repeat(url, model, prompts=args.prompts, repeats=args.repeat, max_tokens=args.max_tokens,
+                               strict=strict, api_key=args.api_key, deadline=deadline, timeout=args.request_timeout)
+                print(json.dumps({k: v for k, v in r.items() if k != "per_prompt"}), file=sys.stderr, flush=True)
+                reps.append(r)
+            modes = []
+            result = {"model": model, "max_tokens": args.max_tokens, "serve_args": serve_args, "machine": machine,
+                      "repeat": reps}
         for mode in modes:
             spec = MODES[mode]
             # one unmeasured request per mode (first-use allocations, the controller's calibration)
@@ -237,10 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                 r["mode"] = mode
                 runs.append(r)
                 print(json.dumps({k: v for k, v in r.items() if k != "records"}), file=sys.stderr, flush=True)
-        result = {"model": model, "speculation_default": card.get("speculation", {}),
-                  "max_tokens": args.max_tokens, "serve_args": serve_args,
-                  "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, {platform.python_version()}",
-                  "runs": runs}
+        if not args.repeat:
+            result = {"model": model, "speculation_default": card.get("speculation", {}),
+                      "max_tokens": args.max_tokens, "serve_args": serve_args, "machine": machine, "runs": runs}
     finally:
         if proc is not None:
             proc.terminate()

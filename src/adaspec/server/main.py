@@ -50,7 +50,7 @@ def serve(args: argparse.Namespace) -> int:
     config = ServerConfig(served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
                           default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit,
-                          metrics_namespace=args.metrics_namespace)
+                          metrics_namespace=args.metrics_namespace, strict=args.strict)
     import prometheus_client
 
     prometheus_client.disable_created_metrics()  # no *_created series (as vLLM)

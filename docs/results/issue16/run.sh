@@ -1,0 +1,32 @@
+#!/bin/bash
+# Issue 16: the quality evaluation measured for docs/quality-cpu.md (2 threads, nothing else running).
+# Each step resumes from its results folder; rerunning the script continues where it stopped.
+set -u
+cd "${ADASPEC_REPO:-$(dirname "$0")/../../..}"
+A=".venv/bin/adaspec"
+OUT=docs/results/issue16
+date
+# 1. Default configuration (auto runtime = ik_llama.cpp here, Qwen2.5-Coder-1.5B Q4_K_M + 0.5B draft, hybrid
+#    drafter, goodput controller), all 82 HumanEval tasks, lossless methods, default and strict.
+$A eval --tasks humaneval --methods plain,hybrid/goodput,plain+strict,hybrid/goodput+strict \
+  --max-new-tokens 256 --threads 2 --out $OUT/gguf --time-limit 38 > $OUT/gguf/log-1.txt 2>&1
+date
+# 2. Lossy rules on the first 25 tasks (plain rows are reused).
+$A eval --tasks humaneval --methods plain,hybrid/goodput+typical,hybrid/goodput+topk:2,hybrid/goodput+bild \
+  --limit 25 --max-new-tokens 256 --threads 2 --out $OUT/gguf --time-limit 12 > $OUT/gguf/log-2.txt 2>&1
+date
+# 3. GSM8K, default configuration vs plain decoding, as many questions as 20 minutes allow.
+$A eval --tasks gsm8k --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 --out $OUT/gguf \
+  --time-limit 20 > $OUT/gguf/log-3.txt 2>&1
+date
+# 4-5. PyTorch fp32 and bf16: Qwen2.5-Coder-0.5B target, n-gram drafter (a 0.5B pair has no smaller draft model).
+for dt in float32 bfloat16; do
+  mkdir -p $OUT/torch-$dt
+  $A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype $dt \
+    --methods plain,ngram/goodput,plain+strict,ngram/goodput+strict --max-new-tokens 256 --threads 2 \
+    --out $OUT/torch-$dt --time-limit 8 > $OUT/torch-$dt/log.txt 2>&1
+  date
+done
+# Final reports over everything each folder holds.
+$A eval --tasks humaneval,gsm8k --report-only --out $OUT/gguf --methods plain,hybrid/goodput,plain+strict,hybrid/goodput+strict,hybrid/goodput+typical,hybrid/goodput+topk:2,hybrid/goodput+bild > /dev/null 2>&1
+date
