@@ -159,3 +159,30 @@ def truncated(model):
 def test_exact_verify_unchanged_by_lossy_code():
     logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
     assert verify_greedy(torch.tensor([1]), logits) == (1, 0)
+
+
+def test_strict_refuses_attention_it_does_not_implement():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    backend = TorchBackend(Qwen2ForCausalLM(cfg).eval(), "sliding")
+    with pytest.raises(ConfigError, match="full causal attention only"):
+        backend.batch_invariant = True
+    assert backend.batch_invariant is False
+    engine = SpeculativeEngine(backend, None, None)
+    with pytest.raises(ConfigError, match="sliding_attention"):
+        engine.generate(PROMPT, GenerationConfig(max_new_tokens=2, strict=True))
+
+
+def test_strict_padding_stops_at_the_context_window(wide_model):
+    backend = TorchBackend(wide_model, "wide", max_context=len(PROMPT) + 5, batch_invariant=True)
+    engine = SpeculativeEngine(backend, None, None)
+    out = engine.generate(PROMPT, GenerationConfig(max_new_tokens=20, ignore_eos=True, strict=True))
+    assert out.finish_reason == "length" and len(out.token_ids) == 5
+
+
+def test_lossy_parameters_must_be_finite():
+    for bad in ("topk:inf", "bild:nan", "typical:nan"):
+        with pytest.raises(ValueError):
+            parse_lossy(bad)

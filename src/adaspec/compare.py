@@ -129,7 +129,8 @@ def parse_method(text: str, default_draft: str) -> Method:
 
 
 def result_key(row: dict) -> tuple:
-    return row["workload"], row["prompt_id"], row["method"], row["temperature"]
+    """What identifies a row: a rerun skips the (workload, prompt, method, temperature, strict) already there."""
+    return row["workload"], row["prompt_id"], row["method"], row["temperature"], bool(row.get("strict", False))
 
 
 def read_results(path: Path) -> list[dict]:
@@ -186,7 +187,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     set_threads(threads)
     done = {result_key(r) for r in read_results(out)}
     todo = [(w, p, t) for w, p in prompts for t in temperatures
-            if any((w, p.id, m.label, t) not in done for m in parsed)]
+            if any((w, p.id, m.label, t, m.strict) not in done for m in parsed)]
     if not todo:
         return out
 
@@ -252,7 +253,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
             order = parsed[i % len(parsed):] + parsed[:i % len(parsed)]
             for m in order:
                 bar.update(1)
-                if (workload, prompt.id, m.label, temp) in done:
+                if (workload, prompt.id, m.label, temp, m.strict) in done:
                     continue
                 runner = runners[m.label]
                 if m.controller in PEER_LIBRARIES:

@@ -112,6 +112,8 @@ def parse_lossy(spec: str) -> tuple[str, float]:
         param = float(value) if value else LOSSY_RULES[name]
     except ValueError:
         raise ValueError(f"bad parameter in {spec!r}: expected a number") from None
+    if param != param or param in (float("inf"), float("-inf")):
+        raise ValueError(f"bad parameter in {spec!r}: expected a finite number")
     if name == "typical" and not 0.0 < param < 1.0:
         raise ValueError(f"typical acceptance needs 0 < ε < 1, got {param}")
     if name == "topk" and (param != int(param) or param < 1):

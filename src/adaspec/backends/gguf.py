@@ -40,6 +40,17 @@ class GgufBackend(Backend):
 
     runtime = "gguf"  # the runtime's short name, as in model specs (NAME@llamacpp, NAME@ik)
     supports_batch_invariance = True
+    _invariant = False
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self._invariant
+
+    @batch_invariant.setter
+    def batch_invariant(self, on: bool) -> None:
+        if on and self.n_batch < 3:
+            raise ConfigError(f"{self.name}: strict (batch-invariant) mode needs n_batch >= 3, got {self.n_batch}")
+        self._invariant = bool(on)
 
     def _init_state(self, path: Path, name: str | None, n_ctx: int, n_batch: int, threads: int,
                     batch_invariant: bool) -> None:

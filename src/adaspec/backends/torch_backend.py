@@ -37,7 +37,7 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     the forward has or how long the cache is (strict mode of :class:`TorchBackend`).
 
     Each query row i of the last ``q`` positions attends to exactly its ``kv - q + i + 1`` visible keys, one row at a
-    time (the query heads sharing a KV head form the row block, so grouped-query attention needs no copy of K/V): the
+    time (a prefill of an empty cache, ``kv == q``, is the same call in every run and goes to SDPA) (the query heads sharing a KV head form the row block, so grouped-query attention needs no copy of K/V): the
     matrix shapes, hence the kernels and their reduction order, are those of the same position in any other forward.
     Fused attention (SDPA) and eager attention over the whole cache instead reduce over a length that includes the
     masked keys, and their blocking changes with it (measured: bf16 logits differ).
@@ -51,6 +51,13 @@ def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     """
     b, h, q, d = query.shape
     h_kv, kv = key.shape[1], key.shape[2]
+    if kv == q:  # a prefill of an empty cache: the same call in every run, so the fused kernel keeps invariance
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:  # "may attend" masks (a view's sdpa mask)
+        attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(~attention_mask,
+                                                                                          float("-inf"))
     rep = h // h_kv
     scale = d ** -0.5 if scaling is None else scaling
     rows = []
@@ -72,6 +79,21 @@ def _register_invariant_attention() -> None:
 
 
 _register_invariant_attention()
+
+
+def strict_unsupported(config) -> str | None:
+    """Why :func:`invariant_attention` cannot stand in for a model's attention (None when it can): sliding-window
+    layers, attention-logit soft-capping or attention sinks, which it does not implement."""
+    types = getattr(config, "layer_types", None)
+    if types and any(t != "full_attention" for t in types):
+        return f"layer types {sorted(set(types))}"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) and not types:
+        return f"sliding-window attention (window {config.sliding_window})"
+    if getattr(config, "attn_logit_softcapping", None):
+        return "attention-logit soft-capping"
+    if getattr(config, "sinks", None) or "gpt_oss" in str(getattr(config, "model_type", "")):
+        return "attention sinks"
+    return None
 
 
 def load_causal_lm(path: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu") -> PreTrainedModel:
@@ -116,14 +138,16 @@ class TorchBackend(Backend):
         max_context: context window in tokens (default: ``config.max_position_embeddings``).
         prefill_chunk: long inputs are run in chunks of this many tokens to bound activation memory.
         batch_invariant: strict mode (see :class:`~adaspec.backends.Backend`).
-        invariant_width: the fixed forward width W of strict mode.
+        invariant_width: the fixed forward width W of strict mode (default 9: K + 1 for the goodput controller's
+            largest K, 8, so every verification is one forward).
 
     **Batch invariance.** PyTorch's matrix kernels and its fused attention (SDPA) pick their blocking by the number
     of rows, so a position's logits differ (~2e-5 in fp32, up to ~0.6 in bf16 on a CPU) between a one-token forward
     and a K + 1-token one, and between different K. In strict mode every forward after the prompt's (the cache is
     not empty) is padded to exactly ``invariant_width`` positions (longer inputs: chunks of W, each padded), the
     padding's cache entries are dropped at once, and attention runs :func:`invariant_attention` (each query row over
-    exactly its visible keys). Every decoded position then sees the same kernels on the same shapes, and its logits
+    exactly its visible keys). Models whose attention that function does not implement (sliding windows, logit
+    soft-capping, sinks) are refused with a ConfigError. Every decoded position then sees the same kernels on the same shapes, and its logits
     are bit-identical whatever K was (fp32 and bf16, tests/test_strict.py). Cost: a plain decoding step runs a
     W-token forward, and attention runs row by row.
     """
@@ -131,7 +155,7 @@ class TorchBackend(Backend):
     supports_batch_invariance = True
 
     def __init__(self, model: PreTrainedModel, name: str = "model", *, max_context: int | None = None,
-                 prefill_chunk: int = 2048, batch_invariant: bool = False, invariant_width: int = 8) -> None:
+                 prefill_chunk: int = 2048, batch_invariant: bool = False, invariant_width: int = 9) -> None:
         self.model = model.eval()
         self.name = name
         self.device = next(model.parameters()).device
@@ -158,6 +182,11 @@ class TorchBackend(Backend):
     @batch_invariant.setter
     def batch_invariant(self, on: bool) -> None:
         on = bool(on)
+        if on and not self._invariant:
+            why = strict_unsupported(self.model.config.get_text_config())
+            if why:
+                raise ConfigError(f"{self.name}: strict mode supports full causal attention only; this model has "
+                                  f"{why}")
         if on != self._invariant and self._attn_default is not None:
             self.model.set_attn_implementation(INVARIANT_ATTENTION if on else self._attn_default)
         self._invariant = on
@@ -182,16 +211,18 @@ class TorchBackend(Backend):
 
     def _forward_invariant(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:
         """Strict mode: chunks of exactly ``invariant_width`` positions (the last one padded by repeating its final
-        token; the padding is cropped from the cache), every position's logits kept."""
+        token; the padding is cropped from the cache), every position's logits kept. Within W - 1 positions of the
+        context window's end the padding stops at the window (those last positions are not width-invariant)."""
         w, n = self.invariant_width, ids.shape[1]
         rows = []
         for start in range(0, n, w):
             chunk = ids[:, start:start + w]
             real = chunk.shape[1]
-            if real < w:
-                chunk = torch.cat([chunk, chunk[:, -1:].expand(1, w - real)], dim=1)
+            width = max(real, min(w, self.max_context - self._len))  # no padding past the context window
+            if real < width:
+                chunk = torch.cat([chunk, chunk[:, -1:].expand(1, width - real)], dim=1)
             base = self._len
-            rows.append(self._run(chunk, w)[:real])
+            rows.append(self._run(chunk, width)[:real])
             self.truncate(base + real)
         return torch.cat(rows)[n - num_logits:]
 

@@ -101,7 +101,8 @@ class _CommonRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = Field(False, description="extension: keep generating past end-of-sequence tokens")
     strict: bool | None = Field(None, description="extension: strict mode (batch-invariant target): greedy output "
-                                "equals plain decoding and repeats exactly (default: the server's --strict)")
+                                "equals plain decoding and a repeated greedy request gives the same text (default: the "
+                                "server's --strict)")
     speculation: SpeculationOptions | None = Field(None, description="extension: speculation settings")
 
     @field_validator("n")
