@@ -76,8 +76,8 @@ class Method:
 
     @property
     def reference(self) -> str:
-        """The plain-decoding method whose output this one must reproduce (``plain`` or ``plain+strict``)."""
-        return "plain+strict" if self.strict else "plain"
+        """The plain-decoding method whose output this one must reproduce (see :func:`reference_method`)."""
+        return reference_method(self.label)
 
 
 def parse_method(text: str, default_draft: str) -> Method:
@@ -151,7 +151,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                 max_new_tokens: int, temperatures: list[float], out: Path, dtype: str | None = None,
                 threads: int | None = None, seed: int = 0, progress: bool = True,
                 time_limit_s: float | None = None, prompt_cache: bool = True, backend: str = "auto",
-                device: str = "auto", strict: bool = False) -> Path:
+                device: str = "auto", strict: bool = False, record_margins: bool = False) -> Path:
     """Run the comparison and append rows to ``out`` (JSONL); returns ``out``. See the module docstring.
 
     Prompts are taken round-robin across categories (prompt 1 of every category, then prompt 2, ...), so a run
@@ -166,8 +166,9 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     prefill is slow (a CPU without fast bf16 matrix multiplication spends longer on a 150-token prompt than on 64 new
     tokens). False: every method prefills and tokens/s are end to end.
 
-    ``strict``: every adaspec method runs in strict mode (as if each had ``+strict``; labels unchanged). Rows carry
-    the target's top-1/top-2 logit margin per generated token (``margins``), for divergence analysis.
+    ``strict``: every adaspec method runs in strict mode (as if each had ``+strict``; labels unchanged).
+    ``record_margins``: rows also carry the target's top-1/top-2 logit margin per generated token (``margins``), for
+    divergence analysis (``adaspec eval``).
     """
     from tqdm import tqdm
 
@@ -264,7 +265,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                                       decode_tokens=max(result["new_tokens"] - 1, 0))
                 else:
                     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temp, seed=seed,
-                                           strict=m.strict, lossy=m.lossy, return_margins=True)
+                                           strict=m.strict, lossy=m.lossy, return_margins=record_margins)
                     _forget_drafts(runner.drafter)
                     result = _run_engine(runner, ids, cfg)
                 row = {"workload": workload, "category": prompt.category, "prompt_id": prompt.id,
@@ -391,7 +392,7 @@ def summarize(rows: list[dict]) -> dict[tuple[str, float], dict[str, dict]]:
             drafted = sum(r["draft_tokens"] for r in rs) if counted else 0
             spec_steps = sum(r["speculation_steps"] for r in rs) if counted else 0
             accepted = sum(r["accepted_tokens"] for r in rs) if counted else 0
-            ref = _reference(m)
+            ref = reference_method(m)
             same = [ms[m]["token_ids"] == ms[ref]["token_ids"] for ms in complete.values() if ref in ms]
             stats[m] = {
                 "prompts": len(rs),
@@ -411,8 +412,9 @@ def summarize(rows: list[dict]) -> dict[tuple[str, float], dict[str, dict]]:
     return table
 
 
-def _reference(label: str) -> str:
-    """The plain method a method's identity is measured against (``plain+strict`` for a strict one)."""
+def reference_method(label: str) -> str:
+    """The plain method a method's identity is measured against: ``plain+strict`` for a label with ``+strict``,
+    else ``plain`` (under ``run_compare(strict=True)`` labels carry no modifier and ``plain`` is strict too)."""
     base, *mods = label.rpartition("/")[2].split("+")
     return "plain+strict" if "strict" in mods else "plain"
 

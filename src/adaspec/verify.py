@@ -14,6 +14,8 @@ token the target contributes (the correction on a rejection, the bonus token whe
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from adaspec.sampling import sample
@@ -112,7 +114,7 @@ def parse_lossy(spec: str) -> tuple[str, float]:
         param = float(value) if value else LOSSY_RULES[name]
     except ValueError:
         raise ValueError(f"bad parameter in {spec!r}: expected a number") from None
-    if param != param or param in (float("inf"), float("-inf")):
+    if not math.isfinite(param):
         raise ValueError(f"bad parameter in {spec!r}: expected a finite number")
     if name == "typical" and not 0.0 < param < 1.0:
         raise ValueError(f"typical acceptance needs 0 < ε < 1, got {param}")

@@ -320,7 +320,8 @@ def run_eval(*, target: str, draft: str, tasks: list[str], methods: list[str], l
         left = None if time_limit_s is None else max(1.0, time_limit_s - (time.monotonic() - start))
         run_compare(target=target, draft=draft, methods=list(methods), workloads=[task], limit=limit,
                     max_new_tokens=max_new_tokens, temperatures=[0.0], out=out_dir / f"{task}.jsonl", dtype=dtype,
-                    threads=threads, progress=progress, time_limit_s=left, backend=backend, device=device)
+                    threads=threads, progress=progress, time_limit_s=left, backend=backend, device=device,
+                    record_margins=True)
     results = {}
     for task in tasks:
         rows = [r for r in read_results(out_dir / f"{task}.jsonl") if r["method"] in methods or
