@@ -196,7 +196,7 @@ class SpeculativeEngine:
         stats.ttft_ms = stats.prefill_ms = (time.perf_counter() - start) * 1e3
         new, finish = self._accept(prompt, [first], cfg, eos, text, 0)
         if margins is not None:
-            margins += _margins(logits[-1:])[:len(new)]
+            margins += top_margins(logits[-1:])[:len(new)]
         ids = prompt + new
         yield StreamChunk(new, text.delta() if text else "")
         if self.drafter is not None and finish is None:
@@ -225,7 +225,7 @@ class SpeculativeEngine:
             new, finish = self._accept(ids, draft.tokens[:n_accepted].tolist() + [token], cfg, eos, text,
                                        generated)
             if margins is not None:
-                margins += _margins(logits[:len(new)])
+                margins += top_margins(logits[:len(new)])
             ids += new
             step = StepRecord(k=k, drafted=len(draft), accepted=n_accepted, emitted=len(new),
                               context_len=len(ids) - len(new),
@@ -257,34 +257,12 @@ class SpeculativeEngine:
                 lossy: tuple[str, float] | None = None) -> tuple[int, int, torch.Tensor]:
         """One target forward over ``[pending] + draft`` and the accept/reject decision:
         ``(n_accepted, next token, the target's [K + 1, V] logits)``."""
-        k = len(draft)
-        logits = self.target.forward([ids[-1]] + draft.tokens.tolist(), k + 1)
-        if lossy is not None:
-            probs = logits.float().softmax(-1) if params.greedy else logits_to_probs(logits, params)
-            return (*verify_lossy(draft.tokens, probs, *lossy, greedy=params.greedy, generator=generator), logits)
-        if params.greedy:
-            return (*verify_greedy(draft.tokens, logits), logits)
-        q = _fit_width(draft.probs, logits.shape[-1]) if draft.probs is not None else None
-        return (*verify_sampling(draft.tokens, q, logits_to_probs(logits, params), generator), logits)
+        logits = self.target.forward([ids[-1]] + draft.tokens.tolist(), len(draft) + 1)
+        return (*decide(logits, draft, params, generator, lossy), logits)
 
     def _accept(self, ids: list[int], new: list[int], cfg: GenerationConfig, eos: tuple[int, ...],
                 text: TextStream | None, generated: int) -> tuple[list[int], str | None]:
-        """Cut ``new`` at EOS, max_new_tokens or a stop string; return (tokens to append, finish reason or None)."""
-        finish = None
-        for i, t in enumerate(new):
-            if t in eos:
-                new, finish = new[:i + 1], "stop"
-                break
-        if generated + len(new) >= cfg.max_new_tokens:
-            new = new[:cfg.max_new_tokens - generated]
-            finish = finish or "length"
-        if len(ids) + len(new) >= self.target.max_context:
-            finish = finish or "length"
-        if text is not None:
-            keep = text.push(new)
-            if keep < len(new) or text.stopped:
-                new, finish = new[:keep], "stop"
-        return new, finish
+        return cut(ids, new, cfg, eos, text, generated, self.target.max_context)
 
     def warmup(self, prompt_ids: Sequence[int] = tuple(range(100, 148)), steps: int = 3) -> None:
         """Run a short greedy generation so one-time allocation costs stay out of measurements; then let a controller
@@ -299,7 +277,41 @@ class SpeculativeEngine:
             calibrate(self.target)
 
 
-def _margins(logits: torch.Tensor) -> list[float]:
+def decide(logits: torch.Tensor, draft: Draft, params: SamplingParams, generator: torch.Generator,
+           lossy: tuple[str, float] | None = None) -> tuple[int, int]:
+    """Verification of ``draft`` (K tokens) against the target's ``[K + 1, V]`` logits over ``[pending] + draft``:
+    ``(n_accepted, next token)`` by the greedy rule, speculative sampling (Leviathan et al. 2023), or a lossy rule."""
+    if lossy is not None:
+        probs = logits.float().softmax(-1) if params.greedy else logits_to_probs(logits, params)
+        return verify_lossy(draft.tokens, probs, *lossy, greedy=params.greedy, generator=generator)
+    if params.greedy:
+        return verify_greedy(draft.tokens, logits)
+    q = _fit_width(draft.probs, logits.shape[-1]) if draft.probs is not None else None
+    return verify_sampling(draft.tokens, q, logits_to_probs(logits, params), generator)
+
+
+def cut(ids: list[int], new: list[int], cfg: GenerationConfig, eos: tuple[int, ...], text: TextStream | None,
+        generated: int, max_context: int) -> tuple[list[int], str | None]:
+    """Cut ``new`` at EOS, max_new_tokens, the context window (``max_context`` tokens) or a stop string; return
+    (tokens to append, finish reason or None)."""
+    finish = None
+    for i, t in enumerate(new):
+        if t in eos:
+            new, finish = new[:i + 1], "stop"
+            break
+    if generated + len(new) >= cfg.max_new_tokens:
+        new = new[:cfg.max_new_tokens - generated]
+        finish = finish or "length"
+    if len(ids) + len(new) >= max_context:
+        finish = finish or "length"
+    if text is not None:
+        keep = text.push(new)
+        if keep < len(new) or text.stopped:
+            new, finish = new[:keep], "stop"
+    return new, finish
+
+
+def top_margins(logits: torch.Tensor) -> list[float]:
     """Top-1 minus top-2 logit per row of ``[n, V]`` logits (logit units)."""
     top = logits.float().topk(2, dim=-1).values
     return (top[:, 0] - top[:, 1]).tolist()

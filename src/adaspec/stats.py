@@ -28,7 +28,9 @@ class StepRecord:
         emitted: tokens appended to the output (accepted + 1, fewer when a stop condition cut the step).
         context_len: tokens in the sequence before the step.
         draft_ms / verify_ms / total_ms: wall time of drafting, of the target forward + verification + cache
-            rollback, and of the whole step, in milliseconds.
+            rollback, and of the whole step, in milliseconds (in a batch, verify_ms is the batch's forward).
+        drafter: name of the drafter that proposed ("" for a plain step).
+        batch: rows in the target forward of this step (1 outside :class:`~adaspec.batch.BatchEngine`).
     """
 
     k: int
@@ -40,6 +42,7 @@ class StepRecord:
     verify_ms: float
     total_ms: float
     drafter: str = ""
+    batch: int = 1
 
 
 @dataclass

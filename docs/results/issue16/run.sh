@@ -19,6 +19,8 @@ date
 $A eval --tasks gsm8k --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 --out $OUT/gguf \
   --time-limit 20 > $OUT/gguf/log-3.txt 2>&1
 date
+# 3b. (2026-12-01) the same command continued with --time-limit 75 (log-3b.txt); it was stopped at 51 questions
+#     because it shared the 2 cores with other work. Rerun it alone to reach >= 200 questions (~40 s per question).
 # 4-5. PyTorch fp32 and bf16: Qwen2.5-Coder-0.5B target, n-gram drafter (a 0.5B pair has no smaller draft model).
 for dt in float32 bfloat16; do
   mkdir -p $OUT/torch-$dt

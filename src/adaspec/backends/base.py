@@ -1,19 +1,36 @@
-"""The Backend interface: one model, one KV cache, one sequence.
+"""The Backend interface: one model, a KV cache per sequence.
 
-A backend appends tokens to its cache and returns logits for (some of) the new positions, and can truncate its
-cache back to a prefix. That is all the engine needs for linear speculation. Later extensions (tree-shaped
-verification with a custom attention mask and position ids, then keeping one accepted path; batching several
-sequences) add optional arguments/methods here without changing the engine's linear path.
+A backend appends tokens to a sequence's cache and returns logits for (some of) the new positions, and can truncate
+that cache back to a prefix. That is all the engine needs for linear speculation. ``forward``/``truncate`` work on
+sequence 0; a backend built for ``max_sequences`` > 1 also runs several sequences in one forward
+(:meth:`Backend.forward_batch`, used by :class:`~adaspec.batch.BatchEngine`) and hands out a single-sequence
+view of each (:meth:`Backend.sequence`, for per-row draft models).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from adaspec.errors import ContextLengthError
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One sequence's part of a batched forward (:meth:`Backend.forward_batch`).
+
+    Attributes:
+        seq: sequence id, ``0 <= seq < max_sequences``.
+        input_ids: N >= 1 new token ids appended after that sequence's cache.
+        num_logits: logits wanted for the last ``num_logits`` of them (1 <= num_logits <= N).
+    """
+
+    seq: int
+    input_ids: Sequence[int]
+    num_logits: int = 1
 
 
 class Backend(ABC):
@@ -31,6 +48,11 @@ class Backend(ABC):
             decoding reproduces plain greedy decoding bit for bit and a request's output does not depend on the
             controller's choices. Settable between requests where ``supports_batch_invariance`` is True (the
             engine sets it per request from ``GenerationConfig.strict``).
+        max_sequences: sequences this backend holds caches for (1 unless built for batching); each has its own
+            ``max_context`` positions.
+        rows_independent: a row of :meth:`forward_batch` gets the same logits whatever the other rows are (in
+            strict mode); False where the runtime's kernels mix rows (ik_llama.cpp's unified cache), so strict mode
+            holds only at batch size 1 there.
     """
 
     name: str
@@ -38,6 +60,8 @@ class Backend(ABC):
     max_context: int
     batch_invariant: bool = False
     supports_batch_invariance: bool = False
+    max_sequences: int = 1
+    rows_independent: bool = True
 
     @property
     @abstractmethod
@@ -64,6 +88,57 @@ class Backend(ABC):
     @abstractmethod
     def truncate(self, length: int) -> None:
         """Drop cached positions ``length ..`` (keep the first ``length``); 0 <= length <= seq_len."""
+
+    # Several sequences ------------------------------------------------------------------------------------------
+    def forward_batch(self, rows: Sequence[BatchRow]) -> list[torch.Tensor]:
+        """Run every row's new tokens after its own sequence's cache, as one batch where the runtime can.
+
+        Rows must name distinct sequences. Returns one ``[num_logits, V]`` tensor per row, in order; each row's
+        logits are those :meth:`forward` on that sequence alone would return, up to the kernel differences a
+        backend documents (strict mode removes them). The default runs the rows one after another (sequence 0 only).
+
+        Raises:
+            ValueError: a sequence id out of range or repeated, or ``num_logits`` out of range.
+            ContextLengthError: a row would exceed ``max_context``; no cache is changed.
+        """
+        self.check_rows(rows)
+        return [self.forward(r.input_ids, r.num_logits) for r in rows]
+
+    def seq_len_of(self, seq: int) -> int:
+        """Tokens held in sequence ``seq``'s cache."""
+        self._check_seq(seq)
+        return self.seq_len
+
+    def truncate_seq(self, seq: int, length: int) -> None:
+        """:meth:`truncate` for sequence ``seq``."""
+        self._check_seq(seq)
+        self.truncate(length)
+
+    def sequence(self, seq: int) -> Backend:
+        """A single-sequence :class:`Backend` over sequence ``seq`` of this one (shared weights, own cache): what a
+        batched row's draft model runs on. Sequence 0 is the backend itself."""
+        self._check_seq(seq)
+        return self if seq == 0 else SequenceView(self, seq)
+
+    def _check_seq(self, seq: int) -> None:
+        if not 0 <= seq < self.max_sequences:
+            raise ValueError(f"{self.name}: sequence {seq} out of range (this backend holds {self.max_sequences})")
+
+    def check_rows(self, rows: Sequence[BatchRow]) -> None:
+        """Validate a :meth:`forward_batch` before touching any cache (raises as it documents)."""
+        seen = set()
+        for r in rows:
+            self._check_seq(r.seq)
+            if r.seq in seen:
+                raise ValueError(f"{self.name}: sequence {r.seq} appears twice in one batch")
+            seen.add(r.seq)
+            n = len(r.input_ids)
+            if not 1 <= r.num_logits <= n:
+                raise ValueError(f"num_logits must be in [1, {n}], got {r.num_logits}")
+            if self.seq_len_of(r.seq) + n > self.max_context:
+                where = f" (sequence {r.seq})" if r.seq else ""
+                raise ContextLengthError(f"{self.name}: {self.seq_len_of(r.seq) + n} tokens exceed the context "
+                                         f"window of {self.max_context}{where}")
 
     def check_forward(self, n: int, num_logits: int) -> None:
         """Validate a ``forward`` of ``n`` new tokens before touching the cache.
@@ -104,3 +179,43 @@ class Backend(ABC):
             NotImplementedError: the backend cannot tell.
         """
         raise NotImplementedError(f"{type(self).__name__} does not report its KV-cache bytes")
+
+
+class SequenceView(Backend):
+    """Sequence ``seq`` of a multi-sequence backend seen as a single-sequence :class:`Backend` (see
+    :meth:`Backend.sequence`): ``forward``/``truncate`` act on that sequence's cache only."""
+
+    def __init__(self, parent: Backend, seq: int) -> None:
+        self.parent, self.seq = parent, seq
+        self.name, self.vocab_size, self.max_context = parent.name, parent.vocab_size, parent.max_context
+        self.supports_batch_invariance = parent.supports_batch_invariance
+
+    @property
+    def batch_invariant(self) -> bool:  # type: ignore[override]
+        return self.parent.batch_invariant
+
+    @batch_invariant.setter
+    def batch_invariant(self, on: bool) -> None:
+        self.parent.batch_invariant = on
+
+    @property
+    def seq_len(self) -> int:
+        return self.parent.seq_len_of(self.seq)
+
+    def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
+        return self.parent.forward_batch([BatchRow(self.seq, input_ids, num_logits)])[0]
+
+    def truncate(self, length: int) -> None:
+        self.parent.truncate_seq(self.seq, length)
+
+    def synchronize(self) -> None:
+        self.parent.synchronize()
+
+    def set_threads(self, threads: int) -> None:
+        self.parent.set_threads(threads)
+
+    def weight_bytes(self) -> int:
+        return self.parent.weight_bytes()
+
+    def kv_bytes_per_token(self) -> int:
+        return self.parent.kv_bytes_per_token()

@@ -15,12 +15,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adaspec.backends.base import Backend
+from adaspec.backends.base import Backend, BatchRow
 from adaspec.errors import ConfigError
 
 
 class GgufBackend(Backend):
-    """A GGUF model on a llama.cpp-family runtime: one sequence (seq_id 0), batch size 1.
+    """A GGUF model on a llama.cpp-family runtime: ``max_sequences`` sequences (``seq_id`` 0..), each with its own
+    ``max_context`` positions of one KV cache; :meth:`forward_batch` runs tokens of several sequences in one
+    ``llama_decode`` (as llama.cpp's server batches its slots).
 
     A subclass's ``__init__`` loads the model and context, then calls :meth:`_init_state`. It sets ``self._lib``
     (a namespace with ``llama_batch_init``, ``llama_batch_free``, ``llama_decode``, ``llama_get_logits_ith``,
@@ -53,29 +55,33 @@ class GgufBackend(Backend):
         self._invariant = bool(on)
 
     def _init_state(self, path: Path, name: str | None, n_ctx: int, n_batch: int, threads: int,
-                    batch_invariant: bool) -> None:
-        """Common state once the model and context exist (``n_ctx``/``n_batch`` as the context really has them)."""
+                    batch_invariant: bool, max_sequences: int = 1) -> None:
+        """Common state once the model and context exist (``n_ctx`` per sequence and ``n_batch`` as the context
+        really has them)."""
         self.name = name or path.stem
         self.path = path
         self.n_batch = n_batch
         self.threads = threads
+        self.max_sequences = max_sequences
         self._batch = self._lib.llama_batch_init(self.n_batch, 0, 1)
         self.max_context = n_ctx
         self.batch_invariant = batch_invariant
-        self._ids: list[int] = []  # token ids in the cache (batch-invariant mode re-runs the last one)
-        self._len = 0
+        # token ids in each sequence's cache (batch-invariant mode re-runs a sequence's last one)
+        self._seqs: list[list[int]] = [[] for _ in range(max_sequences)]
 
     @staticmethod
-    def _check_args(path: Path, runtime: str, n_batch: int, batch_invariant: bool) -> None:
+    def _check_args(path: Path, runtime: str, n_batch: int, batch_invariant: bool, max_sequences: int = 1) -> None:
         if not path.is_file():
             raise ConfigError(f"{runtime} backend: no GGUF file at {path}")
         if n_batch < (3 if batch_invariant else 1):
             raise ConfigError(f"n_batch must be >= {3 if batch_invariant else 1}, got {n_batch}")
+        if not 1 <= max_sequences <= 256:
+            raise ConfigError(f"max_sequences must be in [1, 256], got {max_sequences}")
 
     # Subclass hooks ---------------------------------------------------------------------------------------
     @abstractmethod
-    def _seq_rm(self, start: int) -> bool:
-        """Remove cache positions ``start..`` of sequence 0; False when the runtime refuses."""
+    def _seq_rm(self, start: int, seq: int = 0) -> bool:
+        """Remove cache positions ``start..`` of sequence ``seq``; False when the runtime refuses."""
 
     @abstractmethod
     def _shape(self) -> tuple[int, int, int, int]:
@@ -88,73 +94,96 @@ class GgufBackend(Backend):
     # Backend interface ------------------------------------------------------------------------------------
     @property
     def seq_len(self) -> int:
-        return self._len
+        return len(self._seqs[0])
+
+    def seq_len_of(self, seq: int) -> int:
+        self._check_seq(seq)
+        return len(self._seqs[seq])
 
     def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
-        ids = [int(t) for t in input_ids]
-        n = len(ids)
-        self.check_forward(n, num_logits)
-        self._check_open()
-        if self.batch_invariant and n == 1 and self._ids:  # re-run the previous token so no batch has one row
-            prev = self._ids[-1]
-            self.truncate(self._len - 1)
-            try:
-                return self._decode([prev, ids[0]], 1)
-            except RuntimeError:
-                self._decode([prev], 1)  # put the previous token back before reporting the failure
-                raise
-        return self._decode(ids, num_logits)
+        return self.forward_batch([BatchRow(0, input_ids, num_logits)])[0]
 
-    def _decode(self, ids: list[int], num_logits: int) -> torch.Tensor:
-        """``llama_decode`` over ``ids`` in chunks of at most ``n_batch`` (never a last chunk of one token after
-        others when batch-invariant), logits only for the last ``num_logits`` positions."""
+    def forward_batch(self, rows: Sequence[BatchRow]) -> list[torch.Tensor]:
+        """All rows in one ``llama_batch`` (split into ``n_batch``-token calls when longer), each token tagged with
+        its row's ``seq_id``; logits only where asked. In strict mode a batch of one token in all re-runs that
+        sequence's previous token with it (see the class docstring); a batch of two or more tokens, from any
+        sequences, already runs the matrix-matrix kernels."""
+        rows = [BatchRow(r.seq, [int(t) for t in r.input_ids], r.num_logits) for r in rows]
+        self.check_rows(rows)
+        self._check_open()
+        if (self.batch_invariant and len(rows) == 1 and len(rows[0].input_ids) == 1
+                and self._seqs[rows[0].seq]):  # re-run the previous token so no batch has one row
+            seq, new = rows[0].seq, rows[0].input_ids[0]
+            prev = self._seqs[seq][-1]
+            self.truncate_seq(seq, len(self._seqs[seq]) - 1)
+            try:
+                return self._decode([BatchRow(seq, [prev, new], 1)])
+            except RuntimeError:
+                self._decode([BatchRow(seq, [prev], 1)])  # put the previous token back before reporting the failure
+                raise
+        return self._decode(rows)
+
+    def _decode(self, rows: list[BatchRow]) -> list[torch.Tensor]:
+        """``llama_decode`` over every row's tokens in chunks of at most ``n_batch`` (never a last chunk of one token
+        after others when batch-invariant), logits only for each row's last ``num_logits`` positions."""
         lib, batch = self._lib, self._batch
-        n = len(ids)
-        starts = list(range(0, n, self.n_batch))
-        if self.batch_invariant and n > 1 and n % self.n_batch == 1:
+        items = []  # (seq, position, token, wants logits)
+        for r in rows:
+            base, n = len(self._seqs[r.seq]), len(r.input_ids)
+            items += [(r.seq, base + i, t, i >= n - r.num_logits) for i, t in enumerate(r.input_ids)]
+        total = len(items)
+        starts = list(range(0, total, self.n_batch))
+        if self.batch_invariant and total > 1 and total % self.n_batch == 1:
             starts[-1] -= 1
-        first_logit = n - num_logits
-        out = np.empty((num_logits, self.vocab_size), dtype=np.float32)
+        out = np.empty((sum(r.num_logits for r in rows), self.vocab_size), dtype=np.float32)
         row = 0
-        for start, end in zip(starts, starts[1:] + [n]):
+        for start, end in zip(starts, starts[1:] + [total]):
             batch.n_tokens = end - start
             wanted = []
-            for j, i in enumerate(range(start, end)):
-                batch.token[j] = ids[i]
-                batch.pos[j] = self._len + i
+            for j, (seq, pos, token, logit) in enumerate(items[start:end]):
+                batch.token[j] = token
+                batch.pos[j] = pos
                 batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = 0
-                batch.logits[j] = i >= first_logit
-                if i >= first_logit:
+                batch.seq_id[j][0] = seq
+                batch.logits[j] = logit
+                if logit:
                     wanted.append(j)
             rc = lib.llama_decode(self._ctx, batch)
-            if rc != 0:  # undo the chunks already decoded: the cache is as before the call
-                self._seq_rm(self._len)
+            if rc != 0:  # undo the chunks already decoded: every cache is as before the call
+                for r in rows:
+                    self._seq_rm(len(self._seqs[r.seq]), r.seq)
                 why = {1: "no room left in the KV cache", -1: "invalid batch (a token id out of range?)"}.get(
                     rc, f"{self.runtime} error")
-                raise RuntimeError(f"{self.name}: llama_decode returned {rc} ({why}) at position "
-                                   f"{self._len + start}")
+                raise RuntimeError(f"{self.name}: llama_decode returned {rc} ({why}) at batch token {start}")
             for j in wanted:  # copied straight into the result: the runtime reuses its buffer on the next decode
                 out[row] = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, j), shape=(self.vocab_size,))
                 row += 1
-        self._ids.extend(ids)
-        self._len += n
-        return torch.from_numpy(out)
+        result, row = [], 0
+        for r in rows:
+            self._seqs[r.seq].extend(r.input_ids)
+            result.append(torch.from_numpy(out[row:row + r.num_logits]))
+            row += r.num_logits
+        return result
 
     def _check_open(self) -> None:
         if self._ctx is None:
             raise RuntimeError(f"{self.name}: the {self.runtime} backend was closed")
 
     def truncate(self, length: int) -> None:
-        if length < self._len:
+        self.truncate_seq(0, length)
+
+    def truncate_seq(self, seq: int, length: int) -> None:
+        self._check_seq(seq)
+        ids = self._seqs[seq]
+        if length < len(ids):
             self._check_open()
-        if not 0 <= length <= self._len:
-            raise ValueError(f"cannot truncate a cache of {self._len} tokens to {length}")
-        if length < self._len:
-            if not self._seq_rm(length):
-                raise RuntimeError(f"{self.name}: {self.runtime} refused to remove cache positions {length}..")
-        del self._ids[length:]
-        self._len = length
+        if not 0 <= length <= len(ids):
+            raise ValueError(f"cannot truncate a cache of {len(ids)} tokens to {length}")
+        if length < len(ids):
+            if not self._seq_rm(length, seq):
+                raise RuntimeError(f"{self.name}: {self.runtime} refused to remove cache positions {length}.. "
+                                   f"of sequence {seq}")
+        del ids[length:]
 
     def set_threads(self, threads: int) -> None:
         if threads < 1:
@@ -182,7 +211,7 @@ class GgufBackend(Backend):
         if getattr(self, "_ctx", None) is not None or getattr(self, "_model", None) is not None:
             self._free()
             self._ctx = self._model = None
-            self._ids, self._len = [], 0
+            self._seqs = [[] for _ in range(self.max_sequences)]
 
     def __del__(self) -> None:
         try:

@@ -76,7 +76,7 @@ def import_ik_llama_cpp() -> SimpleNamespace:
 
 
 class IkLlamaBackend(GgufBackend):
-    """A GGUF model on ik_llama.cpp, one sequence (seq_id 0), batch size 1.
+    """A GGUF model on ik_llama.cpp, ``max_sequences`` sequences (batch size 1 unless built for batching).
 
     Args:
         model_path: path to a ``.gguf`` file.
@@ -91,6 +91,8 @@ class IkLlamaBackend(GgufBackend):
             instead of mapping them).
         flash_attn: ik_llama.cpp's flash attention (default False: its CPU kernels assert on some prompt shapes
             without AVX-VNNI, and at the contexts here it gains little).
+        max_sequences: sequences batched together (:meth:`forward_batch`); the unified KV cache is allocated for
+            ``max_context`` positions of each.
 
     Logits are float32 ``[num_logits, V]`` CPU tensors. Numerics as for llama.cpp: a row's logits do not depend on
     how tokens are split into batches of >= 2; a one-token batch uses other kernels.
@@ -100,14 +102,15 @@ class IkLlamaBackend(GgufBackend):
     """
 
     runtime = "ik_llama.cpp"
+    rows_independent = False  # measured: with other sequences in the batch a row's logits change (up to ~1.3)
 
     def __init__(self, model_path: str | Path, name: str | None = None, *, max_context: int | None = None,
                  threads: int | None = None, n_batch: int = 512, batch_invariant: bool = False,
-                 repack: bool = True, flash_attn: bool = False, verbose: bool = False) -> None:
+                 repack: bool = True, flash_attn: bool = False, verbose: bool = False, max_sequences: int = 1) -> None:
         lib = import_ik_llama_cpp()
         self._lib = lib
         path = Path(model_path)
-        self._check_args(path, self.runtime, n_batch, batch_invariant)
+        self._check_args(path, self.runtime, n_batch, batch_invariant, max_sequences)
         if verbose:
             lib.llama_log_set(None, None)  # the library's default: log to stderr
         threads = threads or os.cpu_count() or 1
@@ -122,22 +125,24 @@ class IkLlamaBackend(GgufBackend):
         n_ctx_train = int(lib.llama_n_ctx_train(self._model))
         n_ctx = min(max_context or 8192, n_ctx_train)
         cp = lib.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, n_batch, n_batch, 1
+        # one unified cache: n_ctx positions for each of max_sequences sequences
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx * max_sequences, n_batch, n_batch, max_sequences
         cp.n_threads = cp.n_threads_batch = threads
         cp.logits_all, cp.embeddings, cp.flash_attn = False, False, flash_attn
         self._ctx = lib.llama_init_from_model(self._model, cp)
         if not self._ctx:
             lib.llama_free_model(self._model)
             self._model = None
-            raise ConfigError(f"ik_llama.cpp could not create a context of {n_ctx} tokens for {path}")
+            raise ConfigError(f"ik_llama.cpp could not create a context of {n_ctx} tokens x {max_sequences} "
+                              f"sequences for {path}")
         self.vocab_size = int(lib.llama_n_vocab(self._model))
         self.repack = repack
-        self._init_state(path, name, min(n_ctx, int(lib.llama_n_ctx(self._ctx))),
+        self._init_state(path, name, min(n_ctx, int(lib.llama_n_ctx(self._ctx)) // max_sequences),
                          min(int(lib.llama_n_batch(self._ctx)), int(lib.llama_n_ubatch(self._ctx))),
-                         threads, batch_invariant)
+                         threads, batch_invariant, max_sequences)
 
-    def _seq_rm(self, start: int) -> bool:
-        return bool(self._lib.llama_kv_cache_seq_rm(self._ctx, 0, start, -1))
+    def _seq_rm(self, start: int, seq: int = 0) -> bool:
+        return bool(self._lib.llama_kv_cache_seq_rm(self._ctx, seq, start, -1))
 
     def _meta_int(self, key: str) -> int:
         buf = ctypes.create_string_buffer(128)

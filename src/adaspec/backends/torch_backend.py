@@ -130,7 +130,7 @@ def truncated_layers(model: PreTrainedModel, num_layers: int) -> PreTrainedModel
 
 
 class TorchBackend(Backend):
-    """A transformers causal LM behind the :class:`Backend` interface (batch size 1).
+    """A transformers causal LM behind the :class:`Backend` interface (``max_sequences`` caches, run one at a time).
 
     Args:
         model: a loaded ``PreTrainedModel`` (any dtype/device), put in eval mode.
@@ -140,6 +140,7 @@ class TorchBackend(Backend):
         batch_invariant: strict mode (see :class:`~adaspec.backends.Backend`).
         invariant_width: the fixed forward width W of strict mode (default 9: K + 1 for the goodput controller's
             largest K, 8, so every verification is one forward).
+        max_sequences: caches kept for :meth:`forward_batch`, whose rows run one after another.
 
     **Batch invariance.** PyTorch's matrix kernels and its fused attention (SDPA) pick their blocking by the number
     of rows, so a position's logits differ (~2e-5 in fp32, up to ~0.6 in bf16 on a CPU) between a one-token forward
@@ -155,7 +156,8 @@ class TorchBackend(Backend):
     supports_batch_invariance = True
 
     def __init__(self, model: PreTrainedModel, name: str = "model", *, max_context: int | None = None,
-                 prefill_chunk: int = 2048, batch_invariant: bool = False, invariant_width: int = 9) -> None:
+                 prefill_chunk: int = 2048, batch_invariant: bool = False, invariant_width: int = 9,
+                 max_sequences: int = 1) -> None:
         self.model = model.eval()
         self.name = name
         self.device = next(model.parameters()).device
@@ -168,6 +170,11 @@ class TorchBackend(Backend):
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._cache = DynamicCache(config=model.config)
         self._len = 0
+        if max_sequences < 1:
+            raise ConfigError(f"max_sequences must be >= 1, got {max_sequences}")
+        self.max_sequences = max_sequences
+        self._parked: dict[int, tuple[DynamicCache, int]] = {}  # the other sequences' (cache, length)
+        self._current = 0  # the sequence whose cache is in self._cache
         if invariant_width < 1:
             raise ConfigError(f"invariant_width must be >= 1, got {invariant_width}")
         self.invariant_width = invariant_width
@@ -193,12 +200,44 @@ class TorchBackend(Backend):
 
     @property
     def seq_len(self) -> int:
-        return self._len
+        return self._len if self._current == 0 else self._parked[0][1]
+
+    # Several sequences: one cache each, run one after another (no padded batch yet) ------------------------------
+    def _use(self, seq: int) -> None:
+        """Make ``seq``'s cache the current one (the others are parked)."""
+        if seq == self._current:
+            return
+        self._check_seq(seq)
+        self._parked[self._current] = (self._cache, self._len)
+        self._cache, self._len = self._parked.pop(seq, None) or (DynamicCache(config=self.model.config), 0)
+        self._current = seq
+
+    def seq_len_of(self, seq: int) -> int:
+        self._check_seq(seq)
+        return self._len if seq == self._current else self._parked.get(seq, (None, 0))[1]
+
+    def truncate_seq(self, seq: int, length: int) -> None:
+        self._use(seq)
+        self._truncate(length)
+
+    def forward_batch(self, rows) -> list[torch.Tensor]:
+        """Each row on its own cache, one forward after another: correct, and exactly what each sequence alone
+        computes, but without a batched kernel's speedup (a padded batched forward is future work)."""
+        self.check_rows(rows)
+        out = []
+        for r in rows:
+            self._use(r.seq)
+            out.append(self._forward(r.input_ids, r.num_logits))
+        return out
+
+    def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
+        self._use(0)
+        self.check_forward(len(input_ids), num_logits)
+        return self._forward(input_ids, num_logits)
 
     @torch.inference_mode()
-    def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
+    def _forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
         n = len(input_ids)
-        self.check_forward(n, num_logits)
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).unsqueeze(0)
         if self._invariant and self._len > 0:
             return self._forward_invariant(ids, num_logits)
@@ -223,7 +262,7 @@ class TorchBackend(Backend):
                 chunk = torch.cat([chunk, chunk[:, -1:].expand(1, width - real)], dim=1)
             base = self._len
             rows.append(self._run(chunk, width)[:real])
-            self.truncate(base + real)
+            self._truncate(base + real)
         return torch.cat(rows)[n - num_logits:]
 
     def _run(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:
@@ -235,6 +274,10 @@ class TorchBackend(Backend):
         return out.logits[0, -num_logits:]
 
     def truncate(self, length: int) -> None:
+        self._use(0)
+        self._truncate(length)
+
+    def _truncate(self, length: int) -> None:
         if not 0 <= length <= self._len:
             raise ValueError(f"cannot truncate a cache of {self._len} tokens to {length}")
         if length == 0:

@@ -1,0 +1,320 @@
+"""Batched speculative decoding with continuous batching: B sequences advance per step over ONE target forward.
+
+Each step (as in vLLM's scheduler and llama.cpp's server slots):
+
+1. rows that joined since the last step are prefilled in the same forward as the others' decoding;
+2. every decoding row asks its own controller for K, the :class:`~adaspec.controllers.batch.BatchPricer` caps K for
+   the batch from the measured cost of the batch's total tokens, and the row's own drafter proposes;
+3. the target runs once over every row's ``[pending] + drafts`` (:meth:`Backend.forward_batch`, one sequence id per
+   row), each row is verified on its own logits (greedy or speculative sampling, exactly as
+   :class:`~adaspec.engine.SpeculativeEngine` does), and each row's cache is cut back to its own length;
+4. finished and cancelled rows leave, freeing their sequence for the next request.
+
+Each row keeps its own drafter (a model drafter runs on its own sequence of the draft backend), controller, sampler,
+stop conditions and statistics, so a row's output does not depend on the other rows except through the kernels:
+in strict mode (GGUF runtimes) and on PyTorch (rows run on their own caches) it is the output of the request alone.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from adaspec.backends.base import Backend, BatchRow
+from adaspec.controllers.base import Controller
+from adaspec.controllers.batch import BatchPricer, RowEstimate
+from adaspec.controllers.fixed import FixedController
+from adaspec.drafters.base import Draft, Drafter, empty_draft
+from adaspec.engine import (
+    GenerationConfig,
+    GenerationResult,
+    StreamChunk,
+    cut,
+    decide,
+    default_eos_ids,
+    top_margins,
+)
+from adaspec.errors import ConfigError, ContextLengthError
+from adaspec.sampling import SamplingParams, logits_to_probs, sample
+from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
+from adaspec.text import TextStream
+from adaspec.verify import parse_lossy
+
+
+@dataclass
+class _Row:
+    """One request in the batch."""
+
+    rid: int
+    prompt: list[int]
+    cfg: GenerationConfig
+    params: SamplingParams
+    eos: tuple[int, ...]
+    generator: torch.Generator
+    text: TextStream | None
+    lossy: tuple[str, float] | None
+    arrival: float
+    seq: int = -1
+    ids: list[int] = field(default_factory=list)
+    controller: Controller | None = None
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    margins: list[float] | None = None
+    start: float = 0.0
+    prefilled: bool = False
+    alpha: float = 0.6  # acceptance estimate for the batch pricer (EMA)
+    draft_ms: float | None = None  # ms per drafted token (EMA)
+
+
+class BatchEngine:
+    """Continuous batching over one target backend with ``max_sequences`` >= ``max_batch``.
+
+    Args:
+        target: the target's backend, built with ``max_sequences`` >= ``max_batch`` (a GGUF runtime batches the rows
+            in one ``llama_decode``; PyTorch runs them one after another on their own caches).
+        drafter_for: ``seq -> Drafter | None``, called once per sequence slot (a model drafter wraps
+            ``draft_backend.sequence(seq)``); None = plain batched decoding.
+        controller_factory: a fresh controller per request (default: fixed K = 0 without a drafter).
+        tokenizer, eos_token_ids: as for :class:`~adaspec.engine.SpeculativeEngine`.
+        max_batch: rows decoding at once (default: ``target.max_sequences``); more requests wait in FIFO order.
+        pricer: the batch's K cap (default: an uncalibrated one, which keeps the rows' own K until
+            :meth:`calibrate`).
+
+    Raises:
+        ConfigError: ``max_batch`` above what the target holds, or K > 0 without a drafter.
+    """
+
+    def __init__(self, target: Backend, drafter_for: Callable[[int], Drafter | None] | None = None,
+                 controller_factory: Callable[[], Controller] | None = None, *, tokenizer=None,
+                 eos_token_ids: Sequence[int] | None = None, max_batch: int | None = None,
+                 pricer: BatchPricer | None = None) -> None:
+        self.target = target
+        self.max_batch = max_batch or target.max_sequences
+        if not 1 <= self.max_batch <= target.max_sequences:
+            raise ConfigError(f"max_batch must be in [1, {target.max_sequences}] for {target.name} (built for "
+                              f"{target.max_sequences} sequences), got {self.max_batch}")
+        self._drafter_for = drafter_for
+        self._controller_factory = controller_factory or (lambda: FixedController(0))
+        if drafter_for is None and self._controller_factory().next_k() != 0:
+            raise ConfigError("a draft length K > 0 needs a drafter")
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else default_eos_ids(tokenizer)
+        self.pricer = pricer or BatchPricer()
+        self._drafters: dict[int, Drafter | None] = {}
+        self._free = list(range(self.max_batch))
+        self._waiting: deque[_Row] = deque()
+        self._running: dict[int, _Row] = {}
+        self._next_id = 0
+        self.last_cap: int | None = None  # the K cap of the last step (None: no row decoded)
+
+    # Requests ------------------------------------------------------------------------------------------------
+    def add(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> int:
+        """Queue a request; it joins the batch at the next step with a free row. Returns its request id.
+
+        Raises:
+            ContextLengthError: the prompt leaves no room for a new token in the context window (nothing queued).
+            ConfigError: invalid settings (nothing queued).
+        """
+        cfg = config or GenerationConfig()
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ConfigError("the prompt is empty")
+        if len(prompt) >= self.target.max_context:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt)} tokens but {self.target.name}'s context window is "
+                f"{self.target.max_context}; shorten the prompt to at most {self.target.max_context - 1} tokens")
+        if cfg.strict and self.max_batch > 1 and not self.target.rows_independent:
+            raise ConfigError(f"strict mode in a batch needs a runtime whose rows do not mix; {self.target.name} "
+                              f"({type(self.target).__name__}) changes a row's logits with the other rows: use "
+                              "llama.cpp or PyTorch, or max_batch 1")
+        if cfg.strict is not None and cfg.strict != self.target.batch_invariant:
+            raise ConfigError(f"this batch runs strict={self.target.batch_invariant}; a request cannot change it "
+                              f"(asked strict={cfg.strict})")
+        if cfg.stop and self.tokenizer is None:
+            raise ConfigError("stop strings need a tokenizer")
+        eos = () if cfg.ignore_eos else tuple(cfg.eos_token_ids if cfg.eos_token_ids is not None
+                                              else self.eos_token_ids)
+        seed = cfg.seed if cfg.seed is not None else random.randrange(2**63)
+        row = _Row(self._next_id, prompt, cfg, cfg.sampling, eos, torch.Generator().manual_seed(seed),
+                   TextStream(self.tokenizer, cfg.stop) if self.tokenizer is not None else None,
+                   parse_lossy(cfg.lossy) if cfg.lossy is not None else None, time.perf_counter(),
+                   stats=GenerationStats(prompt_tokens=len(prompt)),
+                   margins=[] if cfg.return_margins else None)
+        self._next_id += 1
+        self._waiting.append(row)
+        return row.rid
+
+    def cancel(self, rid: int) -> bool:
+        """Drop a request (waiting or running) before the next step; the other rows are untouched. Returns False
+        when it is unknown or already finished."""
+        for row in self._waiting:
+            if row.rid == rid:
+                self._waiting.remove(row)
+                return True
+        row = self._running.pop(rid, None)
+        if row is None:
+            return False
+        self._release(row)
+        return True
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def __bool__(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    # The step ---------------------------------------------------------------------------------------------------
+    def step(self) -> dict[int, StreamChunk]:
+        """Admit waiting requests, run one batched step, and return each row's :class:`StreamChunk` by request id
+        (a finished row's chunk carries its result, and the row has left the batch)."""
+        while self._waiting and self._free:
+            row = self._waiting.popleft()
+            row.seq = self._free.pop(0)
+            row.controller = self._controller_factory()
+            row.controller.reset()
+            row.start = time.perf_counter()
+            self.target.truncate_seq(row.seq, 0)
+            self._running[row.rid] = row
+        if not self._running:
+            return {}
+        step_start = time.perf_counter()
+        decoding = [r for r in self._running.values() if r.prefilled]
+        ks = self._choose_k(decoding)
+        drafts: dict[int, Draft] = {}
+        draft_ms: dict[int, float] = {}
+        behind: dict[int, int] = {}
+        for row in decoding:
+            t = time.perf_counter()
+            drafter = self._drafter(row.seq)
+            k = ks[row.rid]
+            # a draft model that sat out (or starts) first feeds the tokens it missed: not its per-token cost
+            behind[row.rid] = (len(row.ids) - drafter.cached_prefix(row.ids)
+                               if k > 0 and getattr(drafter, "backend", None) is not None else 0)
+            drafts[row.rid] = (drafter.propose(row.ids, k, row.params, row.generator, row.controller.draft_stop())
+                               if k > 0 and drafter is not None else empty_draft())
+            draft_ms[row.rid] = (time.perf_counter() - t) * 1e3
+        rows = [BatchRow(r.seq, r.prompt, 1) if not r.prefilled
+                else BatchRow(r.seq, [r.ids[-1]] + drafts[r.rid].tokens.tolist(), len(drafts[r.rid]) + 1)
+                for r in self._running.values()]
+        forward_start = time.perf_counter()
+        logits = self.target.forward_batch(rows)
+        self.target.synchronize()
+        forward_ms = (time.perf_counter() - forward_start) * 1e3
+        out: dict[int, StreamChunk] = {}
+        for row, lg in zip(list(self._running.values()), logits):
+            if not row.prefilled:
+                out[row.rid] = self._first(row, lg)
+            else:
+                out[row.rid] = self._advance(row, ks[row.rid], drafts[row.rid], lg, draft_ms[row.rid], forward_ms,
+                                             step_start, len(rows), behind[row.rid])
+        return out
+
+    def _choose_k(self, decoding: list[_Row]) -> dict[int, int]:
+        ks = {}
+        for row in decoding:
+            room = min(row.cfg.max_new_tokens - (len(row.ids) - len(row.prompt)),
+                       self.target.max_context - len(row.ids))
+            own = row.controller.next_k() if self._drafter(row.seq) is not None else 0
+            ks[row.rid] = max(0, min(own, room - 1))
+        estimates = [RowEstimate(ks[r.rid], r.alpha, r.draft_ms if r.draft_ms is not None else 0.0)
+                     for r in decoding]
+        cap = self.pricer.cap(estimates) if decoding else None
+        self.last_cap = cap
+        return {rid: min(k, cap) for rid, k in ks.items()} if cap is not None else ks
+
+    def _drafter(self, seq: int) -> Drafter | None:
+        if seq not in self._drafters:
+            self._drafters[seq] = self._drafter_for(seq) if self._drafter_for is not None else None
+        return self._drafters[seq]
+
+    def _first(self, row: _Row, logits: torch.Tensor) -> StreamChunk:
+        """The prefill's token: TTFT, then the drafter's prefill."""
+        last = logits[-1]
+        token = int(last.argmax()) if row.params.greedy else int(sample(logits_to_probs(last, row.params),
+                                                                        row.generator))
+        row.stats.ttft_ms = row.stats.prefill_ms = (time.perf_counter() - row.start) * 1e3
+        new, finish = cut(row.prompt, [token], row.cfg, row.eos, row.text, 0, self.target.max_context)
+        if row.margins is not None:
+            row.margins += top_margins(logits[-1:])[:len(new)]
+        row.ids = row.prompt + new
+        row.prefilled = True
+        drafter = self._drafter(row.seq)
+        if drafter is not None and finish is None:
+            drafter.prefill(row.prompt)
+        return self._chunk(row, new, finish)
+
+    def _advance(self, row: _Row, k: int, draft: Draft, logits: torch.Tensor, draft_ms: float, forward_ms: float,
+                 step_start: float, batch: int, behind: int = 0) -> StreamChunk:
+        """Verify one row's drafts on its logits, cut its cache back, record the step."""
+        t = time.perf_counter()
+        n_accepted, token = decide(logits, draft, row.params, row.generator, row.lossy)
+        self.target.truncate_seq(row.seq, len(row.ids) + n_accepted)
+        generated = len(row.ids) - len(row.prompt)
+        new, finish = cut(row.ids, draft.tokens[:n_accepted].tolist() + [token], row.cfg, row.eos, row.text,
+                          generated, self.target.max_context)
+        if row.margins is not None:
+            row.margins += top_margins(logits[:len(new)])
+        row.ids += new
+        verify_ms = forward_ms + (time.perf_counter() - t) * 1e3
+        step = StepRecord(k=k, drafted=len(draft), accepted=n_accepted, emitted=len(new),
+                          context_len=len(row.ids) - len(new), draft_ms=draft_ms, verify_ms=verify_ms,
+                          total_ms=(time.perf_counter() - step_start) * 1e3, drafter=draft.source or (
+                              self._drafters[row.seq].name if len(draft) else ""), batch=batch)
+        row.stats.record(step)
+        row.controller.update(step)
+        if len(draft):
+            row.alpha = 0.8 * row.alpha + 0.2 * (n_accepted / len(draft))
+        if len(draft) and behind <= 2:
+            per_token = draft_ms / len(draft)
+            row.draft_ms = per_token if row.draft_ms is None else 0.8 * row.draft_ms + 0.2 * per_token
+        return self._chunk(row, new, finish)
+
+    def _chunk(self, row: _Row, new: list[int], finish: str | None) -> StreamChunk:
+        if finish is None and len(row.ids) - len(row.prompt) < row.cfg.max_new_tokens:
+            return StreamChunk(new, row.text.delta() if row.text else "")
+        s = row.stats
+        s.new_tokens = len(row.ids) - len(row.prompt)
+        s.total_ms = (time.perf_counter() - row.start) * 1e3
+        s.peak_rss_bytes = peak_rss_bytes()
+        tail = row.text.delta(final=True) if row.text else ""
+        result = GenerationResult(row.ids[len(row.prompt):], row.text.text if row.text else "", finish or "length",
+                                  s, row.margins)
+        del self._running[row.rid]
+        self._release(row)
+        return StreamChunk(new, tail, result)
+
+    def _release(self, row: _Row) -> None:
+        self._free.append(row.seq)
+        self._free.sort()
+
+    # Convenience --------------------------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 config: GenerationConfig | Sequence[GenerationConfig] | None = None) -> list[GenerationResult]:
+        """Run ``prompts`` to completion through the batch (at most ``max_batch`` at once, the rest joining as rows
+        free up); results in the prompts' order."""
+        configs = list(config) if isinstance(config, Sequence) else [config] * len(prompts)
+        if len(configs) != len(prompts):
+            raise ConfigError(f"{len(prompts)} prompts but {len(configs)} configs")
+        rids = [self.add(p, c) for p, c in zip(prompts, configs)]
+        results: dict[int, GenerationResult] = {}
+        while len(results) < len(rids):
+            for rid, chunk in self.step().items():
+                if chunk.result is not None:
+                    results[rid] = chunk.result
+        return [results[r] for r in rids]
+
+    def calibrate(self, **kwargs) -> dict[int, float]:
+        """Measure the target's cost curve for the batch pricer (:meth:`BatchPricer.calibrate`) on sequence 0,
+        which must be idle."""
+        if self._running:
+            raise RuntimeError("calibrate with no request running")
+        return self.pricer.calibrate(self.target, self.max_batch, **kwargs)

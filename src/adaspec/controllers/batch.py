@@ -1,0 +1,91 @@
+"""Batch-aware draft length: one cap on K for a whole batch, priced by the batch's total tokens.
+
+A batched step runs the target once over every row's ``[pending] + drafts``: ``B · (K + 1)`` tokens. On hardware
+where a forward's time grows with its token count (a CPU, or a GPU once the batch fills it), drafting competes with
+the batch for the same compute: speculation that pays at B = 1 stops paying as B grows (vLLM turns it off above a
+batch size; here it is decided from measurements). :class:`BatchPricer` chooses the cap K* that maximises the
+batch's goodput
+
+    goodput(K) = Σ_i E_i[tokens | min(k_i, K)] / (Σ_i d_i · min(k_i, K) + t_v(Σ_i (min(k_i, K) + 1)))
+
+where ``k_i`` is row i's own controller's choice, ``E_i`` its expected emitted tokens (acceptance α_i of that row,
+learned per row), ``d_i`` its drafter's measured ms per drafted token and ``t_v(n)`` the target's measured cost of
+one forward of n tokens (:func:`~adaspec.controllers.costcurve.measure_verify_curve`, widths up to
+``B_max · (K_max + 1)``; a multi-sequence batch of n tokens is priced as an n-token forward). K* = 0 is plain batched
+decoding, chosen whenever no K beats it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from adaspec.backends.base import Backend
+from adaspec.controllers.costcurve import interpolate, measure_verify_curve
+
+
+@dataclass
+class RowEstimate:
+    """What the pricer knows of one row: its controller's K, acceptance rate α (0..1), and draft ms per token."""
+
+    k: int
+    alpha: float
+    draft_ms: float
+
+
+class BatchPricer:
+    """Chooses the batch's cap on K from a measured cost curve (see the module docstring).
+
+    Args:
+        curve: ``{tokens in the forward: ms}``, as :func:`measure_verify_curve` returns; None = not measured yet
+            (the cap is then the rows' own K: no batch pricing).
+        k_max: largest K considered.
+    """
+
+    def __init__(self, curve: Mapping[int, float] | None = None, k_max: int = 8) -> None:
+        self.curve = dict(curve) if curve else None
+        self.k_max = k_max
+
+    def calibrate(self, backend: Backend, max_batch: int, context_len: int = 64, repeats: int = 2) -> dict[int, float]:
+        """Measure ``t_v(n)`` on ``backend``'s sequence 0 for n from 1 to ``max_batch · (k_max + 1)`` (a dozen widths,
+        denser where batches of plain steps fall) and keep it. Returns the curve ({n: ms})."""
+        top = max_batch * (self.k_max + 1)
+        widths = sorted({n for n in (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+                         if n <= top} | {max_batch, top})
+        backend.reset()
+        self.curve = measure_verify_curve(backend, widths, context_len=min(context_len, backend.max_context - top),
+                                          repeats=repeats)
+        backend.reset()
+        return self.curve
+
+    def goodput(self, rows: Sequence[RowEstimate], cap: int) -> float:
+        """Expected tokens per ms of one batched step with every row's K capped at ``cap``."""
+        assert self.curve is not None
+        tokens = draft = 0.0
+        width = 0
+        for r in rows:
+            k = min(r.k, cap)
+            tokens += expected(r.alpha, k)
+            draft += r.draft_ms * k
+            width += k + 1
+        return tokens / (draft + interpolate(self.curve, width))
+
+    def cap(self, rows: Sequence[RowEstimate]) -> int:
+        """The cap K* in ``0..max(k_i)`` with the best batch goodput (ties: the smaller K)."""
+        top = min(max((r.k for r in rows), default=0), self.k_max)
+        if self.curve is None or top == 0:
+            return top
+        best, best_rate = 0, self.goodput(rows, 0)
+        for cap in range(1, top + 1):
+            rate = self.goodput(rows, cap)
+            if rate > best_rate * 1.0001:
+                best, best_rate = cap, rate
+        return best
+
+
+def expected(alpha: float, k: int) -> float:
+    """E[tokens] of a step drafting k tokens with i.i.d. acceptance α: (1 − α^(k+1)) / (1 − α)
+    (Leviathan et al. 2023, eq. 1)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)

@@ -1,0 +1,145 @@
+"""Batched speculative decoding (adaspec.batch): each row as if alone, continuous joins and leaves, bad input,
+and the batch pricer's choice of K."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from adaspec.api import load_model
+from adaspec.backends.base import BatchRow
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.batch import BatchEngine
+from adaspec.controllers import make_controller
+from adaspec.controllers.batch import BatchPricer, RowEstimate, expected
+from adaspec.drafters.model import ModelDrafter
+from adaspec.drafters.ngram import NgramDrafter
+from adaspec.engine import GenerationConfig, SpeculativeEngine
+from adaspec.errors import ConfigError, ContextLengthError
+
+HAVE_LLAMACPP = importlib.util.find_spec("llama_cpp") is not None
+HAVE_IK = importlib.util.find_spec("ik_llama_cpp") is not None
+GGUF_MODEL = "smollm2-135m-instruct"
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3] * 3, [10, 11, 12, 13] * 4, [20, 21, 22, 23, 24], [30, 31, 32] * 5,
+           [40, 41] * 6]
+
+
+def _alone(target, drafter, k, prompts, cfg):
+    engine = SpeculativeEngine(target, drafter, make_controller("fixed", k) if drafter else None)
+    return [engine.generate(p, cfg).token_ids for p in prompts]
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "model"])
+def test_torch_fp32_batched_rows_equal_each_request_alone(drafter):
+    torch.set_num_threads(2)
+    model = tiny_model("qwen", seed=0)
+    target = TorchBackend(model, "t", max_sequences=3)
+    draft = TorchBackend(tiny_model("qwen", seed=0, layers=2), "d", max_sequences=3)
+    prompts = [[p % 64 for p in prompt] for prompt in PROMPTS]
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    make = {"none": None, "ngram": lambda seq: NgramDrafter(),
+            "model": lambda seq: ModelDrafter(draft.sequence(seq))}[drafter]
+    engine = BatchEngine(target, make, (lambda: make_controller("fixed", 3)) if make else None, max_batch=3)
+    results = engine.generate(prompts, cfg)  # 5 requests through 3 rows: two join as others finish
+    alone_target = TorchBackend(model, "t")
+    alone_draft = ModelDrafter(TorchBackend(draft.model, "d")) if drafter == "model" else (
+        NgramDrafter() if drafter == "ngram" else None)
+    want = _alone(alone_target, alone_draft, 3, prompts, cfg)
+    assert [r.token_ids for r in results] == want
+    assert all(len(r.token_ids) == 24 and r.finish_reason == "length" for r in results)
+    if drafter != "none":
+        assert sum(r.stats.draft_tokens for r in results) > 0
+        assert max(s.batch for r in results for s in r.stats.steps) == 3
+
+
+@pytest.mark.skipif(not HAVE_LLAMACPP, reason="needs llama-cpp-python")
+@pytest.mark.parametrize("batch", [2, 4])
+def test_llamacpp_strict_batched_rows_equal_each_request_alone(batch):
+    """llama.cpp keeps one cache stream per sequence: in strict mode a row's greedy output is the request's own,
+    whatever else is in the batch (prefill and decoding mixed in one llama_decode)."""
+    from adaspec.backends.llamacpp_backend import LlamaCppBackend
+
+    path = load_model(f"{GGUF_MODEL}@llamacpp", progress=False, threads=2).backend.path
+    target = LlamaCppBackend(path, max_context=512, threads=2, max_sequences=batch, batch_invariant=True)
+    alone = LlamaCppBackend(path, max_context=512, threads=2, batch_invariant=True)
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True, strict=True)
+    engine = BatchEngine(target, lambda seq: NgramDrafter(), lambda: make_controller("fixed", 3))
+    results = engine.generate(PROMPTS, cfg)
+    plain = _alone(alone, None, 0, PROMPTS, cfg)
+    assert [r.token_ids for r in results] == plain
+    assert max(s.batch for r in results for s in r.stats.steps) == batch
+
+
+@pytest.mark.skipif(not HAVE_IK, reason="needs ik-llama-cpp-python")
+def test_ik_refuses_strict_in_a_batch_but_batches_otherwise():
+    from adaspec.backends.ik_backend import IkLlamaBackend
+
+    path = load_model(f"{GGUF_MODEL}@ik", progress=False, threads=2).backend.path
+    target = IkLlamaBackend(path, max_context=256, threads=2, max_sequences=2)
+    engine = BatchEngine(target)
+    with pytest.raises(ConfigError, match="rows do not mix"):
+        engine.add([1, 2, 3], GenerationConfig(strict=True))
+    results = engine.generate(PROMPTS[:3], GenerationConfig(max_new_tokens=8, ignore_eos=True))
+    assert [len(r.token_ids) for r in results] == [8, 8, 8]
+
+
+def test_joins_leaves_cancel_and_bad_input():
+    model = tiny_model("qwen", seed=0)
+    target = TorchBackend(model, "t", max_context=64, max_sequences=2)
+    engine = BatchEngine(target, lambda seq: NgramDrafter(), lambda: make_controller("fixed", 2))
+    with pytest.raises(ContextLengthError, match="context window is 64"):
+        engine.add(list(range(64)))
+    with pytest.raises(ConfigError, match="empty"):
+        engine.add([])
+    with pytest.raises(ConfigError, match="max_batch"):
+        BatchEngine(target, max_batch=3)
+    assert not engine  # nothing was queued by the refused requests
+    cfg = GenerationConfig(max_new_tokens=10, ignore_eos=True)
+    a, b, c = (engine.add([i + 1, i + 2, i + 3], cfg) for i in range(3))
+    first = engine.step()
+    assert set(first) == {a, b} and engine.waiting == 1  # FIFO: the third waits for a free row
+    assert engine.cancel(a) and not engine.cancel(a)
+    second = engine.step()
+    assert set(second) == {b, c}  # c took a's row at the step boundary; b went on
+    done = {}
+    while engine:
+        for rid, chunk in engine.step().items():
+            if chunk.result is not None:
+                done[rid] = chunk.result
+    alone = SpeculativeEngine(TorchBackend(model, "t"), NgramDrafter(), make_controller("fixed", 2))
+    assert done[b].token_ids == alone.generate([2, 3, 4], cfg).token_ids
+    assert done[c].token_ids == alone.generate([3, 4, 5], cfg).token_ids
+
+
+def test_forward_batch_validates_before_touching_a_cache():
+    target = TorchBackend(tiny_model("qwen", seed=0), "t", max_context=16, max_sequences=2)
+    target.forward_batch([BatchRow(0, [1, 2, 3]), BatchRow(1, [4, 5])])
+    with pytest.raises(ValueError, match="twice"):
+        target.forward_batch([BatchRow(1, [1]), BatchRow(1, [2])])
+    with pytest.raises(ValueError, match="out of range"):
+        target.forward_batch([BatchRow(2, [1])])
+    with pytest.raises(ContextLengthError, match="sequence 1"):
+        target.forward_batch([BatchRow(0, [1]), BatchRow(1, list(range(15)))])
+    assert (target.seq_len_of(0), target.seq_len_of(1)) == (3, 2)
+
+
+def test_pricer_shrinks_k_as_the_batch_grows_on_a_compute_bound_curve():
+    # a CPU-like curve: 60 ms for one token, +12 ms per extra token (compute-bound)
+    curve = {n: 60.0 + 12.0 * (n - 1) for n in (1, 2, 4, 8, 16, 32, 64, 128)}
+    pricer = BatchPricer(curve)
+    row = RowEstimate(k=8, alpha=0.7, draft_ms=5.0)
+    caps = [pricer.cap([row] * b) for b in (1, 2, 4, 8, 16)]
+    assert caps[0] >= 2 and caps == sorted(caps, reverse=True) and caps[-1] == 0
+    # a flat (memory-bound) curve keeps speculating at every batch size when drafting is cheap (n-gram) ...
+    flat = BatchPricer({n: 60.0 for n in (1, 128)})
+    cheap = RowEstimate(k=8, alpha=0.7, draft_ms=0.1)
+    assert flat.cap([cheap] * 16) >= 4
+    # ... but not when every row's drafts cost a draft-model forward each (they run row after row)
+    assert flat.cap([row] * 16) == 0
+    # the goodput it compares is the formula's
+    assert pricer.goodput([row], 2) == pytest.approx(expected(0.7, 2) / (10.0 + curve[1] + 24.0))
+    assert expected(0.5, 2) == pytest.approx(1.75) and expected(1.0, 3) == 4.0
+    assert BatchPricer().cap([row]) == 8  # not calibrated: the rows' own K
