@@ -17,7 +17,6 @@ in strict mode (GGUF runtimes) and on PyTorch (rows run on their own caches) it 
 
 from __future__ import annotations
 
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,13 +33,17 @@ from adaspec.engine import (
     GenerationConfig,
     GenerationResult,
     StreamChunk,
+    checked_prompt,
     cut,
     decide,
     default_eos_ids,
+    pick_token,
+    request_eos,
+    request_generator,
     top_margins,
 )
-from adaspec.errors import ConfigError, ContextLengthError
-from adaspec.sampling import SamplingParams, logits_to_probs, sample
+from adaspec.errors import ConfigError
+from adaspec.sampling import SamplingParams
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
 from adaspec.text import TextStream
 from adaspec.verify import parse_lossy
@@ -120,13 +123,7 @@ class BatchEngine:
             ConfigError: invalid settings (nothing queued).
         """
         cfg = config or GenerationConfig()
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise ConfigError("the prompt is empty")
-        if len(prompt) >= self.target.max_context:
-            raise ContextLengthError(
-                f"the prompt has {len(prompt)} tokens but {self.target.name}'s context window is "
-                f"{self.target.max_context}; shorten the prompt to at most {self.target.max_context - 1} tokens")
+        prompt = checked_prompt(prompt_ids, self.target)
         if cfg.strict and self.max_batch > 1 and not self.target.rows_independent:
             raise ConfigError(f"strict mode in a batch needs a runtime whose rows do not mix; {self.target.name} "
                               f"({type(self.target).__name__}) changes a row's logits with the other rows: use "
@@ -136,10 +133,8 @@ class BatchEngine:
                               f"(asked strict={cfg.strict})")
         if cfg.stop and self.tokenizer is None:
             raise ConfigError("stop strings need a tokenizer")
-        eos = () if cfg.ignore_eos else tuple(cfg.eos_token_ids if cfg.eos_token_ids is not None
-                                              else self.eos_token_ids)
-        seed = cfg.seed if cfg.seed is not None else random.randrange(2**63)
-        row = _Row(self._next_id, prompt, cfg, cfg.sampling, eos, torch.Generator().manual_seed(seed),
+        row = _Row(self._next_id, prompt, cfg, cfg.sampling, request_eos(cfg, self.eos_token_ids),
+                   request_generator(cfg),
                    TextStream(self.tokenizer, cfg.stop) if self.tokenizer is not None else None,
                    parse_lossy(cfg.lossy) if cfg.lossy is not None else None, time.perf_counter(),
                    stats=GenerationStats(prompt_tokens=len(prompt)),
@@ -239,8 +234,7 @@ class BatchEngine:
     def _first(self, row: _Row, logits: torch.Tensor) -> StreamChunk:
         """The prefill's token: TTFT, then the drafter's prefill."""
         last = logits[-1]
-        token = int(last.argmax()) if row.params.greedy else int(sample(logits_to_probs(last, row.params),
-                                                                        row.generator))
+        token = pick_token(last, row.params, row.generator)
         row.stats.ttft_ms = row.stats.prefill_ms = (time.perf_counter() - row.start) * 1e3
         new, finish = cut(row.prompt, [token], row.cfg, row.eos, row.text, 0, self.target.max_context)
         if row.margins is not None:

@@ -154,17 +154,8 @@ class SpeculativeEngine:
         """
         cfg = config or GenerationConfig()
         params = cfg.sampling
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise ConfigError("the prompt is empty")
-        if len(prompt) >= self.target.max_context:
-            raise ContextLengthError(
-                f"the prompt has {len(prompt)} tokens but {self.target.name}'s context window is "
-                f"{self.target.max_context}; shorten the prompt to at most {self.target.max_context - 1} tokens")
-        eos = () if cfg.ignore_eos else tuple(cfg.eos_token_ids if cfg.eos_token_ids is not None
-                                              else self.eos_token_ids)
-        seed = cfg.seed if cfg.seed is not None else random.randrange(2**63)
-        generator = torch.Generator().manual_seed(seed)
+        prompt = checked_prompt(prompt_ids, self.target)
+        eos, generator = request_eos(cfg, self.eos_token_ids), request_generator(cfg)
         if cfg.stop and self.tokenizer is None:
             raise ConfigError("stop strings need a tokenizer (pass tokenizer= to SpeculativeEngine)")
         text = TextStream(self.tokenizer, cfg.stop) if self.tokenizer is not None else None
@@ -191,7 +182,7 @@ class SpeculativeEngine:
         start = time.perf_counter()
         self.target.reset()
         logits = self.target.forward(prompt, 1)
-        first = self._pick(logits[-1], params, generator)
+        first = pick_token(logits[-1], params, generator)
         self.target.synchronize()
         stats.ttft_ms = stats.prefill_ms = (time.perf_counter() - start) * 1e3
         new, finish = self._accept(prompt, [first], cfg, eos, text, 0)
@@ -247,12 +238,6 @@ class SpeculativeEngine:
         yield StreamChunk(new if stats.steps else [], tail, result)
 
     # Pieces of a step ---------------------------------------------------------------------------------------
-    @staticmethod
-    def _pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-        if params.greedy:
-            return int(logits.argmax())
-        return int(sample(logits_to_probs(logits, params), generator))
-
     def _verify(self, ids: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator,
                 lossy: tuple[str, float] | None = None) -> tuple[int, int, torch.Tensor]:
         """One target forward over ``[pending] + draft`` and the accept/reject decision:
@@ -275,6 +260,42 @@ class SpeculativeEngine:
         calibrate = getattr(self.controller, "calibrate", None)
         if calibrate is not None:
             calibrate(self.target)
+
+
+def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """The token after a ``[V]`` logits row: argmax when greedy, else a sample from the processed distribution."""
+    if params.greedy:
+        return int(logits.argmax())
+    return int(sample(logits_to_probs(logits, params), generator))
+
+
+def checked_prompt(prompt_ids: Sequence[int], target: Backend) -> list[int]:
+    """``prompt_ids`` as a list of int, checked against ``target``'s context window.
+
+    Raises:
+        ConfigError: the prompt is empty.
+        ContextLengthError: it leaves no room for a new token in the context window.
+    """
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ConfigError("the prompt is empty")
+    if len(prompt) >= target.max_context:
+        raise ContextLengthError(
+            f"the prompt has {len(prompt)} tokens but {target.name}'s context window is "
+            f"{target.max_context}; shorten the prompt to at most {target.max_context - 1} tokens")
+    return prompt
+
+
+def request_eos(cfg: GenerationConfig, default: tuple[int, ...]) -> tuple[int, ...]:
+    """The EOS ids a request stops at: none with ``ignore_eos``, else its own or the engine's ``default``."""
+    if cfg.ignore_eos:
+        return ()
+    return tuple(cfg.eos_token_ids if cfg.eos_token_ids is not None else default)
+
+
+def request_generator(cfg: GenerationConfig) -> torch.Generator:
+    """The request's sampler: seeded with ``cfg.seed``, or a random seed when it is None."""
+    return torch.Generator().manual_seed(cfg.seed if cfg.seed is not None else random.randrange(2**63))
 
 
 def decide(logits: torch.Tensor, draft: Draft, params: SamplingParams, generator: torch.Generator,
