@@ -143,3 +143,21 @@ def test_pricer_shrinks_k_as_the_batch_grows_on_a_compute_bound_curve():
     assert pricer.goodput([row], 2) == pytest.approx(expected(0.7, 2) / (10.0 + curve[1] + 24.0))
     assert expected(0.5, 2) == pytest.approx(1.75) and expected(1.0, 3) == 4.0
     assert BatchPricer().cap([row]) == 8  # not calibrated: the rows' own K
+
+
+def test_hybrid_drafter_under_goodput_routes_per_row_and_stays_exact():
+    """The default drafter (n-gram or draft model, chosen per step by the goodput controller) in a batch: both
+    sub-drafters are used, and fp32 rows equal plain decoding of each request alone."""
+    from adaspec.drafters.multi import MultiDrafter
+
+    model = tiny_model("qwen", seed=0)
+    target = TorchBackend(model, "t", max_sequences=2)
+    draft = TorchBackend(tiny_model("qwen", seed=0, layers=2), "d", max_sequences=2)
+    engine = BatchEngine(target,
+                         lambda seq: MultiDrafter({"ngram": NgramDrafter(), "d": ModelDrafter(draft.sequence(seq))}),
+                         lambda: make_controller("goodput", None))
+    prompts = [[1, 2, 3, 4, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    cfg = GenerationConfig(max_new_tokens=30, ignore_eos=True)
+    results = engine.generate(prompts, cfg)
+    assert [r.token_ids for r in results] == _alone(TorchBackend(model, "t"), None, 0, prompts, cfg)
+    assert {s.drafter for r in results for s in r.stats.steps} >= {"ngram", "d"}

@@ -28,7 +28,8 @@ from adaspec.backends.base import Backend, BatchRow
 from adaspec.controllers.base import Controller
 from adaspec.controllers.batch import BatchPricer, RowEstimate
 from adaspec.controllers.fixed import FixedController
-from adaspec.drafters.base import Draft, Drafter, empty_draft
+from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
+from adaspec.drafters.multi import cached_prefixes, route
 from adaspec.engine import (
     GenerationConfig,
     GenerationResult,
@@ -65,6 +66,7 @@ class _Row:
     seq: int = -1
     ids: list[int] = field(default_factory=list)
     controller: Controller | None = None
+    stop_rule: DraftStop | None = None  # the controller's early-stop rule for drafts, fixed per request
     stats: GenerationStats = field(default_factory=GenerationStats)
     margins: list[float] | None = None
     start: float = 0.0
@@ -176,6 +178,7 @@ class BatchEngine:
             row.seq = self._free.pop(0)
             row.controller = self._controller_factory()
             row.controller.reset()
+            row.stop_rule = row.controller.draft_stop()
             row.start = time.perf_counter()
             self.target.truncate_seq(row.seq, 0)
             self._running[row.rid] = row
@@ -194,7 +197,7 @@ class BatchEngine:
             # a draft model that sat out (or starts) first feeds the tokens it missed: not its per-token cost
             behind[row.rid] = (len(row.ids) - drafter.cached_prefix(row.ids)
                                if k > 0 and getattr(drafter, "backend", None) is not None else 0)
-            drafts[row.rid] = (drafter.propose(row.ids, k, row.params, row.generator, row.controller.draft_stop())
+            drafts[row.rid] = (drafter.propose(row.ids, k, row.params, row.generator, row.stop_rule)
                                if k > 0 and drafter is not None else empty_draft())
             draft_ms[row.rid] = (time.perf_counter() - t) * 1e3
         rows = [BatchRow(r.seq, r.prompt, 1) if not r.prefilled
@@ -218,7 +221,9 @@ class BatchEngine:
         for row in decoding:
             room = min(row.cfg.max_new_tokens - (len(row.ids) - len(row.prompt)),
                        self.target.max_context - len(row.ids))
-            own = row.controller.next_k() if self._drafter(row.seq) is not None else 0
+            drafter = self._drafter(row.seq)
+            route(drafter, row.controller, row.ids)  # per-step drafter choice (MultiDrafter only), as the engine
+            own = row.controller.next_k() if drafter is not None else 0
             ks[row.rid] = max(0, min(own, room - 1))
         estimates = [RowEstimate(ks[r.rid], r.alpha, r.draft_ms if r.draft_ms is not None else 0.0)
                      for r in decoding]
@@ -244,6 +249,7 @@ class BatchEngine:
         drafter = self._drafter(row.seq)
         if drafter is not None and finish is None:
             drafter.prefill(row.prompt)
+            row.controller.set_synced(cached_prefixes(drafter, row.ids))  # a draft cache kept from a request before
         return self._chunk(row, new, finish)
 
     def _advance(self, row: _Row, k: int, draft: Draft, logits: torch.Tensor, draft_ms: float, forward_ms: float,

@@ -2,8 +2,9 @@
 
 Uses llama-cpp-python's low-level bindings (the ``llama_*`` C API) through :class:`~adaspec.backends.gguf.GgufBackend`:
 one ``llama_batch`` per call with the logits flag set only on the positions the caller asks for (prefill asks for
-one row, verification for K + 1), and ``llama_memory_seq_rm`` to truncate the KV cache on rejection. The model and context are created with the same
-C calls, so that a context can hold several sequences (``n_seq_max``) for batching. Optional dependency:
+one row, verification for K + 1), and ``llama_memory_seq_rm`` to truncate the KV cache on rejection. The model and
+context are created with the same C calls, so that a context can hold several sequences (``n_seq_max``) for
+batching. Optional dependency:
 ``pip install -e ".[llamacpp]"`` (builds llama.cpp from source, 10-14 minutes on 2 cores).
 """
 
