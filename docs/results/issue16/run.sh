@@ -32,3 +32,7 @@ done
 # Final reports over everything each folder holds.
 $A eval --tasks humaneval,gsm8k --report-only --out $OUT/gguf --methods plain,hybrid/goodput,plain+strict,hybrid/goodput+strict,hybrid/goodput+typical,hybrid/goodput+topk:2,hybrid/goodput+bild > /dev/null 2>&1
 date
+# 6. (2026-12-01) the server repeat test: 5 prompts x 20 greedy repeats, default and strict (about 19 minutes).
+.venv/bin/python -m adaspec.server.loadtest --spawn --repeat 20 --prompts 5 --out $OUT/repeat.json \
+  --markdown $OUT/repeat.md -- --threads 2 > $OUT/repeat-log.txt 2>&1
+date
