@@ -194,9 +194,10 @@ class BatchEngine:
             t = time.perf_counter()
             drafter = self._drafter(row.seq)
             k = ks[row.rid]
-            # a draft model that sat out (or starts) first feeds the tokens it missed: not its per-token cost
-            behind[row.rid] = (len(row.ids) - drafter.cached_prefix(row.ids)
-                               if k > 0 and getattr(drafter, "backend", None) is not None else 0)
+            # a draft model that sat out (or starts) first feeds the tokens it missed: not its per-token cost (its
+            # cache length is enough to tell; rejected drafts still in it only make the gap look smaller)
+            backend = getattr(drafter, "backend", None)
+            behind[row.rid] = len(row.ids) - backend.seq_len if k > 0 and backend is not None else 0
             drafts[row.rid] = (drafter.propose(row.ids, k, row.params, row.generator, row.stop_rule)
                                if k > 0 and drafter is not None else empty_draft())
             draft_ms[row.rid] = (time.perf_counter() - t) * 1e3
@@ -279,7 +280,7 @@ class BatchEngine:
         return self._chunk(row, new, finish)
 
     def _chunk(self, row: _Row, new: list[int], finish: str | None) -> StreamChunk:
-        if finish is None and len(row.ids) - len(row.prompt) < row.cfg.max_new_tokens:
+        if finish is None:  # cut() sets a finish reason at max_new_tokens and at the context window
             return StreamChunk(new, row.text.delta() if row.text else "")
         s = row.stats
         s.new_tokens = len(row.ids) - len(row.prompt)

@@ -200,7 +200,7 @@ class TorchBackend(Backend):
 
     @property
     def seq_len(self) -> int:
-        return self._len if self._current == 0 else self._parked[0][1]
+        return self.seq_len_of(0)
 
     # Several sequences: one cache each, run one after another (no padded batch yet) ------------------------------
     def _use(self, seq: int) -> None:
