@@ -36,8 +36,8 @@ def tiny_model(seed: int = 0, layers: int = 2, dtype: torch.dtype = torch.float3
     return Qwen2ForCausalLM(cfg).to(dtype).eval()
 
 
-def tiny_loader(spec: str, dtype: str) -> LoadedModel:
+def tiny_loader(spec: str, dtype: str, max_sequences: int = 1) -> LoadedModel:
     """``tiny-target`` (2 layers) or any other name (1 layer, seeded by the name), always fp32."""
     layers = 2 if spec == "tiny-target" else 1
     model = tiny_model(zlib.crc32(spec.encode()) % 1000, layers)
-    return LoadedModel(TorchBackend(model, spec), ByteTokenizer(), spec)
+    return LoadedModel(TorchBackend(model, spec, max_sequences=max_sequences), ByteTokenizer(), spec)

@@ -161,3 +161,133 @@ def test_hybrid_drafter_under_goodput_routes_per_row_and_stays_exact():
     results = engine.generate(prompts, cfg)
     assert [r.token_ids for r in results] == _alone(TorchBackend(model, "t"), None, 0, prompts, cfg)
     assert {s.drafter for r in results for s in r.stats.steps} >= {"ngram", "d"}
+
+
+def test_per_request_drafters_and_controllers_in_one_batch():
+    """Rows with different drafters (none, n-gram, draft model) and K share one batch; each equals itself alone."""
+    torch.set_num_threads(2)
+    model, dmodel = tiny_model("qwen", seed=0), tiny_model("qwen", seed=0, layers=2)
+    target, draft = TorchBackend(model, "t", max_sequences=3), TorchBackend(dmodel, "d", max_sequences=3)
+    prompts = [[p % 64 for p in prompt] for prompt in PROMPTS[:3]]
+    cfg = GenerationConfig(max_new_tokens=20, ignore_eos=True)
+    engine = BatchEngine(target, max_batch=3)
+    model_drafter = ModelDrafter(draft)
+    specs = [(None, 0), (NgramDrafter().for_sequence, 2), (model_drafter.for_sequence, 4)]
+    rids = [engine.add(p, cfg, drafter_for=d, controller_factory=(lambda k=k: make_controller("fixed", k)))
+            for p, (d, k) in zip(prompts, specs)]
+    results = {}
+    while engine:
+        for rid, chunk in engine.step().items():
+            assert chunk.error is None
+            if chunk.result is not None:
+                results[rid] = chunk.result
+    alone = TorchBackend(model, "t")
+    want = [_alone(alone, None, 0, prompts[:1], cfg)[0], _alone(alone, NgramDrafter(), 2, prompts[1:2], cfg)[0],
+            _alone(alone, ModelDrafter(TorchBackend(dmodel, "d")), 4, prompts[2:], cfg)[0]]
+    assert [results[r].token_ids for r in rids] == want
+    assert results[rids[0]].stats.draft_tokens == 0
+    assert max(s.k for s in results[rids[2]].stats.steps) == 4 and max(s.k for s in results[rids[1]].stats.steps) <= 2
+    with pytest.raises(ConfigError, match="needs a drafter"):
+        engine.add([1, 2], cfg, controller_factory=lambda: make_controller("fixed", 3))
+
+
+class _Boom(NgramDrafter):
+    """An n-gram drafter that raises on its ``fail_at``-th proposal."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.calls, self.fail_at = 0, fail_at
+
+    def propose(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("drafter exploded")
+        return super().propose(*args, **kwargs)
+
+
+class _FlakyBackend(TorchBackend):
+    """Fails any forward that contains the token ``poison`` (the batched one, and the poisoned row alone)."""
+
+    poison = 63
+
+    def forward_batch(self, rows):
+        if any(self.poison in r.input_ids for r in rows):
+            healthy = [r for r in rows if self.poison not in r.input_ids]
+            if healthy:  # the healthy rows' caches already hold their tokens, as a runtime failing midway leaves them
+                super().forward_batch(healthy)
+            raise RuntimeError("decode failed")
+        return super().forward_batch(rows)
+
+
+def test_a_failing_row_leaves_the_batch_and_the_others_are_untouched():
+    torch.set_num_threads(2)
+    model = tiny_model("qwen", seed=0)
+    prompts = [[p % 64 for p in prompt] for prompt in PROMPTS[:3]]
+    cfg = GenerationConfig(max_new_tokens=16, ignore_eos=True)
+    want = _alone(TorchBackend(model, "t"), NgramDrafter(), 3, prompts, cfg)
+    # 1. a drafter that raises mid-request: that row ends with the error, the others finish as if alone
+    target = TorchBackend(model, "t", max_sequences=3)
+    engine = BatchEngine(target, lambda seq: _Boom(3) if seq == 1 else NgramDrafter(),
+                         lambda: make_controller("fixed", 3), max_batch=3)
+    rids = [engine.add(p, cfg) for p in prompts]
+    results, errors = {}, {}
+    while engine:
+        for rid, chunk in engine.step().items():
+            if chunk.error is not None:
+                errors[rid] = chunk.error
+            elif chunk.result is not None:
+                results[rid] = chunk.result
+    assert list(errors) == [rids[1]] and "exploded" in str(errors[rids[1]])
+    assert [results[rids[0]].token_ids, results[rids[2]].token_ids] == [want[0], want[2]]
+    # 2. the runtime rejects one row's tokens: the batch is retried row by row, only that row fails
+    flaky = _FlakyBackend(model, "t", max_sequences=3)
+    engine = BatchEngine(flaky, lambda seq: NgramDrafter(), lambda: make_controller("fixed", 3), max_batch=3)
+    rids = [engine.add(p, cfg) for p in [prompts[0], prompts[1] + [_FlakyBackend.poison], prompts[2]]]
+    results, errors = {}, {}
+    while engine:
+        for rid, chunk in engine.step().items():
+            if chunk.error is not None:
+                errors[rid] = chunk.error
+            elif chunk.result is not None:
+                results[rid] = chunk.result
+    assert list(errors) == [rids[1]] and "decode failed" in str(errors[rids[1]])
+    assert [results[rids[0]].token_ids, results[rids[2]].token_ids] == [want[0], want[2]]
+    # the freed row serves the next request
+    assert engine.generate([prompts[1]], cfg)[0].token_ids == want[1]
+    # generate() raises a row's error
+    engine = BatchEngine(TorchBackend(model, "t", max_sequences=2), lambda seq: _Boom(1),
+                         lambda: make_controller("fixed", 3))
+    with pytest.raises(RuntimeError, match="exploded"):
+        engine.generate(prompts[:2], cfg)
+    assert not engine
+
+
+def test_draft_models_draft_for_every_row_in_one_forward_per_draft_step():
+    """Batched drafting: K draft steps of B rows are K forwards of the multi-sequence draft backend, each over every
+    row still drafting (not B·K one-row forwards); rows stay exact."""
+    torch.set_num_threads(2)
+    model, dmodel = tiny_model("qwen", seed=0), tiny_model("qwen", seed=0, layers=2)
+    target, draft = TorchBackend(model, "t", max_sequences=3), TorchBackend(dmodel, "d", max_sequences=3)
+    calls: list[list[int]] = []
+    original = draft.forward_batch
+
+    def spy(rows):
+        calls.append(sorted(r.seq for r in rows))
+        return original(rows)
+
+    draft.forward_batch = spy
+    prompts = [[p % 64 for p in prompt] for prompt in PROMPTS[:3]]
+    cfg = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    engine = BatchEngine(target, lambda seq: ModelDrafter(draft.sequence(seq)), lambda: make_controller("fixed", 3))
+    rids = [engine.add(p, cfg) for p in prompts]
+    engine.step()  # the prefill step: no drafting
+    assert calls == []
+    engine.step()  # every row drafts 3 tokens: its catch-up feed, then 2 one-token feeds, all rows together
+    assert calls == [[0, 1, 2]] * 3
+    results = {}
+    while engine:
+        for rid, chunk in engine.step().items():
+            if chunk.result is not None:
+                results[rid] = chunk.result
+    want = _alone(TorchBackend(model, "t"), ModelDrafter(TorchBackend(dmodel, "d")), 3, prompts, cfg)
+    assert [results[r].token_ids for r in rids] == want

@@ -382,3 +382,42 @@ def test_points_compare_with_the_plain_runs_of_their_own_invocation():
     (a,) = analyse(rows)
     assert {p["key"]: p["speedup"] for p in a.points} == {"p1": 2.0, "p2": 2.0}  # not 150/50 = 3 and 150/100 = 1.5
     assert {p["key"]: p["plain_runs"] for p in a.points} == {"p1": 1, "p2": 1}
+
+
+def test_batch_axis_measures_batched_runs_against_plain_batches_and_maps_them(tmp_path, corpus):
+    """bench.batch = [1, 2, 3]: each B > 1 group runs B requests through the BatchEngine, plain batches
+    interleaved; fp32 rows are exact (greedy points equal plain), and `adaspec map` draws the batch section."""
+    from adaspec.bench.report import make_report
+
+    cfg = normalize({
+        "bench": {"target": "tiny-target", "dtype": ["float32"], "threads": [1], "max_new_tokens": 10,
+                  "plain_every": 2, "workload": "tiny", "batch": [1, 2, 3]},
+        "micro": {"contexts": [96], "verify_tokens": [1, 3], "repeats": 1, "drafts": []},
+        "sweep": [{"name": "b", "drafter": ["calibrated", "ngram", "tiny-draft"], "alpha": [0.9], "cost": ["0"],
+                   "k": [2], "context": [96]}]})
+    out = tmp_path / "b.jsonl"
+    res = run_bench(cfg, out, loader=tiny_loader, progress=False,
+                    tasks=["Write a function that adds two numbers.", "Reverse a list.", "Sort a dict by value."])
+    assert res["run"] == 9 and not res["stopped"]
+    rows = read_results(out)
+    for b in (2, 3):
+        plains = [r for r in rows if r["kind"] == "plain" and r["batch"] == b]
+        points = [r for r in rows if r["kind"] == "point" and r["batch"] == b]
+        assert len(points) == 3 and plains
+        assert all(len(p["token_ids"]) == b and all(len(t) == 10 for t in p["token_ids"]) for p in plains)
+        assert all(p["identical_to_plain"] for p in points)  # fp32 rows: greedy speculation is exact
+        assert all(p["new_tokens"] == 10 * b and p["speedup"] > 0 for p in points)
+        cal = next(p for p in points if p["drafter"] == "calibrated")
+        assert cal["draft_tokens"] > 0 and 0.5 <= cal["alpha"] <= 1.0
+        curve = [r for r in rows if r["kind"] == "batch_curve" and r["batch"] == b]
+        assert len(curve) == 1 and "1" in curve[0]["curve"]
+    report = make_report([out], tmp_path / "report.md", img_dir=tmp_path / "img")
+    text = report["report"].read_text()
+    assert "## Batch size: tiny-target, float32, 1 threads, torch" in text
+    assert "**Turning point:**" in text and "seed study's claim" in text
+    figs = report["figures"]["batch-tiny-target-float32-1-torch"]
+    assert figs["speedup"].exists() and figs["throughput"].exists()
+    # the batch-1 setting keeps its own maps; batch > 1 settings are not fitted with the batch-1 cost model
+    assert [a.setting["batch"] for a in report["analyses"]] == [1]
+    with pytest.raises(ConfigError, match="batch size 0"):
+        normalize({"bench": {"batch": [0]}})

@@ -81,7 +81,8 @@ class LoadedModel:
 
 
 def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, device: str = "auto",
-               progress: bool = True, threads: int | None = None, max_context: int | None = None) -> LoadedModel:
+               progress: bool = True, threads: int | None = None, max_context: int | None = None,
+               max_sequences: int = 1) -> LoadedModel:
     """Resolve ``spec`` and load it on the backend its ``@backend`` suffix names, else on ``backend``.
 
     ``backend``: ``torch`` (this function's default), ``llamacpp``, ``ik`` or ``auto`` (the fastest path on this
@@ -122,11 +123,13 @@ def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, d
         label = f"{name}@{backend}"
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
         return LoadedModel(make_gguf_backend(backend, gguf_file, name=label, threads=threads,
-                                             max_context=max_context), tokenizer, label, reason)
+                                             max_context=max_context, max_sequences=max_sequences),
+                           tokenizer, label, reason)
     resolved = resolve(spec, progress=progress)
     model = load_causal_lm(resolved.path, dtype=dtype or "bfloat16", device=device)
     tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-    return LoadedModel(TorchBackend(model, resolved.name, max_context=max_context), tokenizer, resolved.name, reason)
+    return LoadedModel(TorchBackend(model, resolved.name, max_context=max_context, max_sequences=max_sequences),
+                       tokenizer, resolved.name, reason)
 
 
 def builtin_drafter(spec: str) -> bool:
@@ -138,11 +141,12 @@ def builtin_drafter(spec: str) -> bool:
 
 def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = None, device: str = "auto",
                  progress: bool = True, reuse: dict[str, Drafter] | None = None,
-                 backend: str = "torch") -> Drafter | None:
+                 backend: str = "torch", max_sequences: int = 1) -> Drafter | None:
     """Build the drafter named by ``spec`` for ``target`` (see the module docstring for the forms).
 
     ``reuse`` maps specs to drafters already built; the parts of an ``A+B`` spec found there are shared. A draft
-    model loads on ``backend`` unless its spec ends in ``@backend`` (see :func:`load_model`).
+    model loads on ``backend`` unless its spec ends in ``@backend`` (see :func:`load_model`), with caches for
+    ``max_sequences`` sequences (batched rows draft on their own: :meth:`Drafter.for_sequence`).
 
     Raises:
         TokenizerMismatchError: a draft model whose tokenizer disagrees with the target's.
@@ -156,7 +160,8 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
         parts = {}
         for part in spec.split("+"):
             d = (NgramDrafter(max_ngram=4, min_ngram=2) if part.lower() == "ngram" else (reuse or {}).get(part)
-                 or make_drafter(part, target, dtype=dtype, device=device, progress=progress, backend=backend))
+                 or make_drafter(part, target, dtype=dtype, device=device, progress=progress, backend=backend,
+                                 max_sequences=max_sequences))
             if d is None:
                 raise ConfigError(f"drafter {spec!r}: {part!r} is not a drafter")
             parts[d.name] = d
@@ -171,9 +176,11 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
         if not isinstance(target.backend, TorchBackend):
             raise ConfigError(f"layerskip drafting needs a PyTorch target; {target.name} runs on another backend "
                               "(use --backend torch, or a target spec ending in @torch)")
-        backend = TorchBackend(truncated_layers(target.backend.model, n), f"{target.name}[:{n} layers]")
+        backend = TorchBackend(truncated_layers(target.backend.model, n), f"{target.name}[:{n} layers]",
+                               max_sequences=max_sequences)
         return ModelDrafter(backend)
-    draft = load_model(spec, backend=backend, dtype=dtype, device=device, progress=progress)
+    draft = load_model(spec, backend=backend, dtype=dtype, device=device, progress=progress,
+                       max_sequences=max_sequences)
     check_tokenizers_compatible(target.tokenizer, draft.tokenizer, target_name=target.name, draft_name=draft.name)
     return ModelDrafter(draft.backend)
 

@@ -4,7 +4,9 @@ Each step (as in vLLM's scheduler and llama.cpp's server slots):
 
 1. rows that joined since the last step are prefilled in the same forward as the others' decoding;
 2. every decoding row asks its own controller for K, the :class:`~adaspec.controllers.batch.BatchPricer` caps K for
-   the batch from the measured cost of the batch's total tokens, and the row's own drafter proposes;
+   the batch from the measured cost of the batch's total tokens, and the row's own drafter proposes; draft models
+   draft for all rows at once (batched drafting: each draft step is one forward of the multi-sequence draft backend
+   over every row still drafting, through :meth:`Drafter.proposal`);
 3. the target runs once over every row's ``[pending] + drafts`` (:meth:`Backend.forward_batch`, one sequence id per
    row), each row is verified on its own logits (greedy or speculative sampling, exactly as
    :class:`~adaspec.engine.SpeculativeEngine` does), and each row's cache is cut back to its own length;
@@ -13,6 +15,11 @@ Each step (as in vLLM's scheduler and llama.cpp's server slots):
 Each row keeps its own drafter (a model drafter runs on its own sequence of the draft backend), controller, sampler,
 stop conditions and statistics, so a row's output does not depend on the other rows except through the kernels:
 in strict mode (GGUF runtimes) and on PyTorch (rows run on their own caches) it is the output of the request alone.
+A request may bring its own drafter and controller (the server's per-request ``speculation``).
+
+A row that fails (its drafter raises, or the runtime rejects its tokens) leaves the batch with the error in its chunk;
+the other rows go on: when the batched forward fails, the rows are rolled back and run one by one to find the one at
+fault.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adaspec.backends.base import Backend, BatchRow
+from adaspec.backends.base import Backend, BatchRow, SequenceView
 from adaspec.controllers.base import Controller
 from adaspec.controllers.batch import BatchPricer, RowEstimate
 from adaspec.controllers.fixed import FixedController
@@ -49,7 +56,6 @@ from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
 from adaspec.text import TextStream
 from adaspec.verify import parse_lossy
 
-
 @dataclass
 class _Row:
     """One request in the batch."""
@@ -63,7 +69,10 @@ class _Row:
     text: TextStream | None
     lossy: tuple[str, float] | None
     arrival: float
+    drafter_for: Callable[[int], Drafter | None] | None
+    controller_factory: Callable[[], Controller]
     seq: int = -1
+    drafter: Drafter | None = None
     ids: list[int] = field(default_factory=list)
     controller: Controller | None = None
     stop_rule: DraftStop | None = None  # the controller's early-stop rule for drafts, fixed per request
@@ -73,6 +82,37 @@ class _Row:
     prefilled: bool = False
     alpha: float = 0.6  # acceptance estimate for the batch pricer (EMA)
     draft_ms: float | None = None  # ms per drafted token (EMA)
+
+
+def _sequence_of(backend: Backend) -> tuple[Backend, int]:
+    """(the multi-sequence backend, sequence id) a single-sequence view runs on; a backend itself is sequence 0."""
+    if isinstance(backend, SequenceView):
+        return backend.parent, backend.seq
+    return backend, 0
+
+
+def _forward_isolated(backend: Backend, rows: list[BatchRow]) -> list[torch.Tensor | BaseException]:
+    """``backend.forward_batch(rows)``; when it fails, every row's sequence is rolled back to its length before and
+    each row runs alone, so one row's failure (reported as its exception) does not fail the others."""
+    before = [backend.seq_len_of(r.seq) for r in rows]
+    try:
+        logits = list(backend.forward_batch(rows))
+        backend.synchronize()
+        return logits
+    except Exception as e:
+        if len(rows) == 1:
+            backend.truncate_seq(rows[0].seq, before[0])
+            return [e]
+    result: list[torch.Tensor | BaseException] = []
+    for r, n in zip(rows, before):
+        backend.truncate_seq(r.seq, n)
+        try:
+            result.append(backend.forward_batch([r])[0])
+        except Exception as e:
+            backend.truncate_seq(r.seq, n)
+            result.append(e)
+    backend.synchronize()
+    return result
 
 
 class BatchEngine:
@@ -109,16 +149,24 @@ class BatchEngine:
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else default_eos_ids(tokenizer)
         self.pricer = pricer or BatchPricer()
-        self._drafters: dict[int, Drafter | None] = {}
+        self._drafters: dict[tuple[Callable, int], Drafter | None] = {}
         self._free = list(range(self.max_batch))
         self._waiting: deque[_Row] = deque()
         self._running: dict[int, _Row] = {}
         self._next_id = 0
         self.last_cap: int | None = None  # the K cap of the last step (None: no row decoded)
+        self.last_rows = 0  # rows in the last step's forward
+        self.last_tokens = 0  # tokens in the last step's forward
+        self.last_forward_ms = 0.0
 
     # Requests ------------------------------------------------------------------------------------------------
-    def add(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> int:
+    def add(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None, *,
+            drafter_for: Callable[[int], Drafter | None] | None = None,
+            controller_factory: Callable[[], Controller] | None = None) -> int:
         """Queue a request; it joins the batch at the next step with a free row. Returns its request id.
+
+        ``drafter_for`` and ``controller_factory`` replace the engine's own for this request (same contracts as in
+        the constructor; the drafters ``drafter_for`` builds are kept per sequence slot, keyed by the function).
 
         Raises:
             ContextLengthError: the prompt leaves no room for a new token in the context window (nothing queued).
@@ -135,11 +183,16 @@ class BatchEngine:
                               f"(asked strict={cfg.strict})")
         if cfg.stop and self.tokenizer is None:
             raise ConfigError("stop strings need a tokenizer")
+        drafter_for = drafter_for or self._drafter_for
+        controller_factory = controller_factory or self._controller_factory
+        if drafter_for is None and controller_factory is not self._controller_factory \
+                and controller_factory().next_k() != 0:
+            raise ConfigError("a draft length K > 0 needs a drafter")
         row = _Row(self._next_id, prompt, cfg, cfg.sampling, request_eos(cfg, self.eos_token_ids),
                    request_generator(cfg),
                    TextStream(self.tokenizer, cfg.stop) if self.tokenizer is not None else None,
                    parse_lossy(cfg.lossy) if cfg.lossy is not None else None, time.perf_counter(),
-                   stats=GenerationStats(prompt_tokens=len(prompt)),
+                   drafter_for, controller_factory, stats=GenerationStats(prompt_tokens=len(prompt)),
                    margins=[] if cfg.return_margins else None)
         self._next_id += 1
         self._waiting.append(row)
@@ -172,70 +225,151 @@ class BatchEngine:
     # The step ---------------------------------------------------------------------------------------------------
     def step(self) -> dict[int, StreamChunk]:
         """Admit waiting requests, run one batched step, and return each row's :class:`StreamChunk` by request id
-        (a finished row's chunk carries its result, and the row has left the batch)."""
+        (a finished row's chunk carries its result, a failed row's its error; either way the row has left the
+        batch)."""
+        out: dict[int, StreamChunk] = {}
         while self._waiting and self._free:
             row = self._waiting.popleft()
             row.seq = self._free.pop(0)
-            row.controller = self._controller_factory()
-            row.controller.reset()
-            row.stop_rule = row.controller.draft_stop()
-            row.start = time.perf_counter()
-            self.target.truncate_seq(row.seq, 0)
             self._running[row.rid] = row
+            try:
+                row.drafter = self._drafter(row.drafter_for, row.seq)
+                row.controller = row.controller_factory()
+                row.controller.reset()
+                row.stop_rule = row.controller.draft_stop()
+                row.start = time.perf_counter()
+                self.target.truncate_seq(row.seq, 0)
+            except Exception as e:
+                self._fail(row, e, out)
         if not self._running:
-            return {}
+            self.last_rows = self.last_tokens = 0
+            return out
         step_start = time.perf_counter()
         decoding = [r for r in self._running.values() if r.prefilled]
-        ks = self._choose_k(decoding)
-        drafts: dict[int, Draft] = {}
-        draft_ms: dict[int, float] = {}
-        behind: dict[int, int] = {}
-        for row in decoding:
-            t = time.perf_counter()
-            drafter = self._drafter(row.seq)
-            k = ks[row.rid]
-            # a draft model that sat out (or starts) first feeds the tokens it missed: not its per-token cost (its
-            # cache length is enough to tell; rejected drafts still in it only make the gap look smaller)
-            backend = getattr(drafter, "backend", None)
-            behind[row.rid] = len(row.ids) - backend.seq_len if k > 0 and backend is not None else 0
-            drafts[row.rid] = (drafter.propose(row.ids, k, row.params, row.generator, row.stop_rule)
-                               if k > 0 and drafter is not None else empty_draft())
-            draft_ms[row.rid] = (time.perf_counter() - t) * 1e3
+        ks = self._choose_k(decoding, out)
+        decoding = [r for r in decoding if r.rid in self._running]
+        drafts, draft_ms, behind = self._draft(decoding, ks, out)
+        running = list(self._running.values())
+        if not running:
+            self.last_rows = self.last_tokens = 0
+            return out
         rows = [BatchRow(r.seq, r.prompt, 1) if not r.prefilled
                 else BatchRow(r.seq, [r.ids[-1]] + drafts[r.rid].tokens.tolist(), len(drafts[r.rid]) + 1)
-                for r in self._running.values()]
+                for r in running]
         forward_start = time.perf_counter()
-        logits = self.target.forward_batch(rows)
-        self.target.synchronize()
+        logits = self._forward(running, rows, out)
         forward_ms = (time.perf_counter() - forward_start) * 1e3
-        out: dict[int, StreamChunk] = {}
-        for row, lg in zip(list(self._running.values()), logits):
-            if not row.prefilled:
-                out[row.rid] = self._first(row, lg)
-            else:
-                out[row.rid] = self._advance(row, ks[row.rid], drafts[row.rid], lg, draft_ms[row.rid], forward_ms,
-                                             step_start, len(rows), behind[row.rid])
+        self.last_rows, self.last_tokens = len(rows), sum(len(r.input_ids) for r in rows)
+        self.last_forward_ms = forward_ms
+        for row, lg in zip(running, logits):
+            if lg is None:
+                continue  # failed in the forward
+            try:
+                if not row.prefilled:
+                    out[row.rid] = self._first(row, lg)
+                else:
+                    out[row.rid] = self._advance(row, ks[row.rid], drafts[row.rid], lg, draft_ms[row.rid],
+                                                 forward_ms, step_start, len(rows), behind[row.rid])
+            except Exception as e:
+                self._fail(row, e, out)
         return out
 
-    def _choose_k(self, decoding: list[_Row]) -> dict[int, int]:
+    def _draft(self, decoding: list[_Row], ks: dict[int, int], out: dict[int, StreamChunk]
+               ) -> tuple[dict[int, Draft], dict[int, float], dict[int, int]]:
+        """Every decoding row's proposal (:meth:`Drafter.proposal`), with batched drafting: in each round, the rows
+        whose draft model needs a forward of the same multi-sequence draft backend go into one ``forward_batch``
+        (row ``i``'s draft model runs on sequence ``seq_i``), so K draft steps of B rows cost K batched forwards, not
+        B·K. Returns the drafts, each row's draft time in ms (its own work plus an equal share of every forward it
+        was in), and the tokens each row's first forward fed (> 2: a catch-up, not the per-token cost)."""
+        drafts: dict[int, Draft] = {}
+        draft_ms: dict[int, float] = {r.rid: 0.0 for r in decoding}
+        behind: dict[int, int] = {}
+        rows = {r.rid: r for r in decoding}
+        proposals = {}
+        feeds: dict[int, tuple[Backend, int, list[int]]] = {}  # rid -> (parent backend, sequence, tokens)
+
+        def advance(rid: int, logits: torch.Tensor | None = None, error: BaseException | None = None) -> None:
+            t = time.perf_counter()
+            gen = proposals[rid]
+            feeds.pop(rid, None)
+            try:
+                backend, tokens = (gen.throw(error) if error is not None else
+                                   next(gen) if logits is None else gen.send(logits))
+                feeds[rid] = (*_sequence_of(backend), list(tokens))
+                behind.setdefault(rid, len(tokens))
+            except StopIteration as done:
+                drafts[rid] = done.value
+            except Exception as e:
+                self._fail(rows[rid], e, out)
+            draft_ms[rid] += (time.perf_counter() - t) * 1e3
+
+        for row in decoding:
+            k = ks[row.rid]
+            if k > 0 and row.drafter is not None:
+                proposals[row.rid] = row.drafter.proposal(row.ids, k, row.params, row.generator, row.stop_rule)
+                advance(row.rid)
+            else:
+                drafts[row.rid] = empty_draft()
+        while feeds:
+            groups: dict[int, list[int]] = {}
+            for rid, (parent, _, _) in feeds.items():
+                groups.setdefault(id(parent), []).append(rid)
+            for rids in groups.values():
+                parent = feeds[rids[0]][0]
+                t = time.perf_counter()
+                results = _forward_isolated(parent, [BatchRow(feeds[r][1], feeds[r][2], 1) for r in rids])
+                share = (time.perf_counter() - t) * 1e3 / len(rids)
+                for rid, res in zip(rids, results):
+                    draft_ms[rid] += share
+                    if isinstance(res, BaseException):
+                        advance(rid, error=res)
+                    else:
+                        advance(rid, logits=res[-1])
+        return drafts, draft_ms, {rid: behind.get(rid, 0) for rid in draft_ms}
+
+    def _forward(self, running: list[_Row], rows: list[BatchRow],
+                 out: dict[int, StreamChunk]) -> list[torch.Tensor | None]:
+        """The batched target forward; the rows that fail (alone) leave the batch (their logits are None)."""
+        result: list[torch.Tensor | None] = []
+        for row, res in zip(running, _forward_isolated(self.target, rows)):
+            if isinstance(res, BaseException):
+                self._fail(row, res, out)
+                result.append(None)
+            else:
+                result.append(res)
+        return result
+
+    def _fail(self, row: _Row, error: BaseException, out: dict[int, StreamChunk]) -> None:
+        """Take a failed row out of the batch; its chunk carries the error."""
+        self._running.pop(row.rid, None)
+        self._release(row)
+        out[row.rid] = StreamChunk([], "", error=error)
+
+    def _choose_k(self, decoding: list[_Row], out: dict[int, StreamChunk]) -> dict[int, int]:
         ks = {}
         for row in decoding:
             room = min(row.cfg.max_new_tokens - (len(row.ids) - len(row.prompt)),
                        self.target.max_context - len(row.ids))
-            drafter = self._drafter(row.seq)
-            route(drafter, row.controller, row.ids)  # per-step drafter choice (MultiDrafter only), as the engine
-            own = row.controller.next_k() if drafter is not None else 0
+            try:
+                route(row.drafter, row.controller, row.ids)  # per-step drafter choice (MultiDrafter), as the engine
+                own = row.controller.next_k() if row.drafter is not None else 0
+            except Exception as e:
+                self._fail(row, e, out)
+                continue
             ks[row.rid] = max(0, min(own, room - 1))
         estimates = [RowEstimate(ks[r.rid], r.alpha, r.draft_ms if r.draft_ms is not None else 0.0)
-                     for r in decoding]
-        cap = self.pricer.cap(estimates) if decoding else None
+                     for r in decoding if r.rid in ks]
+        cap = self.pricer.cap(estimates) if estimates else None
         self.last_cap = cap
         return {rid: min(k, cap) for rid, k in ks.items()} if cap is not None else ks
 
-    def _drafter(self, seq: int) -> Drafter | None:
-        if seq not in self._drafters:
-            self._drafters[seq] = self._drafter_for(seq) if self._drafter_for is not None else None
-        return self._drafters[seq]
+    def _drafter(self, drafter_for: Callable[[int], Drafter | None] | None, seq: int) -> Drafter | None:
+        if drafter_for is None:
+            return None
+        key = (drafter_for, seq)
+        if key not in self._drafters:
+            self._drafters[key] = drafter_for(seq)
+        return self._drafters[key]
 
     def _first(self, row: _Row, logits: torch.Tensor) -> StreamChunk:
         """The prefill's token: TTFT, then the drafter's prefill."""
@@ -247,7 +381,7 @@ class BatchEngine:
             row.margins += top_margins(logits[-1:])[:len(new)]
         row.ids = row.prompt + new
         row.prefilled = True
-        drafter = self._drafter(row.seq)
+        drafter = row.drafter
         if drafter is not None and finish is None:
             drafter.prefill(row.prompt)
             row.controller.set_synced(cached_prefixes(drafter, row.ids))  # a draft cache kept from a request before
@@ -269,12 +403,12 @@ class BatchEngine:
         step = StepRecord(k=k, drafted=len(draft), accepted=n_accepted, emitted=len(new),
                           context_len=len(row.ids) - len(new), draft_ms=draft_ms, verify_ms=verify_ms,
                           total_ms=(time.perf_counter() - step_start) * 1e3, drafter=draft.source or (
-                              self._drafters[row.seq].name if len(draft) else ""), batch=batch)
+                              row.drafter.name if len(draft) else ""), batch=batch)
         row.stats.record(step)
         row.controller.update(step)
         if len(draft):
             row.alpha = 0.8 * row.alpha + 0.2 * (n_accepted / len(draft))
-        if len(draft) and behind <= 2:
+        if len(draft) and behind <= 2:  # a draft model that sat out (or starts) first feeds what it missed
             per_token = draft_ms / len(draft)
             row.draft_ms = per_token if row.draft_ms is None else 0.8 * row.draft_ms + 0.2 * per_token
         return self._chunk(row, new, finish)
@@ -309,6 +443,10 @@ class BatchEngine:
         results: dict[int, GenerationResult] = {}
         while len(results) < len(rids):
             for rid, chunk in self.step().items():
+                if chunk.error is not None:
+                    for other in rids:
+                        self.cancel(other)
+                    raise chunk.error
                 if chunk.result is not None:
                     results[rid] = chunk.result
         return [results[r] for r in rids]

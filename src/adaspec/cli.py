@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", default=None, help="model name clients use (default: the target's)")
     srv.add_argument("--allow-drafter", action="append", default=[], metavar="MODEL",
                      help="another draft model clients may pick per request (loaded at start; repeatable)")
+    srv.add_argument("--max-batch", type=int, default=1,
+                     help="requests decoding together (continuous batching; each row speculates on its own)")
     srv.add_argument("--max-queue", type=int, default=32, help="requests that may wait; more get 503")
     srv.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request, queue included")
     srv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")

@@ -102,11 +102,12 @@ class GenerationResult:
 @dataclass
 class StreamChunk:
     """One streamed piece: the tokens a step emitted and the text that became final. The last chunk has
-    ``result`` set."""
+    ``result`` set, or (a batched row that failed, :class:`adaspec.batch.BatchEngine`) ``error``."""
 
     token_ids: list[int]
     text: str
     result: GenerationResult | None = field(default=None)
+    error: BaseException | None = field(default=None)
 
 
 class SpeculativeEngine:

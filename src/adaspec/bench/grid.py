@@ -137,8 +137,8 @@ def normalize(config: dict) -> dict:
         raise ConfigError("bench.device = cuda: only the torch backend runs on CUDA here; the GGUF runtimes run on "
                           "the CPU (drop them from bench.backend, or use device auto)")
     for b in cfg["bench"]["batch"]:
-        if b != 1:
-            raise ConfigError(f"batch size {b}: batching does not exist yet, only batch = 1 is measured")
+        if not isinstance(b, int) or not 1 <= b <= 64:
+            raise ConfigError(f"batch size {b!r}: expected an integer in 1..64")
     if cfg["bench"]["max_new_tokens"] < 2:
         raise ConfigError("max_new_tokens must be >= 2 (one token comes from the prefill)")
     if 1 not in cfg["micro"]["verify_tokens"]:

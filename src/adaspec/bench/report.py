@@ -10,6 +10,9 @@ For each hardware setting (target, dtype, threads, backend, batch) in the result
 3. state the boundaries: the minimum α at which speculation pays for each K, the best K per context bucket, the
    context beyond which it stops paying, the memory cost of the draft; and compare them with the published rules
    of thumb.
+
+Settings measured at batch sizes > 1 get the batch section instead (:mod:`adaspec.bench.batchmap`: speedup vs
+batch size, throughput vs latency, the turning point); the cost model above is a batch-1 model.
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ def analyse(rows: list[dict]) -> list[SettingAnalysis]:
             by[_setting(r)][r["kind"]].append(r)
     out = []
     for key, kinds in by.items():
+        if (dict(zip(SETTING_KEYS, key)).get("batch") or 1) > 1:
+            continue  # the batch section (adaspec.bench.batchmap)
         micro = kinds["micro"]
         if not any(r.get("role") == "target" and r.get("measure") == "forward" and r["n"] == 1 for r in micro):
             continue  # no cost model without plain-step micro-measurements
@@ -446,7 +451,8 @@ def _ctx(x: float) -> str:
 
 
 def markdown(analyses: list[SettingAnalysis], figures: dict[str, dict[str, Path]], *, base: Path,
-             commands: list[str], machine: dict | None, title: str, notes: str | None = None) -> str:
+             commands: list[str], machine: dict | None, title: str, notes: str | None = None,
+             batch_sections: list[str] | None = None) -> str:
     """The report (see the module docstring); image links are relative to ``base`` (the report's folder).
     ``notes`` (Markdown written by a person: what the numbers mean across settings) goes after the overview."""
     lines = [f"# {title}", ""]
@@ -464,9 +470,11 @@ def markdown(analyses: list[SettingAnalysis], figures: dict[str, dict[str, Path]
               "interleaved plain runs); end-to-end speedups including the cold prefill of both models are listed "
               "per real drafter. α is the per-position acceptance (accepted / (accepted + rejections), the α of "
               "Leviathan et al.); the engine's accepted/drafted ratio is listed as α_draft.", ""]
-    lines += _overview(analyses)
+    if analyses:
+        lines += _overview(analyses)
     if notes:
         lines += [notes.strip(), ""]
+    lines += batch_sections or []
     for a in analyses:
         f = findings(a)
         figs = figures.get(a.slug, {})
@@ -697,17 +705,26 @@ def make_report(results: list[Path], report: Path, *, img_dir: Path | None = Non
     recorded in the results, then ``map_command``. ``notes``: a Markdown file placed after the overview.
 
     Raises:
-        AdaspecError: when the results hold no setting with micro-measurements, or ``notes`` is not a file.
+        AdaspecError: when the results hold neither a setting with micro-measurements nor a batch axis, or
+            ``notes`` is not a file.
     """
     rows: list[dict] = []
     for path in results:
         rows += read_results(Path(path))
+    from adaspec.bench.batchmap import analyse_batches, batch_markdown, draw_batch_maps
+
     analyses = analyse(rows)
-    if not analyses:
+    families = analyse_batches(rows)
+    if not analyses and not families:
         raise AdaspecError(f"no micro-measurements in {', '.join(map(str, results))}: run `adaspec bench` first")
     report = Path(report)
     img_dir = Path(img_dir) if img_dir else report.parent / "img"
     figures = {a.slug: draw_maps(a, img_dir, prefix) for a in analyses}
+    batch_sections: list[str] = []
+    for fam in families:
+        figs = draw_batch_maps(fam, img_dir, prefix)
+        figures[f"batch-{fam.slug}"] = figs
+        batch_sections += batch_markdown(fam, figs, lambda path: _rel(path, report.parent))
     metas = [r for r in rows if r.get("kind") == "meta"]
     commands = list(commands) if commands else list(dict.fromkeys(" ".join(m["argv"]) for m in metas
                                                                   if m.get("argv")))
@@ -717,7 +734,7 @@ def make_report(results: list[Path], report: Path, *, img_dir: Path | None = Non
     if notes is not None and not Path(notes).is_file():
         raise AdaspecError(f"notes file not found: {notes}")
     md = markdown(analyses, figures, base=report.parent, commands=commands, machine=machine, title=title,
-                  notes=Path(notes).read_text(encoding="utf-8") if notes else None)
+                  notes=Path(notes).read_text(encoding="utf-8") if notes else None, batch_sections=batch_sections)
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(md, encoding="utf-8")
     if html:

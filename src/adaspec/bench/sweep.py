@@ -187,17 +187,19 @@ class _Models:
     backend: PrefixCacheBackend
     drafts: dict[str, object] = field(default_factory=dict)  # spec -> Drafter with a wrapped backend
     draft_bytes: dict[str, dict] = field(default_factory=dict)
+    pricer: object = None  # BatchPricer calibrated for the setting's batch size (batch > 1)
 
 
-def _default_loader(spec: str, dtype: str, *, max_context: int | None = None, device: str = "auto"):
+def _default_loader(spec: str, dtype: str, *, max_context: int | None = None, device: str = "auto",
+                    max_sequences: int = 1):
     """Load ``spec`` (``NAME`` on PyTorch in ``dtype``, or ``NAME@llamacpp`` / ``NAME@ik`` with a KV cache of
-    ``max_context`` tokens: GGUF runtimes allocate it up front)."""
+    ``max_context`` tokens: GGUF runtimes allocate it up front), holding ``max_sequences`` sequences (batch axis)."""
     from adaspec.api import load_model, split_backend
     from adaspec.backends.select import GGUF_RUNTIMES
 
     if split_backend(spec)[1] in GGUF_RUNTIMES:
-        return load_model(spec, max_context=max_context)
-    return load_model(spec, dtype=dtype, device=device)
+        return load_model(spec, max_context=max_context, max_sequences=max_sequences)
+    return load_model(spec, dtype=dtype, device=device, max_sequences=max_sequences)
 
 
 def on_backend(spec: str, setting: Setting) -> str:
@@ -313,12 +315,12 @@ class SweepRunner:
             models: _Models | None = None
             loaded = None
             for setting, pts in by_setting.items():
-                if models is None or loaded != (setting.dtype, setting.backend):
+                if models is None or loaded != (setting.dtype, setting.backend, setting.batch):
                     models = None  # free the previous setting's weights before loading the next
                     gc.collect()
-                    loaded = (setting.dtype, setting.backend)
-                    models = self._load(setting, [p for p in todo if (p.setting.dtype, p.setting.backend) == loaded],
-                                        f)
+                    loaded = (setting.dtype, setting.backend, setting.batch)
+                    models = self._load(setting, [p for p in todo if (p.setting.dtype, p.setting.backend,
+                                                                      p.setting.batch) == loaded], f)
                 from adaspec.api import set_threads
 
                 threads = set_threads(setting.threads)  # 0: all cores
@@ -326,6 +328,8 @@ class SweepRunner:
                     if backend is not None:
                         backend.set_threads(threads)
                 cost = self._micro(setting, models, f, micro_done, rows)
+                if setting.batch > 1:
+                    self._calibrate_batch(setting, models, pts, f)
                 groups: dict[tuple, list[Point]] = {}
                 for p in pts:
                     groups.setdefault(p.group, []).append(p)
@@ -348,9 +352,10 @@ class SweepRunner:
         from adaspec.api import builtin_drafter, make_drafter
         from adaspec.drafters.model import ModelDrafter
 
-        self.log(f"loading {setting.target} ({setting.dtype}, {setting.backend})")
+        self.log(f"loading {setting.target} ({setting.dtype}, {setting.backend}"
+                 + (f", {setting.batch} sequences)" if setting.batch > 1 else ")"))
         before = rss_bytes()
-        target = self.loader(on_backend(setting.target, setting), setting.dtype)
+        target = self._load_model(on_backend(setting.target, setting), setting)
         wrapped = PrefixCacheBackend(target.backend)
         models = _Models(target, wrapped)
         target_rss = rss_bytes() - before
@@ -358,9 +363,9 @@ class SweepRunner:
         for spec in sorted(specs):
             before = rss_bytes()
             if builtin_drafter(spec):
-                drafter = make_drafter(spec, target)
+                drafter = make_drafter(spec, target, max_sequences=setting.batch)
             else:
-                draft = self.loader(on_backend(spec, setting), setting.dtype)
+                draft = self._load_model(on_backend(spec, setting), setting)
                 from adaspec.models import check_tokenizers_compatible
 
                 if hasattr(target.tokenizer, "get_vocab") and hasattr(draft.tokenizer, "get_vocab"):
@@ -384,6 +389,23 @@ class SweepRunner:
                         "target_kv_bytes_per_token": target.backend.kv_bytes_per_token(),
                         "drafts": models.draft_bytes, "rss_bytes": rss_bytes(), "cores": os.cpu_count()})
         return models
+
+    def _load_model(self, spec: str, setting: Setting):
+        if setting.batch == 1:
+            return self.loader(spec, setting.dtype)
+        return self.loader(spec, setting.dtype, max_sequences=setting.batch)
+
+    def _calibrate_batch(self, setting: Setting, models: _Models, pts: list[Point], f) -> None:
+        """The batch pricer's cost curve for ``setting`` (goodput points cap K by it), recorded as a
+        ``batch_curve`` record."""
+        from adaspec.controllers.batch import BatchPricer
+
+        models.backend.drop()
+        models.pricer = BatchPricer(k_max=max(8, max(p.k for p in pts)))
+        self.log(f"batch cost curve: {setting.batch} rows x up to {models.pricer.k_max + 1} tokens")
+        curve = models.pricer.calibrate(models.target.backend, setting.batch)
+        self._write(f, {"kind": "batch_curve", "key": f"bc-{_hash([setting.__dict__, time.time()])}",
+                        **setting.__dict__, "curve": {str(n): ms for n, ms in curve.items()}})
 
     def _micro(self, setting: Setting, models: _Models, f, micro_done: set, rows: list[dict]) -> CostModel:
         """Take (or reuse) the micro-measurements for ``setting`` and fit the cost model.
@@ -438,6 +460,8 @@ class SweepRunner:
 
         first = pts[0]
         setting = first.setting
+        if setting.batch > 1:
+            return self._group_batched(pts, models, cost, f, rows, bar, start)
         tasks = self.tasks()
         builder = self._builder(models)
         prompt = builder.build(tasks[first.prompt_index % len(tasks)], first.context)
@@ -554,6 +578,176 @@ class SweepRunner:
             n_run += 1
             bar.update(1)
         return n_run, 0
+
+
+    def _group_batched(self, pts: list[Point], models: _Models, cost: CostModel, f, rows: list[dict], bar,
+                       start: float) -> tuple[int, int]:
+        """A group at batch size B > 1: B requests (prompts ``prompt_index .. prompt_index + B - 1`` of the workload
+        at the group's context) run together through a :class:`~adaspec.batch.BatchEngine`, plain (K = 0) first,
+        then each point with every row drafting, a plain batch again before every ``plain_every`` points.
+
+        Metrics are the batch's: ``tpot_ms`` is decode time over every row's decoded tokens (the inverse of the
+        batch's decode throughput, so ``speedup`` is a throughput ratio against plain batched decoding at the same
+        B), ``row_tpot_ms`` the mean per-row time per token (what one client sees), ``ttft_ms`` the batch's
+        prefill step. Draft models draft for all rows at once (batched drafting); their prompt prefill happens in
+        the first proposals and is part of the decode time. A calibrated drafter charges its cost per row (rows
+        draft one after another), an upper bound on the draft cost of a batch."""
+        from adaspec.batch import BatchEngine
+        from adaspec.controllers import make_controller
+        from adaspec.drafters.calibrated import CalibratedDrafter
+        from adaspec.engine import GenerationConfig
+
+        first = pts[0]
+        setting = first.setting
+        b = setting.batch
+        tasks = self.tasks()
+        builder = self._builder(models)
+        prompts = [builder.build(tasks[(first.prompt_index + i) % len(tasks)], first.context) for i in range(b)]
+        max_new = int(self.bench["max_new_tokens"])
+        k_max = max(p.k for p in pts)
+        target = models.target.backend
+        if max(map(len, prompts)) + max_new + k_max + 1 > target.max_context:
+            self.log(f"skipping context {first.context}: beyond {setting.target}'s window")
+            bar.update(len(pts))
+            return 0, len(pts)
+        cfg = GenerationConfig(max_new_tokens=max_new, temperature=first.temperature, seed=int(self.bench["seed"]),
+                               ignore_eos=True)
+        tok = _tok(models.target)
+        gkey = _hash([setting.__dict__, first.context, first.prompt_index, first.temperature, self.bench["workload"],
+                      max_new, self.bench["seed"]])
+        plain_index = sum(1 for r in rows if r.get("kind") == "plain" and r.get("group") == gkey)
+        group_info = {"sweep": None, **setting.__dict__, "context": first.context,
+                      "prompt_tokens": round(statistics.fmean(map(len, prompts))),
+                      "prompt_index": first.prompt_index, "temperature": first.temperature,
+                      "workload": self.bench["workload"], "max_new_tokens": max_new, "seed": self.bench["seed"],
+                      "group": gkey}
+        models.backend.drop()  # the micro-measurements' prefix cache is not used by batched runs
+
+        def run_batch(drafters: list | None, controller: str, k: int) -> tuple[list, dict]:
+            fixed = controller == "fixed"
+            engine = BatchEngine(target, max_batch=b, tokenizer=tok,
+                                 pricer=None if fixed or models.pricer is None else models.pricer)
+            for i, p in enumerate(prompts):
+                engine.add(p, cfg, drafter_for=(lambda seq, d=drafters[i]: d) if drafters else None,
+                           controller_factory=(lambda: make_controller(controller, k)) if drafters else None)
+            self.meter.start()
+            t0 = time.perf_counter()
+            results: dict[int, object] = {}
+            prefill_ms = None
+            while engine:
+                for rid, chunk in engine.step().items():
+                    if chunk.error is not None:
+                        raise chunk.error
+                    if chunk.result is not None:
+                        results[rid] = chunk.result
+                if prefill_ms is None:
+                    prefill_ms = (time.perf_counter() - t0) * 1e3
+            wall_ms = (time.perf_counter() - t0) * 1e3
+            reading = self.meter.stop()
+            out = [results[i] for i in sorted(results)]
+            return out, _batch_metrics(out, reading, self.meter, wall_ms, prefill_ms or 0.0)
+
+        def run_plain() -> dict:
+            nonlocal plain_index
+            results, metrics = run_batch(None, "fixed", 0)
+            row = {"kind": "plain", "key": f"g-{gkey}-{plain_index}", **group_info, "cold": True, "drafter": None,
+                   "k": 0, "controller": "fixed", **metrics, "ttft_source": "measured batch prefill",
+                   "ttft_run_ms": metrics["ttft_ms"], "token_ids": [r.token_ids for r in results]}
+            plain_index += 1
+            self._write(f, row)
+            rows.append(row)
+            return row
+
+        bar.set_postfix_str(f"B={b} ctx {first.context} plain", refresh=True)
+        reference = run_plain()
+        since_plain = n_run = 0
+        for p in pts:
+            key = point_key(p, self.bench)
+            if any(r.get("key") == key for r in rows):
+                bar.update(1)
+                continue
+            if self._over_time(start):
+                break
+            if since_plain >= int(self.bench["plain_every"]):
+                run_plain()
+                since_plain = 0
+            cost_ms = None
+            if p.drafter == "calibrated":
+                cost_ms = resolve_cost(p.cost, cost, statistics.fmean(map(len, prompts)) + max_new / 2)
+                drafters = [CalibratedDrafter(ref, p.alpha, cost_ms=cost_ms, seed=int(self.bench["seed"]) + i,
+                                              vocab_size=target.vocab_size)
+                            for i, ref in enumerate(reference["token_ids"])]
+            else:
+                template = models.drafts[p.drafter]
+                if isinstance(getattr(template, "backend", None), PrefixCacheBackend):
+                    template = type(template)(template.backend.inner)
+                drafters = [template.for_sequence(i) for i in range(b)]
+            bar.set_postfix_str(f"B={b} ctx {p.context} {p.drafter}"
+                                f"{'' if p.alpha is None else f' a={p.alpha:g}'} K={p.k} {p.controller}", refresh=True)
+            results, metrics = run_batch(drafters, p.controller, p.k)
+            mem = models.draft_bytes.get(p.drafter, {"param_bytes": 0, "rss_delta_bytes": 0, "kv_bytes_per_token": 0})
+            row = {"kind": "point", "key": key, **group_info, **p.fields(), "group": gkey, "cost_ms": cost_ms,
+                   "alpha_dial": p.alpha, **metrics, "ttft_source": "measured batch prefill", "draft_prefill_ms": 0.0,
+                   "draft_param_bytes": mem["param_bytes"], "draft_rss_delta_bytes": mem["rss_delta_bytes"],
+                   "draft_kv_bytes": mem["kv_bytes_per_token"] * b * (group_info["prompt_tokens"] + max_new),
+                   "plain_key": reference["key"],
+                   "identical_to_plain": ([r.token_ids for r in results] == reference["token_ids"])
+                   if p.temperature == 0 else None,
+                   "token_ids": [r.token_ids for r in results]}
+            apply_baseline(row, [r for r in rows if r.get("kind") == "plain" and r.get("group") == gkey
+                                 and r.get("run") == self.run_id])
+            row["predicted_speedup"] = math.nan  # the cost model is a batch-1 model
+            self._write(f, row)
+            rows.append(row)
+            since_plain += 1
+            n_run += 1
+            bar.update(1)
+        return n_run, 0
+
+
+def _batch_metrics(results: list, reading, meter: Meter, wall_ms: float, prefill_ms: float) -> dict:
+    """Metrics of one batched run (see :meth:`SweepRunner._group_batched`): the batch's decode throughput and
+    per-row latency, acceptance over every row."""
+    steps = [st for r in results for st in r.stats.steps]
+    decode_ms = max(wall_ms - prefill_ms, 1e-9)
+    decoded = sum(max(len(r.token_ids) - 1, 0) for r in results)
+    new_tokens = sum(len(r.token_ids) for r in results)
+    spec = [st for st in steps if st.drafted > 0]
+    draft_tokens = sum(r.stats.draft_tokens for r in results)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    rejections = sum(1 for st in spec if st.accepted < st.drafted)
+    batch_steps = max((len(r.stats.steps) for r in results), default=0)
+    n = max(len(steps), 1)
+    positions = max((len(r.stats.accepted_per_position) for r in results), default=0)
+    return {
+        "new_tokens": new_tokens, "steps": batch_steps, "speculation_steps": len(spec),
+        "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+        "alpha": accepted / draft_tokens if draft_tokens else 0.0,
+        "rejections": rejections, "alpha_l": leviathan_alpha(accepted, rejections),
+        "tau": (accepted + len(spec)) / len(spec) if spec else 1.0,
+        "mean_drafted": draft_tokens / len(spec) if spec else 0.0,
+        "plain_fraction": 1 - len(spec) / n if steps else 1.0,
+        "accepted_per_position": [sum(r.stats.accepted_per_position[i] for r in results
+                                      if i < len(r.stats.accepted_per_position)) for i in range(positions)],
+        "mean_context": statistics.fmean(st.context_len for st in steps) if steps else 0.0,
+        "decode_ms": decode_ms,
+        "tpot_ms": decode_ms / decoded if decoded else 0.0,
+        "row_tpot_ms": statistics.fmean(decode_ms / max(len(r.token_ids) - 1, 1) for r in results),
+        "decode_tokens_per_s": decoded / (decode_ms / 1e3),
+        "batch_tokens_per_s": new_tokens / (wall_ms / 1e3),
+        "step_draft_ms": sum(st.draft_ms for st in steps) / n,
+        "step_verify_ms": sum(st.verify_ms for st in steps) / n,
+        "step_other_ms": sum(st.total_ms - st.draft_ms - st.verify_ms for st in steps) / n,
+        "step_total_ms": decode_ms / max(batch_steps - 1, 1),
+        "ttft_ms": prefill_ms, "prefill_ms_run": prefill_ms, "total_ms": wall_ms,
+        "rss_bytes": rss_bytes(), "peak_rss_bytes": max(r.stats.peak_rss_bytes for r in results),
+        "cpu_s_per_token": reading.cpu_s / max(new_tokens, 1),
+        "energy_j_per_token": reading.energy_j / max(new_tokens, 1) if reading.energy_j is not None else None,
+        "energy_source": meter.energy_source,
+        "k_trace": results[0].stats.k_trace if results else [],
+        "loadavg_1m": _loadavg(),
+        "other_cpu": reading.other_cpu,
+    }
 
 
 def prefill_draft(drafter, prompt: Sequence[int]) -> float:

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from adaspec.errors import ConfigError
 from adaspec.sampling import SamplingParams
 
+if TYPE_CHECKING:
+    from adaspec.backends.base import Backend
+
 DraftStop = Callable[[int, torch.Tensor, int], bool]
+# What a proposal yields for batched drafting: (backend, tokens to feed it); it is sent back the ``[V]`` logits of the
+# last fed position, and returns its Draft (see Drafter.proposal).
+Proposal = Generator[tuple["Backend", list[int]], torch.Tensor, "Draft"]
 """``stop(position, probs, token) -> bool``, asked after each drafted token (position 0 = first draft token):
 ``probs`` is the draft's ``[V]`` float32 distribution at that position (softmax of the raw logits in greedy mode,
 the sampling distribution q otherwise) and ``token`` the id it proposed. True ends the draft after this token."""
@@ -48,6 +56,16 @@ class Drafter(ABC):
     def prefill(self, prompt_ids: list[int]) -> None:
         """Start a new sequence with ``prompt_ids`` (called once per request, before any ``propose``)."""
 
+    def for_sequence(self, seq: int) -> Drafter:
+        """A drafter of the same kind and settings for batch row ``seq`` (:class:`adaspec.batch.BatchEngine`), with
+        state of its own: a draft model runs on sequence ``seq`` of its backend, which must hold that many.
+
+        Raises:
+            ConfigError: this drafter cannot draft for batched rows.
+            ValueError: ``seq`` out of the draft backend's range.
+        """
+        raise ConfigError(f"the {self.name} drafter cannot draft for batched rows")
+
     def cached_prefix(self, ids: list[int]) -> int:
         """How many leading tokens of ``ids`` this drafter already holds (e.g. a draft model's KV cache kept from an
         earlier request sharing that prefix), so a proposal after ``ids`` feeds only the rest. Default: 0."""
@@ -61,3 +79,28 @@ class Drafter(ABC):
         ``ids`` only ever grows by appending within a request, except that tokens this drafter proposed and the
         verifier rejected never appear; drafters with caches reconcile against it.
         """
+
+    def proposal(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
+                 stop: DraftStop | None = None) -> Proposal:
+        """:meth:`propose` as a generator, so a batch can run many rows' draft forwards together
+        (:class:`adaspec.batch.BatchEngine`): it yields ``(backend, tokens)`` for each forward it needs, is sent
+        that forward's last-position ``[V]`` logits (or thrown the forward's error), and returns the
+        :class:`Draft`. A drafter without a model (the default) returns at once; :func:`run_proposal` runs it
+        alone."""
+        return self.propose(ids, k, sampling, generator, stop)
+        yield  # a generator function (never reached)
+
+
+def run_proposal(proposal: Proposal) -> Draft:
+    """Drive a :meth:`Drafter.proposal` alone: each forward it asks for runs on its backend, one at a time."""
+    try:
+        backend, tokens = next(proposal)
+        while True:
+            try:
+                logits = backend.forward(tokens, 1)[-1]
+            except BaseException as e:
+                proposal.throw(e)  # the drafter cleans up and re-raises
+                raise
+            backend, tokens = proposal.send(logits)
+    except StopIteration as done:
+        return done.value

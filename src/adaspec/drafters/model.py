@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
 import torch
 
 from adaspec.backends.base import Backend
-from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
+from adaspec.drafters.base import Draft, Drafter, DraftStop, Proposal, empty_draft, run_proposal
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 
 
@@ -30,6 +32,9 @@ class ModelDrafter(Drafter):
         self.name = backend.name
         self._cached: list[int] = []  # token ids whose KV is in the backend's cache
         self._stable = 0  # prefix length of _cached known to equal the engine's sequence
+
+    def for_sequence(self, seq: int) -> ModelDrafter:
+        return ModelDrafter(self.backend.sequence(seq))
 
     def prefill(self, prompt_ids: list[int]) -> None:
         # Lazy: the first proposal feeds the prompt (chunked) through _sync, so a request that never speculates
@@ -77,10 +82,15 @@ class ModelDrafter(Drafter):
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
         """Forward ``tokens`` through the draft model and record them as cached; returns the last position's ``[V]``
-        logits. If the forward fails, the cache is emptied before the error propagates: the cache is kept across
-        requests, so a half-extended one (an interrupt, out of memory) must not outlive the failure."""
+        logits (see :meth:`_fed`)."""
+        return run_proposal(self._fed(tokens))
+
+    def _fed(self, tokens: list[int]) -> Generator[tuple[Backend, list[int]], torch.Tensor, torch.Tensor]:
+        """Ask for ``tokens`` to be fed (yield), then record them as cached and return the logits sent back. If the
+        forward fails, the cache is emptied before the error propagates: the cache is kept across requests, so a
+        half-extended one (an interrupt, out of memory) must not outlive the failure."""
         try:
-            logits = self.backend.forward(tokens, 1)[-1]
+            logits = yield self.backend, tokens
         except BaseException:
             try:
                 self.forget()
@@ -92,11 +102,15 @@ class ModelDrafter(Drafter):
 
     def propose(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
                 stop: DraftStop | None = None) -> Draft:
+        return run_proposal(self.proposal(ids, k, sampling, generator, stop))
+
+    def proposal(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
+                 stop: DraftStop | None = None) -> Proposal:
         k = min(k, self.backend.max_context - len(ids) + 1)  # the draft model's window may be shorter than the target's
         if k <= 0:
             return empty_draft()
         pending = self._sync(ids)
-        logits = self._feed(pending)
+        logits = yield from self._fed(pending)
         self._stable = len(ids)  # the engine never rewrites ids, so this prefix stays valid
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
@@ -111,5 +125,5 @@ class ModelDrafter(Drafter):
             tokens.append(token)
             if i == k - 1 or (stop is not None and stop(i, q, int(token))):
                 break
-            logits = self._feed([int(token)])
+            logits = yield from self._fed([int(token)])
         return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 import torch
 
-from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
+from adaspec.drafters.base import Draft, Drafter, DraftStop, Proposal, empty_draft, run_proposal
 from adaspec.errors import ConfigError
 from adaspec.sampling import SamplingParams
 
@@ -49,6 +49,10 @@ class MultiDrafter(Drafter):
         self._prefilled: set[str] = set()
         self._selected: str | None = None
         self._routed = False
+
+    def for_sequence(self, seq: int) -> MultiDrafter:
+        return MultiDrafter({name: d.for_sequence(seq) for name, d in self.drafters.items()},
+                            lazy_prefill=self.lazy_prefill)
 
     def prefill(self, prompt_ids: list[int]) -> None:
         self._prompt = list(prompt_ids)
@@ -86,13 +90,17 @@ class MultiDrafter(Drafter):
 
     def propose(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
                 stop: DraftStop | None = None) -> Draft:
+        return run_proposal(self.proposal(ids, k, sampling, generator, stop))
+
+    def proposal(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
+                 stop: DraftStop | None = None) -> Proposal:
         routed, selected = self._routed, self._selected
         self._selected, self._routed = None, False
         if k <= 0:
             return empty_draft()
         names = ([selected] if selected is not None else []) if routed else list(self.drafters)
         for name in names:
-            draft = self._ready(name).propose(ids, k, sampling, generator, stop)
+            draft = yield from self._ready(name).proposal(ids, k, sampling, generator, stop)
             if len(draft):
                 draft.source = name
                 return draft

@@ -35,6 +35,9 @@ class NgramDrafter(Drafter):
         self._index: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
         self._indexed = 0  # continuation positions < _indexed are in the index
 
+    def for_sequence(self, seq: int) -> NgramDrafter:
+        return NgramDrafter(self.max_ngram, self.min_ngram)
+
     def prefill(self, prompt_ids: list[int]) -> None:
         self._index.clear()
         self._indexed = 0

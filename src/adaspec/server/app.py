@@ -5,9 +5,10 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with ``str
 
 Request life: validate (pydantic; 400 with an OpenAI-style body naming the problem) → encode the prompt on the
 encode thread → check it against the context window → take a place in the FIFO queue (503 + Retry-After when
-full) → wait for the model (until the request's deadline: 504) → generate on the generation thread → answer. A
-client that goes away while queued leaves the queue; one that goes away while generating stops the generation
-after the current step, which frees the model for the next request.
+full) → wait for a running slot (until the request's deadline: 504) → generate on the generation thread (alone, or
+as one row of the continuous batch with ``--max-batch`` > 1) → answer. A client that goes away while queued leaves
+the queue; one that goes away while generating stops its generation after the current step, which frees its slot
+for the next request without disturbing the other rows.
 """
 
 from __future__ import annotations
@@ -214,7 +215,9 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig()
     served = config.served_model_name or host.name
     metrics = ServerMetrics(served, namespace=config.metrics_namespace)
-    scheduler = Scheduler(config.max_queue)
+    scheduler = Scheduler(config.max_queue, slots=host.max_batch)
+    if host.batch is not None:
+        host.start_runner(metrics)
     metrics.running.labels(served).set_function(lambda: scheduler.running)
     metrics.waiting.labels(served).set_function(lambda: scheduler.waiting)
     metrics.speculation_state(0 if host.default.plain else host.engine_for(host.default).controller.next_k())
@@ -265,7 +268,7 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
     @app.get("/health", summary="Liveness and queue state (no auth)")
     async def health() -> dict:
         return {"status": "ok", "model": served, "running": scheduler.running, "waiting": scheduler.waiting,
-                "max_queue": scheduler.max_waiting}
+                "max_queue": scheduler.max_waiting, "max_batch": host.max_batch}
 
     def model_card() -> dict:
         return {"id": served, "object": "model", "created": created, "owned_by": "adaspec",
@@ -357,7 +360,7 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             raise APIError(400, str(e)) from None
 
     def retry_after() -> str:
-        per = host.service_s or 10.0
+        per = (host.service_s or 10.0) / scheduler.slots
         return str(max(1, min(3600, math.ceil(per * (scheduler.waiting + 1)))))
 
     async def wait_for_slot(ticket: asyncio.Future, deadline: float) -> None:
@@ -377,6 +380,10 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
         """Start generating; the slot is released when the generation thread finishes."""
         loop = asyncio.get_running_loop()
         job = Job(host, handle, ids, cfg, arrival, deadline, metrics, loop)
+        if host.runner is not None:  # a row of the continuous batch
+            job.on_end = lambda: loop.call_soon_threadsafe(scheduler.release)
+            host.runner.submit(job)
+            return job
         try:
             fut = loop.run_in_executor(host.generate_executor, job.run)
         except BaseException:

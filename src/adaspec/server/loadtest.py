@@ -9,8 +9,14 @@ client concurrencies, with the server's default speculation and with speculation
         -- --threads 2                    # determinism: the same greedy request 20 times, default vs strict
 
 Each configuration sends a fixed number of requests from C client threads (each sends its next request when the
-previous one is answered), all greedy chat completions of short coding prompts with ``max_tokens`` tokens. The
-whole run stops issuing requests after ``--time-limit`` seconds. Stdlib only (no extra dependencies).
+previous one is answered), all greedy streamed chat completions of short coding prompts with ``max_tokens`` tokens;
+TTFT is measured by the client (request sent → first content chunk), and tokens/s is every client's completion
+tokens over the configuration's wall time. The whole run stops issuing requests after ``--time-limit`` seconds.
+Modes: ``speculative`` (the server's default speculation), ``ngram`` (n-gram drafts, goodput controller) and
+``plain`` (speculation off), per request on the same server. Stdlib only (no extra dependencies).
+
+    python -m adaspec.server.loadtest --spawn --concurrency 1,4,16 --requests 4,8,32 --out docs/results/issue12/server.json \
+        --markdown docs/results/issue12/server.md -- --threads 2 --max-batch 16   # continuous batching
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ PROMPTS = [
     "Write a Python function that removes duplicates from a list, keeping order.",
 ]
 
-MODES = {"speculative": None, "plain": {"drafter": "none"}}
+MODES = {"speculative": None, "ngram": {"drafter": "ngram", "controller": "goodput"}, "plain": {"drafter": "none"}}
 
 
 def _check_loopback(url: str) -> None:
@@ -69,6 +75,40 @@ def _request(url: str, path: str, body: dict | None, api_key: str | None, timeou
             return e.code, json.loads(e.read() or b"{}")
         except ValueError:
             return e.code, {}
+
+
+def _stream_chat(url: str, body: dict, api_key: str | None, timeout: float) -> tuple[int, dict, float | None]:
+    """POST a streamed chat completion; returns (status, the final chunk's fields merged with the usage chunk's,
+    seconds to the first content chunk or None)."""
+    req = urllib.request.Request(url + "/v1/chat/completions", method="POST", data=json.dumps(
+        {**body, "stream": True, "stream_options": {"include_usage": True}}).encode())
+    req.add_header("content-type", "application/json")
+    if api_key:
+        req.add_header("authorization", f"Bearer {api_key}")
+    t0 = time.monotonic()
+    ttft, final = None, {}
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for raw in r:
+                line = raw.decode("utf-8").strip()
+                if not line.startswith("data: {"):
+                    continue
+                obj = json.loads(line[6:])
+                if "error" in obj:
+                    return 500, obj, ttft
+                choices = obj.get("choices") or []
+                if ttft is None and choices and choices[0].get("delta", {}).get("content"):
+                    ttft = time.monotonic() - t0
+                if choices and choices[0].get("finish_reason"):
+                    final.update(obj)
+                if obj.get("usage"):
+                    final["usage"] = obj["usage"]
+            return r.status, final, ttft
+    except urllib.error.HTTPError as e:
+        try:
+            return e.code, json.loads(e.read() or b"{}"), None
+        except ValueError:
+            return e.code, {}, None
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -98,10 +138,12 @@ def run_config(url: str, model: str, *, concurrency: int, requests: int, max_tok
                 body["speculation"] = speculation
             t0 = time.monotonic()
             try:
-                status, resp = _request(url, "/v1/chat/completions", body, api_key, timeout)
-            except (OSError, TimeoutError) as e:
-                status, resp = 0, {"error": {"message": str(e)}}
-            rec = {"status": status, "latency_s": time.monotonic() - t0}
+                status, resp, ttft = _stream_chat(url, body, api_key, timeout)
+            except (OSError, TimeoutError, ValueError) as e:
+                status, resp, ttft = 0, {"error": {"message": str(e)}}, None
+            rec = {"status": status, "latency_s": time.monotonic() - t0, "ttft_s": ttft}
+            if status == 200 and "usage" not in resp:
+                status = rec["status"] = 0  # the stream ended without its final chunk
             if status == 200:
                 s = resp.get("speculation", {})
                 rec.update(tokens=resp["usage"]["completion_tokens"], alpha=s.get("acceptance_rate"),
@@ -119,6 +161,7 @@ def run_config(url: str, model: str, *, concurrency: int, requests: int, max_tok
     wall = time.monotonic() - start
     ok = [r for r in records if r["status"] == 200]
     lat = sorted(r["latency_s"] for r in ok)
+    ttft = sorted(r["ttft_s"] for r in ok if r["ttft_s"] is not None)
     spec = [r for r in ok if r.get("draft_tokens")]
     return {
         "concurrency": concurrency,
@@ -132,6 +175,8 @@ def run_config(url: str, model: str, *, concurrency: int, requests: int, max_tok
         "mean_tokens": round(statistics.fmean(r["tokens"] for r in ok), 1) if ok else None,
         "latency_p50_s": round(_pct(lat, 50), 2) if lat else None,
         "latency_p95_s": round(_pct(lat, 95), 2) if lat else None,
+        "ttft_p50_s": round(_pct(ttft, 50), 3) if ttft else None,
+        "ttft_p95_s": round(_pct(ttft, 95), 3) if ttft else None,
         "mean_queue_s": round(statistics.fmean(r["queue_ms"] for r in ok) / 1e3, 2) if ok else None,
         "mean_alpha": round(statistics.fmean(r["alpha"] for r in spec), 3) if spec else None,
         "mean_tau": round(statistics.fmean(r["tau"] for r in spec), 3) if spec else None,
@@ -192,8 +237,8 @@ def markdown(result: dict) -> str:
     lines = [f"Model: `{result['model']}`; default speculation: `{json.dumps(default)}`; "
              f"{result['max_tokens']} tokens per request (greedy chat completions of short coding prompts); "
              f"{result['machine']}.", "",
-             "| mode | clients | requests | ok | req/s | tokens/s | p50 latency (s) | p95 latency (s) | mean queue (s) "
-             "| α | τ | speedup est. |",
+             "| mode | clients | requests | ok | req/s | tokens/s | p50 latency (s) | p95 latency (s) "
+             "| p50 TTFT (s) | mean queue (s) | α | τ |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["runs"]:
         def f(x, spec=""):
@@ -201,8 +246,8 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['mode']} | {r['concurrency']} | {r['requests']} | {r['ok']} "
                      f"| {f(r['requests_per_s'], '.3f')} | {f(r['tokens_per_s'], '.2f')} "
                      f"| {f(r['latency_p50_s'], '.2f')} | {f(r['latency_p95_s'], '.2f')} "
-                     f"| {f(r['mean_queue_s'], '.1f')} | {f(r['mean_alpha'], '.2f')} | {f(r['mean_tau'], '.2f')} "
-                     f"| {f(r['mean_speedup_estimate'], '.2f')} |")
+                     f"| {f(r.get('ttft_p50_s'), '.2f')} | {f(r['mean_queue_s'], '.1f')} "
+                     f"| {f(r['mean_alpha'], '.2f')} | {f(r['mean_tau'], '.2f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -238,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key", default=os.environ.get("ADASPEC_API_KEY"))
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts")
     p.add_argument("--requests", default="4,8,16", help="requests per configuration, one per client count")
-    p.add_argument("--modes", default="speculative,plain", help="speculative (server default) and/or plain")
+    p.add_argument("--modes", default="speculative,plain",
+                   help="comma-separated: speculative (server default), ngram, plain")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--time-limit", type=float, default=1800, help="stop issuing requests after this many seconds")
     p.add_argument("--request-timeout", type=float, default=900)

@@ -42,11 +42,17 @@ def serve(args: argparse.Namespace) -> int:
         raise AdaspecError(f"--request-timeout must be > 0, got {args.request_timeout}")
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
     print(f"adaspec: loading {args.target} (drafter {args.draft}, controller {args.controller})...", file=sys.stderr)
+    if args.max_batch < 1:
+        raise AdaspecError(f"--max-batch must be >= 1, got {args.max_batch}")
     host = ModelHost.load(args.target, args.draft, controller=args.controller, k=args.k, dtype=args.dtype,
                           threads=args.threads, extra_drafters=args.allow_drafter, backend=args.backend,
-                          device=args.device)
+                          device=args.device, max_batch=args.max_batch, strict=args.strict)
     if not args.no_warmup:
         host.warmup()
+        if host.batch is not None:
+            curve = host.calibrate_batch()
+            print("adaspec: batch cost curve (ms by tokens in one forward): "
+                  + ", ".join(f"{n}: {ms:.0f}" for n, ms in curve.items()), file=sys.stderr)
     config = ServerConfig(served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
                           default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit,
@@ -57,7 +63,7 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(host, config)
     plain = f", plain step {host.plain_ms:.1f} ms" if host.plain_ms else ""
     print(f"adaspec: serving {config.served_model_name or host.name} on http://{args.host}:{args.port}/v1 "
-          f"(auth {'on' if api_key else 'off'}, queue {args.max_queue}{plain})", file=sys.stderr)
+          f"(auth {'on' if api_key else 'off'}, batch {args.max_batch}, queue {args.max_queue}{plain})", file=sys.stderr)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     finally:

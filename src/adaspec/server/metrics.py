@@ -8,7 +8,7 @@ Same meaning as vLLM (``vllm:<name>``):
 =============================================  =========  ==========================================================
 name                                           type       meaning
 =============================================  =========  ==========================================================
-``num_requests_running``                       gauge      requests generating now (0 or 1: one model pair)
+``num_requests_running``                       gauge      requests generating now (0 to ``--max-batch``)
 ``num_requests_waiting``                       gauge      requests queued for the model
 ``prompt_tokens_total``                        counter    prompt tokens prefilled
 ``generation_tokens_total``                    counter    tokens generated
@@ -21,6 +21,8 @@ name                                           type       meaning
 ``spec_decode_num_draft_tokens_total``         counter    draft tokens proposed
 ``spec_decode_num_accepted_tokens_total``      counter    draft tokens accepted
 ``spec_decode_num_accepted_tokens_per_pos``    counter    accepted draft tokens by draft position (0 = first)
+``iteration_tokens_total``                     histogram  tokens in each batched step's target forward (batched
+                                                          server only; vLLM: tokens per engine step)
 =============================================  =========  ==========================================================
 
 adaspec's own:
@@ -36,6 +38,15 @@ adaspec's own:
   what plain decoding of the same tokens would have taken (tokens × measured plain step time);
   ``rate(plain_estimate) / rate(decode)`` is the live speedup estimate;
 * ``spec_decode_speedup_estimate``: that ratio for the last finished request.
+
+Per batch size (``--max-batch`` > 1; label ``batch_size`` = rows in the step's forward), so a dashboard can see how
+speculation fares as the batch grows:
+
+* ``batch_steps_total`` and ``batch_step_seconds_total``: batched steps, and the wall time of their target forwards;
+* ``batch_generation_tokens_total``: tokens the steps emitted (all rows); over ``batch_step_seconds_total`` it is
+  the decode throughput at that batch size;
+* ``batch_draft_tokens_total`` and ``batch_accepted_tokens_total``: draft tokens proposed and accepted in steps of
+  that batch size (their ratio is α by batch size; the batch's K cap shrinks K as the batch grows).
 
 The spec-decode counters carry a ``drafter`` label besides ``model_name``, since requests may choose drafters.
 """
@@ -104,6 +115,18 @@ class ServerMetrics:
             "Estimated plain-decoding time of the same tokens (tokens x measured plain step time).", m, registry=r)
         self.speedup = Gauge(n("spec_decode_speedup_estimate"), "Speedup estimate of the last finished request.",
                              m, registry=r)
+        b = m + ["batch_size"]
+        self.iteration_tokens = Histogram(n("iteration_tokens_total"), "Tokens in each batched step's forward.", m,
+                                          buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048),
+                                          registry=r)
+        self.batch_steps = Counter(n("batch_steps"), "Batched steps by batch size.", b, registry=r)
+        self.batch_seconds = Counter(n("batch_step_seconds"), "Target forward time of batched steps, seconds.", b,
+                                     registry=r)
+        self.batch_tokens = Counter(n("batch_generation_tokens"), "Tokens emitted by batched steps.", b, registry=r)
+        self.batch_draft_tokens = Counter(n("batch_draft_tokens"), "Draft tokens proposed, by batch size.", b,
+                                          registry=r)
+        self.batch_accepted_tokens = Counter(n("batch_accepted_tokens"), "Draft tokens accepted, by batch size.", b,
+                                             registry=r)
         # Children with the model label bound, and zero-initialised series so dashboards see them at once.
         for outcome in OUTCOMES:
             self.requests.labels(model_name, outcome)
@@ -126,10 +149,23 @@ class ServerMetrics:
                 self.accepted_per_pos.labels(*labels, str(pos)).inc()
         else:
             self.plain_steps.labels(*labels).inc()
+        if step.batch > 0:
+            size = str(step.batch)
+            self.batch_draft_tokens.labels(self.model_name, size).inc(step.drafted)
+            self.batch_accepted_tokens.labels(self.model_name, size).inc(step.accepted)
         if previous_k is not None and previous_k > 0 and next_k == 0:
             self.fallbacks.labels(*labels).inc()
         self._m(self.k).set(next_k)
         self._m(self.active).set(1 if next_k > 0 else 0)
+
+    def batch_step(self, rows: int, tokens: int, forward_s: float, emitted: int) -> None:
+        """One batched step: ``rows`` rows, ``tokens`` tokens in the target forward taking ``forward_s`` seconds,
+        ``emitted`` tokens emitted over all rows."""
+        size = str(rows)
+        self._m(self.iteration_tokens).observe(tokens)
+        self.batch_steps.labels(self.model_name, size).inc()
+        self.batch_seconds.labels(self.model_name, size).inc(forward_s)
+        self.batch_tokens.labels(self.model_name, size).inc(emitted)
 
     def speculation_state(self, next_k: int) -> None:
         self._m(self.k).set(next_k)

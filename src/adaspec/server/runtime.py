@@ -2,11 +2,14 @@
 
 * :class:`ModelHost` loads the target once, plus the draft models clients may choose, and keeps one
   :class:`~adaspec.engine.SpeculativeEngine` per speculation setting (drafter, controller, K), all sharing the
-  target's backend. One generation runs at a time, on a dedicated thread; the engines never run concurrently.
-* :class:`Scheduler` is the bounded FIFO queue in front of that thread (event-loop side only).
-* :class:`Job` runs one request's ``engine.stream`` on the generation thread and hands its chunks to the event
-  loop; setting ``job.cancel`` (client gone) or passing the deadline stops it after the current step, which frees
-  the slot.
+  target's backend. With ``max_batch`` 1 one generation runs at a time, on a dedicated thread; the engines never
+  run concurrently. With ``max_batch`` > 1 the target (and every draft model) holds ``max_batch`` sequences and a
+  :class:`BatchRunner` drives one :class:`~adaspec.batch.BatchEngine` (continuous batching): requests join and
+  leave at step boundaries, each with its own drafter and controller.
+* :class:`Scheduler` is the bounded FIFO queue in front of the ``max_batch`` running slots (event-loop side only).
+* :class:`Job` is one request on the generation side: it runs ``engine.stream`` (``max_batch`` 1) or receives its
+  row's chunks from the :class:`BatchRunner`, and hands them to the event loop; setting ``job.cancel`` (client
+  gone) or passing the deadline stops it after the current step, which frees the slot.
 * :class:`ObservedController` wraps an engine's controller to see every step as it happens (live metrics),
   without touching the engine.
 """
@@ -28,10 +31,11 @@ from dataclasses import dataclass, field
 
 from adaspec.api import LoadedModel, SpeculativeLM, builtin_drafter, load_model, make_drafter, set_threads
 from adaspec.backends.select import resolve_device
+from adaspec.batch import BatchEngine
 from adaspec.controllers import CONTROLLERS, Controller, FixedController, make_controller
 from adaspec.defaults import DEFAULT_CONTROLLER
 from adaspec.drafters import Drafter
-from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine
+from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
 from adaspec.errors import AdaspecError, ConfigError
 from adaspec.server.metrics import ServerMetrics
 from adaspec.stats import GenerationStats, StepRecord, compress_trace
@@ -92,6 +96,13 @@ class EngineHandle:
     engine: SpeculativeEngine
     controller: ObservedController
     drafter_label: str  # the drafter's name in metrics ("none" for plain decoding)
+    drafter_for: Callable[[int], Drafter] | None = None  # a batched row's drafter (None: plain decoding)
+
+    def new_controller(self) -> Controller:
+        """A fresh controller of this setting (a batched request's own)."""
+        if self.settings.plain:
+            return FixedController(0)
+        return make_controller(self.settings.controller, self.settings.k)
 
 
 class ModelHost:
@@ -104,11 +115,21 @@ class ModelHost:
         dtype, device: used to build ``layerskip:N`` drafters.
         max_engines: engines kept (least recently used ones are dropped beyond this; the default and plain
             engines are rebuilt on demand like any other).
+        max_batch: requests decoding together (continuous batching, :class:`BatchRunner`); the target and the
+            draft models must hold that many sequences (``max_sequences``). 1: one request at a time.
+
+    Raises:
+        ConfigError: ``max_batch`` above what the target holds.
     """
 
     def __init__(self, target: LoadedModel, default: SpecSettings, model_drafters: dict[str, Drafter] | None = None,
-                 *, max_engines: int = 32) -> None:
+                 *, max_engines: int = 32, max_batch: int = 1) -> None:
         self.target = target
+        self.max_batch = max_batch
+        self.batch: BatchEngine | None = None
+        if max_batch > 1:
+            self.batch = BatchEngine(target.backend, max_batch=max_batch, tokenizer=target.tokenizer)
+        self.runner: BatchRunner | None = None
         self.name = target.name
         self.max_context = target.backend.max_context
         model = getattr(target.backend, "model", None)  # a PyTorch target; None on llama.cpp (no layerskip there)
@@ -134,13 +155,30 @@ class ModelHost:
     @classmethod
     def load(cls, target: str, draft: str | None, *, controller: str = DEFAULT_CONTROLLER, k: int | None = None,
              dtype: str | None = None, device: str = "cpu", threads: int | None = None,
-             extra_drafters: Sequence[str] = (), progress: bool = True, backend: str = "torch") -> ModelHost:
+             extra_drafters: Sequence[str] = (), progress: bool = True, backend: str = "torch",
+             max_batch: int = 1, strict: bool = False) -> ModelHost:
         """Load the target and every model drafter clients may choose (the default one plus ``extra_drafters``) on
-        ``backend``/``device`` (see :func:`adaspec.api.load`; ``adaspec serve`` passes ``auto``)."""
+        ``backend``/``device`` (see :func:`adaspec.api.load`; ``adaspec serve`` passes ``auto``), each holding
+        ``max_batch`` sequences. With ``max_batch`` > 1 the batch runs in ``strict`` mode or not for every request.
+
+        Raises:
+            ConfigError: ``max_batch`` < 1; ``strict`` batching on a runtime whose rows mix (ik_llama.cpp).
+        """
         set_threads(threads)
         make_controller(controller, k)  # validate before loading anything heavy
+        if max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
         device = resolve_device(device)
-        tgt = load_model(target, backend=backend, dtype=dtype, device=device, progress=progress)
+        tgt = load_model(target, backend=backend, dtype=dtype, device=device, progress=progress,
+                         max_sequences=max_batch)
+        if max_batch > 1:
+            if strict and not tgt.backend.rows_independent:
+                raise ConfigError(f"--strict with --max-batch {max_batch}: {tgt.name} changes a row's logits with the "
+                                  "other rows, so strict mode cannot hold in a batch; use --backend llamacpp or "
+                                  "torch, or --max-batch 1")
+            if strict and not tgt.backend.supports_batch_invariance:
+                raise ConfigError(f"strict mode needs a batch-invariant backend; {tgt.name} has none")
+            tgt.backend.batch_invariant = strict
         if tgt.runtime_reason and progress:
             print(f"target runtime: {tgt.runtime_reason}", file=sys.stderr)
         model_drafters: dict[str, Drafter] = {}
@@ -148,10 +186,11 @@ class ModelHost:
         for spec in [draft, *extra_drafters]:
             if builtin_drafter(spec) or spec.lower() in model_drafters:
                 continue
-            drafter = make_drafter(spec, tgt, dtype=dtype, device=device, progress=progress, backend=backend)
+            drafter = make_drafter(spec, tgt, dtype=dtype, device=device, progress=progress, backend=backend,
+                                   max_sequences=max_batch)
             model_drafters[spec.lower()] = drafter
             model_drafters.setdefault(drafter.name.lower(), drafter)
-        host = cls(tgt, SpecSettings(draft, controller, k), model_drafters)
+        host = cls(tgt, SpecSettings(draft, controller, k), model_drafters, max_batch=max_batch)
         host.backend = backend  # where a draft model a client names later is loaded
         return host
 
@@ -204,7 +243,8 @@ class ModelHost:
             if spec in self._model_drafters:
                 self._drafters[spec] = self._model_drafters[spec]
             else:
-                self._drafters[spec] = make_drafter(spec, self.target, progress=False, backend=self.backend)
+                self._drafters[spec] = make_drafter(spec, self.target, progress=False, backend=self.backend,
+                                                    max_sequences=self.max_batch)
         return self._drafters[spec]
 
     def engine_for(self, settings: SpecSettings) -> EngineHandle:
@@ -221,7 +261,8 @@ class ModelHost:
                                        tokenizer=self.tokenizer)
         observed = ObservedController(engine.controller)
         engine.controller = observed
-        handle = EngineHandle(settings, engine, observed, drafter.name if drafter is not None else "none")
+        handle = EngineHandle(settings, engine, observed, drafter.name if drafter is not None else "none",
+                              drafter.for_sequence if drafter is not None else None)
         self._engines[settings] = handle
         while len(self._engines) > self.max_engines:
             self._engines.popitem(last=False)
@@ -259,13 +300,29 @@ class ModelHost:
     def observe_service(self, seconds: float) -> None:
         self.service_s = seconds if self.service_s is None else 0.8 * self.service_s + 0.2 * seconds
 
+    def calibrate_batch(self) -> dict[int, float]:
+        """Measure the target's cost curve for the batch's K cap (:meth:`BatchEngine.calibrate`); ms by tokens."""
+        return self.batch.calibrate() if self.batch is not None else {}
+
+    def start_runner(self, metrics: ServerMetrics) -> BatchRunner:
+        """Start the batch's generation thread (``max_batch`` > 1; once)."""
+        if self.batch is None:
+            raise ConfigError("continuous batching needs max_batch > 1")
+        if self.runner is None:
+            self.runner = BatchRunner(self.batch, metrics)
+        return self.runner
+
     def cancel_current(self) -> None:
         job = self.current
         if job is not None:
             job.cancel.set()
+        if self.runner is not None:
+            self.runner.cancel_all()
 
     def shutdown(self) -> None:
         self.cancel_current()
+        if self.runner is not None:
+            self.runner.stop()
         self.generate_executor.shutdown(wait=False, cancel_futures=True)
         self.encode_executor.shutdown(wait=False, cancel_futures=True)
 
@@ -280,18 +337,21 @@ class QueueFull(Exception):
 
 
 class Scheduler:
-    """One running slot and a bounded FIFO of waiters. Event-loop thread only (no locks needed).
+    """``slots`` running slots and a bounded FIFO of waiters. Event-loop thread only (no locks needed).
 
-    ``reserve()`` returns a future that resolves when the caller holds the slot (at once when idle), or raises
+    ``reserve()`` returns a future that resolves when the caller holds a slot (at once when one is free), or raises
     :class:`QueueFull` when ``max_waiting`` requests already wait. The holder calls ``release()`` exactly once;
-    a waiter that gives up calls ``abandon(ticket)`` (which releases if the slot had just been handed over).
+    a waiter that gives up calls ``abandon(ticket)`` (which releases if a slot had just been handed over).
     """
 
-    def __init__(self, max_waiting: int) -> None:
+    def __init__(self, max_waiting: int, slots: int = 1) -> None:
         if max_waiting < 0:
             raise ConfigError(f"max queue must be >= 0, got {max_waiting}")
+        if slots < 1:
+            raise ConfigError(f"slots must be >= 1, got {slots}")
         self.max_waiting = max_waiting
-        self.busy = False
+        self.slots = slots
+        self.busy = 0  # slots held
         self._waiters: deque[asyncio.Future] = deque()
 
     @property
@@ -300,12 +360,12 @@ class Scheduler:
 
     @property
     def running(self) -> int:
-        return 1 if self.busy else 0
+        return self.busy
 
     def reserve(self) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
-        if not self.busy and not self._waiters:
-            self.busy = True
+        if self.busy < self.slots and not self._waiters:
+            self.busy += 1
             fut.set_result(None)
             return fut
         if len(self._waiters) >= self.max_waiting:
@@ -319,7 +379,7 @@ class Scheduler:
             if not fut.done():
                 fut.set_result(None)  # the slot passes straight to the next waiter
                 return
-        self.busy = False
+        self.busy = max(0, self.busy - 1)
 
     def abandon(self, ticket: asyncio.Future) -> None:
         if ticket.done() and not ticket.cancelled():
@@ -339,8 +399,9 @@ class Scheduler:
 
 @dataclass
 class Job:
-    """One request on the generation thread. Events reach the loop through ``events``: ``("chunk", StreamChunk)``,
-    ``("error", exception)``, then always ``("end", None)``."""
+    """One request on the generation side. Events reach the loop through ``events``: ``("chunk", StreamChunk)``,
+    ``("error", exception)``, then always ``("end", None)``; ``on_end`` (if set) runs after the end event is sent,
+    on the generation thread."""
 
     host: ModelHost
     handle: EngineHandle
@@ -359,6 +420,8 @@ class Job:
     error: BaseException | None = None
     outcome: str | None = None
     fallbacks: int = 0
+    on_end: Callable[[], None] | None = None
+    rid: int | None = None  # the row's request id in the batch (batched mode)
     _prev_k: int | None = None
 
     def _emit(self, kind: str, item) -> None:
@@ -373,55 +436,80 @@ class Job:
             self.fallbacks += 1
         self.metrics.step(step, self.handle.drafter_label, next_k, prev)
         self._prev_k = next_k
-        if step.drafted == 0:
+        if step.drafted == 0 and step.batch <= 1:  # the reference for speedup estimates: a plain step alone
             self.host.observe_plain_step(step.total_ms)
 
-    def run(self) -> None:
-        """The generation thread's body: never raises."""
+    # The pieces of a request's life, shared by run() and the BatchRunner --------------------------------------
+    def begin(self) -> None:
         self.started = time.monotonic()
+        self.metrics.queued(self.started - self.arrival)
+
+    def stopping(self) -> bool:
+        """True (and the outcome set) when the client left or the deadline passed."""
+        if self.cancel.is_set():
+            self.outcome = "cancelled"
+        elif time.monotonic() > self.deadline:
+            self.outcome = "timeout"
+        else:
+            return False
+        return True
+
+    def deliver(self, chunk: StreamChunk) -> None:
+        if self.first_chunk is None:
+            self.first_chunk = time.monotonic()
+            self.metrics.prefilled(len(self.prompt_ids))
+        if chunk.result is not None:
+            self.result = chunk.result
+            self.outcome = chunk.result.finish_reason
+        self._emit("chunk", chunk)
+
+    def fail(self, error: BaseException) -> None:
+        if isinstance(error, AdaspecError):  # e.g. ConfigError / ContextLengthError that slipped past validation
+            self.error, self.outcome = error, "invalid"
+        else:  # a bug: report it, keep serving
+            log.error("generation failed", exc_info=error)
+            self.error, self.outcome = error, "error"
+        self._emit("error", error)
+
+    def end(self) -> None:
+        self.finished = time.monotonic()
+        try:
+            self._record()
+        except Exception:  # metrics must never break the server
+            log.exception("recording metrics failed")
+        self._emit("end", None)
+        if self.on_end is not None:
+            self.on_end()
+
+    def run(self) -> None:
+        """The generation thread's body (one request at a time): never raises."""
+        self.begin()
         self.host.current = self
         self.handle.controller.listener = self._on_step
-        self.metrics.queued(self.started - self.arrival)
         try:
             self.metrics.speculation_state(self.handle.controller.next_k() if not self.handle.settings.plain else 0)
             gen = self.handle.engine.stream(self.prompt_ids, self.config)
             try:
-                while True:
-                    if self.cancel.is_set():
-                        self.outcome = "cancelled"
-                        break
-                    if time.monotonic() > self.deadline:
-                        self.outcome = "timeout"
-                        break
+                while not self.stopping():
                     try:
                         chunk = next(gen)
                     except StopIteration:
                         break
-                    if self.first_chunk is None:
-                        self.first_chunk = time.monotonic()
-                        self.metrics.prefilled(len(self.prompt_ids))
-                    if chunk.result is not None:
-                        self.result = chunk.result
-                        self.outcome = chunk.result.finish_reason
-                    self._emit("chunk", chunk)
+                    self.deliver(chunk)
             finally:
                 gen.close()
-        except AdaspecError as e:  # e.g. ConfigError / ContextLengthError that slipped past validation
-            self.error, self.outcome = e, "invalid"
-            self._emit("error", e)
-        except Exception as e:  # a bug: report it, keep serving
-            log.exception("generation failed")
-            self.error, self.outcome = e, "error"
-            self._emit("error", e)
+        except Exception as e:
+            self.fail(e)
         finally:
             self.handle.controller.listener = None
-            self.finished = time.monotonic()
             self.host.current = None
-            try:
-                self._record()
-            except Exception:  # metrics must never break the server
-                log.exception("recording metrics failed")
-            self._emit("end", None)
+            self.end()
+
+    def observed_controller(self) -> ObservedController:
+        """A fresh controller of this request's setting that reports each step to this job (batched mode)."""
+        observed = ObservedController(self.handle.new_controller())
+        observed.listener = self._on_step
+        return observed
 
     def _record(self) -> None:
         m = self.metrics
@@ -453,6 +541,109 @@ class Job:
         return speculation_summary(self.handle.settings, self.handle.drafter_label, self.result.stats,
                                    queue_ms=self.queue_s * 1e3, plain_ms=self.host.plain_ms,
                                    fallbacks=self.fallbacks)
+
+
+class BatchRunner:
+    """The generation thread of a batched server: jobs join the :class:`~adaspec.batch.BatchEngine` at step
+    boundaries, each step's chunks go to their jobs, and a job whose client left (or whose deadline passed) is
+    cancelled before the next step without touching the other rows. A row that fails ends its own job only.
+
+    Thread-safe entry points: :meth:`submit`, :meth:`cancel_all`, :meth:`stop`.
+    """
+
+    def __init__(self, engine: BatchEngine, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self._inbox: deque[Job] = deque()
+        self._jobs: dict[int, Job] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="adaspec-batch", daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> int:
+        return len(self._jobs)
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            self._inbox.append(job)
+        self._wake.set()
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            jobs = list(self._inbox) + list(self._jobs.values())
+        for job in jobs:
+            job.cancel.set()
+        self._wake.set()
+
+    def stop(self) -> None:
+        self.cancel_all()
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            self._admit()
+            self._reap()
+            if self._stopped and not self._jobs:
+                return
+            if not self.engine:
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                out = self.engine.step()
+            except Exception as e:  # a bug outside any one row: end every running request, keep serving
+                log.exception("batch step failed")
+                for rid, job in list(self._jobs.items()):
+                    self.engine.cancel(rid)
+                    self._finish(rid, error=e)
+                continue
+            if self.engine.last_rows:
+                self.metrics.batch_step(self.engine.last_rows, self.engine.last_tokens,
+                                        self.engine.last_forward_ms / 1e3,
+                                        sum(len(c.token_ids) for c in out.values()))
+            for rid, chunk in out.items():
+                job = self._jobs.get(rid)
+                if job is None:
+                    continue
+                if chunk.error is not None:
+                    self._finish(rid, error=chunk.error)
+                    continue
+                job.deliver(chunk)
+                if chunk.result is not None:
+                    self._finish(rid)
+
+    def _admit(self) -> None:
+        with self._lock:
+            jobs, self._inbox = list(self._inbox), deque()
+        for job in jobs:
+            job.begin()
+            try:
+                job.rid = self.engine.add(job.prompt_ids, job.config, drafter_for=job.handle.drafter_for,
+                                          controller_factory=job.observed_controller)
+            except Exception as e:  # refused (e.g. strict asked of a non-strict batch): this job only
+                job.fail(e)
+                job.end()
+                continue
+            self._jobs[job.rid] = job
+
+    def _reap(self) -> None:
+        for rid, job in list(self._jobs.items()):
+            if job.stopping():
+                self.engine.cancel(rid)
+                self._finish(rid, outcome=job.outcome)
+
+    def _finish(self, rid: int, *, error: BaseException | None = None, outcome: str | None = None) -> None:
+        job = self._jobs.pop(rid)
+        if error is not None:
+            job.fail(error)
+        elif outcome is not None:
+            job.outcome = outcome
+        job.end()
 
 
 def speculation_summary(settings: SpecSettings, drafter_label: str, s: GenerationStats, *, queue_ms: float,

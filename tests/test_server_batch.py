@@ -1,0 +1,218 @@
+"""``adaspec serve --max-batch N``: continuous batching over live servers on loopback (issue 12).
+
+A tiny random-weight Llama in fp32 (its own draft model) from :mod:`test_server`: batched rows run on their own
+PyTorch caches, so every answer must equal the unbatched server's, whatever else is in the batch. Also: a client
+that disconnects frees its row while the others go on, a failing row fails only its own request, a full queue
+answers 503 + Retry-After, and the per-batch-size metrics count what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+
+import httpx  # noqa: E402
+from test_server import PROMPT, build_tiny_model, health, live, make_host, scrape, value, wait_until  # noqa: E402
+
+from adaspec.drafters.ngram import NgramDrafter  # noqa: E402
+from adaspec.server.runtime import ModelHost  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny-llama-batch")))
+
+
+@pytest.fixture(scope="module")
+def single(tiny) -> ModelHost:
+    h = make_host(tiny)
+    yield h
+    h.shutdown()
+
+
+@pytest.fixture(scope="module")
+def batched(tiny) -> ModelHost:
+    h = ModelHost.load(tiny, tiny, controller="fixed", k=4, dtype="float32", threads=1, progress=False, max_batch=4)
+    h.warmup(steps=2)
+    h.calibrate_batch()
+    yield h
+    h.shutdown()
+
+
+REQUESTS = [  # (prompt, speculation, stream)
+    (f"{i} {PROMPT}", spec, i % 2 == 1)
+    for i, spec in enumerate([None, {"drafter": "none"}, {"drafter": "ngram", "controller": "fixed", "k": 3},
+                              {"controller": "goodput"}, None, {"drafter": "ngram"}, {"controller": "fixed", "k": 2},
+                              {"drafter": "none"}])
+]
+
+
+async def _ask(http: httpx.AsyncClient, prompt: str, spec: dict | None, stream: bool, max_tokens: int = 12,
+               **extra) -> tuple[int, str]:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **extra}
+    if spec is not None:
+        body["speculation"] = spec
+    if not stream:
+        r = await http.post("/v1/completions", json=body)
+        return r.status_code, (r.json()["choices"][0]["text"] if r.status_code == 200 else r.text)
+    text = ""
+    async with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                obj = json.loads(line[6:])
+                if "error" in obj:
+                    return 500, json.dumps(obj)
+                text += obj["choices"][0]["text"]
+    return r.status_code, text
+
+
+def _all(url: str, requests) -> list[tuple[int, str]]:
+    async def run():
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=32)) as http:
+            return await asyncio.gather(*(_ask(http, *r) for r in requests))
+
+    return asyncio.run(run())
+
+
+def test_batched_answers_equal_unbatched_answers_and_metrics_count_the_batch(single, batched):
+    with live(single, max_queue=64) as srv:
+        want = _all(srv.url, REQUESTS)
+    with live(batched, max_queue=64) as srv:
+        before = scrape(srv.url)
+        got = _all(srv.url, REQUESTS)
+        after = scrape(srv.url)
+        assert health(srv.url)["max_batch"] == 4
+        wait_until(lambda: health(srv.url)["running"] == 0, what="every row to leave")
+    assert all(code == 200 for code, _ in want) and got == want
+
+    def delta(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    sizes = {int(dict(lab)["batch_size"]) for (n, lab), v in after.items()
+             if n == "adaspec:batch_steps_total" and v > value(before, n, **dict(lab))}
+    assert max(sizes) >= 2 and sizes <= {1, 2, 3, 4}  # rows really decoded together, never more than 4
+    emitted = sum(delta("adaspec:batch_generation_tokens_total", batch_size=b) for b in sizes)
+    assert emitted == delta("adaspec:generation_tokens_total") == 8 * 12
+    assert delta("adaspec:iteration_tokens_total_count") == sum(
+        delta("adaspec:batch_steps_total", batch_size=b) for b in sizes)
+    drafted = sum(delta("adaspec:batch_draft_tokens_total", batch_size=b) for b in sizes)
+    assert drafted == sum(delta("adaspec:spec_decode_num_draft_tokens_total", drafter=d)
+                          for d in {dict(lab).get("drafter") for (n, lab) in after if "drafter" in dict(lab)}) > 0
+    assert delta("adaspec:requests_total", outcome="length") == 8
+
+
+def test_disconnect_frees_one_row_and_the_others_finish(single, batched):
+    with live(single) as srv:
+        want = _all(srv.url, [(PROMPT, None, False, 24)])[0]
+    with live(batched) as srv:
+        before = scrape(srv.url)
+        long = {"prompt": PROMPT, "max_tokens": 1800, "ignore_eos": True, "temperature": 0, "stream": True}
+
+        async def run():
+            async with httpx.AsyncClient(base_url=srv.url, timeout=120) as http:
+                async def leaver():
+                    async with http.stream("POST", "/v1/completions", json=long) as r:
+                        seen = 0
+                        async for line in r.aiter_lines():
+                            seen += line.startswith("data: ")
+                            if seen >= 3:
+                                return  # closes the connection mid-stream
+                stayer = asyncio.ensure_future(_ask(http, PROMPT, None, False, 24))
+                await leaver()
+                return await stayer
+
+        got = asyncio.run(run())
+        wait_until(lambda: health(srv.url)["running"] == 0, what="the rows to be freed")
+        after = scrape(srv.url)
+    assert got == want
+    assert value(after, "adaspec:requests_total", outcome="cancelled") - value(
+        before, "adaspec:requests_total", outcome="cancelled") == 1
+
+
+class _Exploding(NgramDrafter):
+    """Raises on its third proposal (a bug in one request's drafter)."""
+
+    name = "boom"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def for_sequence(self, seq: int) -> _Exploding:
+        return _Exploding()
+
+    def propose(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("drafter exploded")
+        return super().propose(*args, **kwargs)
+
+
+def test_a_failing_row_fails_only_its_request(single, batched):
+    batched._model_drafters["boom"] = _Exploding()
+    try:
+        reqs = [(f"{i} {PROMPT}", {"drafter": "ngram", "controller": "fixed", "k": 3}, False, 16) for i in range(3)]
+        with live(single) as srv:
+            want = _all(srv.url, reqs)
+        with live(batched) as srv:
+            got = _all(srv.url, [reqs[0], (reqs[1][0], {"drafter": "boom", "controller": "fixed", "k": 3}, False, 16),
+                                 reqs[2], (reqs[1][0], {"drafter": "boom", "controller": "fixed", "k": 3}, True, 16)])
+            snap = scrape(srv.url)
+            wait_until(lambda: health(srv.url)["running"] == 0, what="the rows to be freed")
+    finally:
+        del batched._model_drafters["boom"]
+    assert [got[0], got[2]] == [want[0], want[2]]
+    assert got[1][0] == 500 and "RuntimeError" in got[1][1]
+    assert got[3][0] == 500 and "server_error" in got[3][1]  # the streamed error event
+    assert value(snap, "adaspec:requests_total", outcome="error") >= 2
+
+
+def test_batched_queue_overflow_answers_503_and_strict_mismatch_400(batched):
+    with live(batched, max_queue=1) as srv:
+        reqs = [(f"{i} {PROMPT}", {"drafter": "none"}, False, 200) for i in range(8)]
+        got = _all(srv.url, reqs)
+        codes = sorted(c for c, _ in got)
+        assert set(codes) <= {200, 503} and codes.count(200) >= 5 and codes.count(503) >= 1, codes
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "strict": True},
+                       timeout=60)
+        assert r.status_code == 400 and "strict" in r.json()["error"]["message"]
+        assert health(srv.url)["running"] == 0
+    r = None
+    with live(batched, max_queue=0) as srv:
+        async def run():
+            async with httpx.AsyncClient(base_url=srv.url, timeout=120) as http:
+                return await asyncio.gather(*(http.post("/v1/completions", json={
+                    "prompt": f"{i} {PROMPT}", "max_tokens": 200, "ignore_eos": True,
+                    "speculation": {"drafter": "none"}}) for i in range(6)))
+
+        responses = asyncio.run(run())
+        busy = [r for r in responses if r.status_code == 503]
+        assert len(busy) == 2 and all(int(r.headers["retry-after"]) >= 1 for r in busy)
+        assert all(r.json()["error"]["code"] == "queue_full" for r in busy)
+
+
+def test_loadtest_against_the_batched_server(batched):
+    import time
+
+    from adaspec.server.loadtest import markdown, run_config
+
+    with live(batched, max_queue=16) as srv:
+        model = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        runs = []
+        for mode, spec in (("ngram", {"drafter": "ngram", "controller": "goodput"}), ("plain", {"drafter": "none"})):
+            r = run_config(srv.url, model, concurrency=4, requests=6, max_tokens=8, speculation=spec, api_key=None,
+                           deadline=time.monotonic() + 120, timeout=60)
+            runs.append({**r, "mode": mode})
+    for r in runs:
+        assert r["ok"] == 6 and r["errors"] == {}
+        assert all(rec["tokens"] >= 1 and 0 < rec["ttft_s"] <= rec["latency_s"] for rec in r["records"])
+        assert r["ttft_p50_s"] is not None and r["tokens_per_s"] > 0
+    assert runs[0]["mean_alpha"] is not None and runs[1]["mean_alpha"] is None
+    table = markdown({"model": "m", "speculation_default": {}, "max_tokens": 8, "machine": "x", "runs": runs})
+    assert "| ngram | 4 | 6 | 6 |" in table and "| plain | 4 | 6 | 6 |" in table
