@@ -421,3 +421,11 @@ def test_batch_axis_measures_batched_runs_against_plain_batches_and_maps_them(tm
     assert [a.setting["batch"] for a in report["analyses"]] == [1]
     with pytest.raises(ConfigError, match="batch size 0"):
         normalize({"bench": {"batch": [0]}})
+    # fp32 rows never leave the greedy path, so the calibrated points held their dial
+    assert all(p["offpath_positions"] == 0 for p in rows if p["kind"] == "point" and p["batch"] > 1
+               and p["drafter"] == "calibrated")
+    from adaspec.bench.batchmap import off_dial
+
+    assert off_dial({"drafter": "calibrated", "draft_tokens": 10, "offpath_positions": 3})
+    assert not off_dial({"drafter": "calibrated", "draft_tokens": 10, "offpath_positions": 1})
+    assert not off_dial({"drafter": "ngram", "draft_tokens": 10, "offpath_positions": 9})

@@ -427,7 +427,7 @@ BAD = [
     (C, b"", 400, "needs a JSON object body"),
     (C, {"max_tokens": 4}, 400, "prompt: Field required"),
     (C, {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
-    (C, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    (C, {"prompt": "x", "max_tokens": 0}, 400, "only allowed with echo"),
     (C, {"prompt": "x", "max_tokens": 10**12}, 400, "max_tokens"),
     (C, {"prompt": "x", "max_tokens": CONTEXT + 1}, 400, "max_tokens"),
     (C, {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
@@ -439,8 +439,15 @@ BAD = [
     (C, {"prompt": "x", "stop": ["a"] * 17}, 400, "stop"),
     (C, {"prompt": "x", "seed": 2**70}, 400, "seed"),
     (C, {"prompt": "x", "n": 2}, 400, "n=2 is not supported"),
-    (C, {"prompt": "x", "logprobs": 3}, 400, "logprobs is not supported"),
-    (C, {"prompt": "x", "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    (C, {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    (C, {"prompt": "x", "frequency_penalty": 2.5}, 400, "frequency_penalty"),
+    (C, {"prompt": "x", "presence_penalty": -2.1}, 400, "presence_penalty"),
+    (C, {"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    (C, {"prompt": "x", "min_p": 1.5}, 400, "min_p"),
+    (C, {"prompt": "x", "logit_bias": {"5": 101}}, 400, "outside [-100, 100]"),
+    (C, {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "token ids"),
+    (C, {"prompt": "x", "logit_bias": {"999999": 1}}, 400, "out of range"),
+    (C, {"prompt": "x", "max_tokens": 0, "echo": False}, 400, "echo"),
     (C, {"prompt": "x", "unknown_field": 1}, 400, "unknown_field"),
     (C, {"prompt": "x", "model": "gpt-4o"}, 404, "does not exist"),
     (C, {"prompt": "x", "model": 7}, 400, "model"),
@@ -460,6 +467,8 @@ BAD = [
      "messages"),
     (CC, {"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context length"),
     (CC, {"messages": MSG, "n": 3}, 400, "n=3"),
+    (CC, {"messages": MSG, "top_logprobs": 2}, 400, "needs logprobs"),
+    (CC, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     (CC, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools is not supported"),
     (CC, {"messages": MSG, "max_tokens": 5, "max_completion_tokens": 6}, 400, "disagree"),
     (CC, {"messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
@@ -676,3 +685,104 @@ def test_loadtest_repeat_counts_changed_answers(server):
     assert [p["answers"] for p in r["per_prompt"]] == [3, 3]
     table = markdown({"model": "m", "max_tokens": 8, "machine": "x", "repeat": [r]})
     assert "| strict | 2 × 3 | 0/4 (0.0%) | 0/2 | 0 |" in table
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Sampling controls and logprobs (issue 13)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _engine_result(host: ModelHost, ids: list[int], **cfg):
+    from adaspec.engine import GenerationConfig, SpeculativeEngine
+
+    engine = SpeculativeEngine(host.target.backend, None, None, tokenizer=host.tokenizer)
+    return engine.generate(ids, GenerationConfig(**cfg))
+
+
+def test_logprobs_from_both_routes_with_the_openai_client(server, host):
+    client = server.client()
+    r = client.completions.create(model=None, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    ids = host.encode_text(PROMPT)
+    want = _engine_result(host, ids, max_new_tokens=8, ignore_eos=True, logprobs=2)
+    assert len(lp.tokens) == len(lp.token_logprobs) == 8 == r.usage.completion_tokens
+    assert lp.token_logprobs == pytest.approx([t.logprob for t in want.logprobs], abs=1e-4)
+    assert all(1 <= len(top) <= 2 and max(top.values()) <= 0 for top in lp.top_logprobs)  # (pieces may collide)
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)]
+    c = client.chat.completions.create(model=None, messages=[{"role": "user", "content": PROMPT}], max_tokens=6,
+                                       temperature=0, logprobs=True, top_logprobs=3)
+    content = c.choices[0].logprobs.content
+    assert len(content) == 6 and all(len(e.top_logprobs) == 3 for e in content)
+    assert all(e.top_logprobs[0].logprob >= e.logprob for e in content)  # greedy: the top one is chosen
+    assert all(e.token == e.top_logprobs[0].token for e in content)
+    # streamed: the same logprobs, chunk by chunk
+    streamed = []
+    for ch in client.chat.completions.create(model=None, messages=[{"role": "user", "content": PROMPT}],
+                                             max_tokens=6, temperature=0, logprobs=True, top_logprobs=3,
+                                             stream=True):
+        if ch.choices and ch.choices[0].logprobs is not None:
+            streamed += ch.choices[0].logprobs.content
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-6)
+
+
+def test_echo_logprobs_score_the_prompt(server, host):
+    """A log-likelihood request (as evaluation harnesses send): echo + logprobs + max_tokens 0."""
+    text = "def add(a, b): return a + b"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": text, "max_tokens": 0, "echo": True,
+                                                          "logprobs": 1, "temperature": 0}, timeout=60).json()
+    choice = r["choices"][0]
+    ids = host.encode_text(text)
+    assert choice["text"] == text and r["usage"]["completion_tokens"] == 0
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(ids) and lp["token_logprobs"][0] is None
+    want = _engine_result(host, ids, max_new_tokens=1, prompt_logprobs=1)
+    assert lp["token_logprobs"][1:] == pytest.approx([t.logprob for t in want.prompt_logprobs[1:]], abs=1e-4)
+    # with max_tokens 2: the prompt's logprobs, then the completion's
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": text, "max_tokens": 2, "echo": True,
+                                                          "logprobs": 0, "temperature": 0,
+                                                          "ignore_eos": True}, timeout=60).json()
+    lp = r["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(ids) + 2 and r["choices"][0]["text"].startswith(text)
+    # streamed echo: the prompt (with its logprobs) first
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60, json={
+            "prompt": text, "max_tokens": 2, "echo": True, "logprobs": 0, "temperature": 0, "ignore_eos": True,
+            "stream": True}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert chunks[0]["choices"][0]["text"] == text
+    assert chunks[0]["choices"][0]["logprobs"]["token_logprobs"][1:] == pytest.approx(lp["token_logprobs"][1:len(ids)],
+                                                                                      abs=1e-6)
+
+
+def test_penalties_and_bias_change_the_output_as_the_engine_does(server, host):
+    body = {"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    plain = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    ids = host.encode_text(PROMPT)
+    controls = dict(frequency_penalty=1.5, presence_penalty=0.5, repetition_penalty=1.2)
+    for spec in ({"drafter": "none"}, {"controller": "fixed", "k": 3}):
+        r = httpx.post(server.url + "/v1/completions", json={**body, **controls, "speculation": spec},
+                       timeout=60).json()
+        want = _engine_result(host, ids, max_new_tokens=16, ignore_eos=True, **controls)
+        assert r["choices"][0]["text"] == want.text != plain["choices"][0]["text"]
+    banned = _engine_result(host, ids, max_new_tokens=16, ignore_eos=True).token_ids[0]
+    r = httpx.post(server.url + "/v1/completions", json={**body, "logit_bias": {str(banned): -100}},
+                   timeout=60).json()
+    want = _engine_result(host, ids, max_new_tokens=16, ignore_eos=True, logit_bias={banned: -100})
+    assert r["choices"][0]["text"] == want.text and banned not in want.token_ids
+
+
+def test_cli_generate_takes_the_controls_and_prints_logprobs(server, tiny, capsys):
+    capsys.readouterr()
+    args = ["generate", PROMPT, "--target", tiny, "--draft", tiny, "--dtype", "float32", "--threads", "1",
+            "--max-new-tokens", "8", "--json", "--no-chat", "--frequency-penalty", "1.5", "--logit-bias", "5:-100",
+            "--logprobs", "2"]
+    assert cli_main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+                                                          "frequency_penalty": 1.5, "logit_bias": {"5": -100}},
+                   timeout=60).json()
+    assert out["text"] == r["choices"][0]["text"]
+    assert len(out["logprobs"]) == 8 and all(len(t["top"]) == 2 for t in out["logprobs"])
+    assert cli_main(args[:-2] + ["--logit-bias", "five"]) == 2
+    assert "ID:BIAS" in capsys.readouterr().err

@@ -124,10 +124,16 @@ def test_disconnect_frees_one_row_and_the_others_finish(single, batched):
                             if seen >= 3:
                                 return  # closes the connection mid-stream
                 stayer = asyncio.ensure_future(_ask(http, PROMPT, None, False, 24))
+                await asyncio.sleep(0.2)
+                # bad requests while the batch runs: answered 400 before they reach it
+                bad = await http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": -1})
+                huge = await http.post("/v1/completions", json={"prompt": "word " * 3000, "max_tokens": 4})
                 await leaver()
-                return await stayer
+                return await stayer, bad, huge
 
-        got = asyncio.run(run())
+        got, bad, huge = asyncio.run(run())
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+        assert huge.status_code == 400 and huge.json()["error"]["code"] == "context_length_exceeded"
         wait_until(lambda: health(srv.url)["running"] == 0, what="the rows to be freed")
         after = scrape(srv.url)
     assert got == want
@@ -215,4 +221,4 @@ def test_loadtest_against_the_batched_server(batched):
         assert r["ttft_p50_s"] is not None and r["tokens_per_s"] > 0
     assert runs[0]["mean_alpha"] is not None and runs[1]["mean_alpha"] is None
     table = markdown({"model": "m", "speculation_default": {}, "max_tokens": 8, "machine": "x", "runs": runs})
-    assert "| ngram | 4 | 6 | 6 |" in table and "| plain | 4 | 6 | 6 |" in table
+    assert "| ngram | 4 | 0 | 6 | 6 |" in table and "| plain | 4 | 0 | 6 | 6 |" in table

@@ -41,13 +41,18 @@ from adaspec.engine import (
     GenerationConfig,
     GenerationResult,
     StreamChunk,
+    TokenLogprob,
+    check_logit_bias,
     checked_prompt,
+    controlled,
     cut,
     decide,
     default_eos_ids,
     pick_token,
     request_eos,
     request_generator,
+    prompt_logprobs,
+    token_logprobs,
     top_margins,
 )
 from adaspec.errors import ConfigError
@@ -78,6 +83,8 @@ class _Row:
     stop_rule: DraftStop | None = None  # the controller's early-stop rule for drafts, fixed per request
     stats: GenerationStats = field(default_factory=GenerationStats)
     margins: list[float] | None = None
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     start: float = 0.0
     prefilled: bool = False
     alpha: float = 0.6  # acceptance estimate for the batch pricer (EMA)
@@ -174,6 +181,7 @@ class BatchEngine:
         """
         cfg = config or GenerationConfig()
         prompt = checked_prompt(prompt_ids, self.target)
+        check_logit_bias(cfg, self.target)
         if cfg.strict and self.max_batch > 1 and not self.target.rows_independent:
             raise ConfigError(f"strict mode in a batch needs a runtime whose rows do not mix; {self.target.name} "
                               f"({type(self.target).__name__}) changes a row's logits with the other rows: use "
@@ -193,7 +201,7 @@ class BatchEngine:
                    TextStream(self.tokenizer, cfg.stop) if self.tokenizer is not None else None,
                    parse_lossy(cfg.lossy) if cfg.lossy is not None else None, time.perf_counter(),
                    drafter_for, controller_factory, stats=GenerationStats(prompt_tokens=len(prompt)),
-                   margins=[] if cfg.return_margins else None)
+                   margins=[] if cfg.return_margins else None, logprobs=[] if cfg.logprobs is not None else None)
         self._next_id += 1
         self._waiting.append(row)
         return row.rid
@@ -253,7 +261,7 @@ class BatchEngine:
         if not running:
             self.last_rows = self.last_tokens = 0
             return out
-        rows = [BatchRow(r.seq, r.prompt, 1) if not r.prefilled
+        rows = [BatchRow(r.seq, r.prompt, len(r.prompt) if r.cfg.prompt_logprobs is not None else 1) if not r.prefilled
                 else BatchRow(r.seq, [r.ids[-1]] + drafts[r.rid].tokens.tolist(), len(drafts[r.rid]) + 1)
                 for r in running]
         forward_start = time.perf_counter()
@@ -373,24 +381,31 @@ class BatchEngine:
 
     def _first(self, row: _Row, logits: torch.Tensor) -> StreamChunk:
         """The prefill's token: TTFT, then the drafter's prefill."""
-        last = logits[-1]
-        token = pick_token(last, row.params, row.generator)
+        row.prompt_logprobs = prompt_logprobs(logits, row.prompt, row.cfg.prompt_logprobs)
+        last = controlled(logits[-1:], row.cfg.controls, row.prompt, len(row.prompt))
+        token = pick_token(last[0], row.params, row.generator)
         row.stats.ttft_ms = row.stats.prefill_ms = (time.perf_counter() - row.start) * 1e3
         new, finish = cut(row.prompt, [token], row.cfg, row.eos, row.text, 0, self.target.max_context)
         if row.margins is not None:
-            row.margins += top_margins(logits[-1:])[:len(new)]
+            row.margins += top_margins(last)[:len(new)]
+        lp = token_logprobs(last, new, row.cfg.logprobs)
+        if row.logprobs is not None:
+            row.logprobs += lp
         row.ids = row.prompt + new
         row.prefilled = True
         drafter = row.drafter
         if drafter is not None and finish is None:
             drafter.prefill(row.prompt)
             row.controller.set_synced(cached_prefixes(drafter, row.ids))  # a draft cache kept from a request before
-        return self._chunk(row, new, finish)
+        chunk = self._chunk(row, new, finish, lp)
+        chunk.prompt_logprobs = row.prompt_logprobs
+        return chunk
 
     def _advance(self, row: _Row, k: int, draft: Draft, logits: torch.Tensor, draft_ms: float, forward_ms: float,
                  step_start: float, batch: int, behind: int = 0) -> StreamChunk:
         """Verify one row's drafts on its logits, cut its cache back, record the step."""
         t = time.perf_counter()
+        logits = controlled(logits, row.cfg.controls, row.ids, len(row.prompt), draft.tokens)
         n_accepted, token = decide(logits, draft, row.params, row.generator, row.lossy)
         self.target.truncate_seq(row.seq, len(row.ids) + n_accepted)
         generated = len(row.ids) - len(row.prompt)
@@ -398,6 +413,9 @@ class BatchEngine:
                           generated, self.target.max_context)
         if row.margins is not None:
             row.margins += top_margins(logits[:len(new)])
+        lp = token_logprobs(logits[:len(new)], new, row.cfg.logprobs)
+        if row.logprobs is not None:
+            row.logprobs += lp
         row.ids += new
         verify_ms = forward_ms + (time.perf_counter() - t) * 1e3
         step = StepRecord(k=k, drafted=len(draft), accepted=n_accepted, emitted=len(new),
@@ -411,23 +429,28 @@ class BatchEngine:
         if len(draft) and behind <= 2:  # a draft model that sat out (or starts) first feeds what it missed
             per_token = draft_ms / len(draft)
             row.draft_ms = per_token if row.draft_ms is None else 0.8 * row.draft_ms + 0.2 * per_token
-        return self._chunk(row, new, finish)
+        return self._chunk(row, new, finish, lp)
 
-    def _chunk(self, row: _Row, new: list[int], finish: str | None) -> StreamChunk:
+    def _chunk(self, row: _Row, new: list[int], finish: str | None,
+               logprobs: list[TokenLogprob] | None = None) -> StreamChunk:
         if finish is None:  # cut() sets a finish reason at max_new_tokens and at the context window
-            return StreamChunk(new, row.text.delta() if row.text else "")
+            return StreamChunk(new, row.text.delta() if row.text else "", logprobs=logprobs)
         s = row.stats
         s.new_tokens = len(row.ids) - len(row.prompt)
         s.total_ms = (time.perf_counter() - row.start) * 1e3
         s.peak_rss_bytes = peak_rss_bytes()
         tail = row.text.delta(final=True) if row.text else ""
         result = GenerationResult(row.ids[len(row.prompt):], row.text.text if row.text else "", finish or "length",
-                                  s, row.margins)
+                                  s, row.margins, row.logprobs, row.prompt_logprobs)
         del self._running[row.rid]
         self._release(row)
-        return StreamChunk(new, tail, result)
+        return StreamChunk(new, tail, result, logprobs=logprobs)
 
     def _release(self, row: _Row) -> None:
+        try:
+            self.target.truncate_seq(row.seq, 0)  # free its cache now (a shared cache serves the other rows)
+        except Exception:  # a broken runtime: the next request on this row truncates again
+            pass
         self._free.append(row.seq)
         self._free.sort()
 

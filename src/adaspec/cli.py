@@ -49,7 +49,33 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--min-p", type=float, default=0.0, help="min-p sampling (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="Hugging Face repetition penalty (1 = off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI presence penalty, in [-2, 2]")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI frequency penalty, in [-2, 2]")
+    p.add_argument("--logit-bias", action="append", default=[], metavar="ID:BIAS",
+                   help="add BIAS (in [-100, 100]) to token ID's logit (repeatable)")
     _add_strict_arg(p)
+
+
+def _logit_bias(items: list[str]) -> dict[int, float] | None:
+    out = {}
+    for item in items:
+        token, _, bias = item.partition(":")
+        try:
+            out[int(token)] = float(bias)
+        except ValueError:
+            raise AdaspecError(f"--logit-bias expects ID:BIAS (e.g. 42:-100), got {item!r}") from None
+    return out or None
+
+
+def _sampling_kwargs(args: argparse.Namespace) -> dict:
+    """The GenerationConfig fields of _add_sampling_args."""
+    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), strict=args.strict or None,
+                min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                logit_bias=_logit_bias(args.logit_bias))
 
 
 def _add_strict_arg(p: argparse.ArgumentParser) -> None:
@@ -73,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--compare", action="store_true",
                      help="also run plain decoding on the same prompt; print the speedup and output identity")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text and a table")
+    gen.add_argument("--logprobs", type=int, default=None, metavar="N",
+                     help="with --json: each token's log-probability and its N most likely alternatives")
     gen.set_defaults(func=cmd_generate)
 
     cmp = sub.add_parser("compare", help="compare decoding methods on workloads (interleaved, resumable)")
@@ -166,8 +194,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from adaspec.engine import GenerationConfig
 
     prompt = _read_prompt(args)
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                              top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), strict=args.strict or None)
+    config = GenerationConfig(**_sampling_kwargs(args), logprobs=args.logprobs)
     lm = load(args.target, args.draft, controller=args.controller, k=args.k, backend=args.backend,
               device=args.device, dtype=args.dtype, threads=args.threads)
     if lm.target.runtime_reason:
@@ -181,6 +208,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         result = chunk.result or result
     out = {"text": result.text, "finish_reason": result.finish_reason, "stats": result.stats.summary()}
+    if result.logprobs is not None:
+        out["logprobs"] = [{"token_id": t.token_id, "token": lm.tokenizer.decode([t.token_id]),
+                            "logprob": round(t.logprob, 6),
+                            "top": [[i, round(v, 6)] for i, v in t.top]} for t in result.logprobs]
     if args.compare:
         plain_engine = lm.plain()
         plain = plain_engine.generate(prompt_ids, config)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +22,7 @@ from adaspec.controllers.fixed import FixedController
 from adaspec.drafters.base import Draft, Drafter, empty_draft
 from adaspec.drafters.multi import cached_prefixes, route
 from adaspec.errors import ConfigError, ContextLengthError
+from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
 from adaspec.text import TextStream
@@ -48,6 +49,16 @@ class GenerationConfig:
             verification (lossless).
         return_margins: record, per generated token, the target's top-1 minus top-2 logit at the position it was
             chosen (:attr:`GenerationResult.margins`): where two runs diverge, a tiny margin means numerics.
+        repetition_penalty, presence_penalty, frequency_penalty, logit_bias: sequence-dependent logits controls
+            (:class:`~adaspec.processors.LogitsControls`: Hugging Face / OpenAI semantics), applied at every
+            verified position with that position's history, so speculation stays lossless with them.
+        min_p: min-p sampling (:class:`~adaspec.sampling.SamplingParams`).
+        logprobs: return each generated token's log-probability and this many top alternatives (0: the chosen
+            token's only; at most 20) in :attr:`GenerationResult.logprobs`: log-softmax of the target's logits after
+            the controls above, before temperature and top-k/top-p/min-p (vLLM's "processed logits" minus the
+            sampling filters). None = off.
+        prompt_logprobs: the same for every prompt token after the first (the model's own distribution, no
+            controls; OpenAI ``echo`` + ``logprobs``) in :attr:`GenerationResult.prompt_logprobs`. None = off.
     """
 
     max_new_tokens: int = 128
@@ -61,13 +72,25 @@ class GenerationConfig:
     strict: bool | None = None
     lossy: str | None = None
     return_margins: bool = False
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
+    min_p: float = 0.0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # OpenAI and HF accept one stop string as a plain str
             self.stop = (self.stop,)
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        self.sampling  # validates temperature/top_k/top_p
+        self.sampling  # validates temperature/top_k/top_p/min_p
+        self.controls  # validates the penalties and logit_bias
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ConfigError(f"{name} must be in [0, {MAX_LOGPROBS}] (top alternatives per token), got {value}")
         if self.lossy is not None:
             try:
                 parse_lossy(self.lossy)
@@ -76,7 +99,31 @@ class GenerationConfig:
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    @property
+    def controls(self) -> LogitsControls | None:
+        """The request's sequence-dependent logits controls, or None when all are off."""
+        c = LogitsControls(self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
+                           {int(t): float(b) for t, b in (self.logit_bias or {}).items()})
+        return c if c.active else None
+
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class TokenLogprob:
+    """One token's log-probability (natural log) and the most likely alternatives at its position.
+
+    Attributes:
+        token_id: the token. logprob: its log-probability.
+        top: ``[(token id, logprob)]``, most likely first (as many as asked for).
+    """
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -90,6 +137,8 @@ class GenerationResult:
         stats: counters and timings.
         margins: with ``return_margins``, one float per token of ``token_ids``: the target's top-1 minus top-2
             logit where the token was chosen (logit units; None otherwise).
+        logprobs: with ``logprobs``, one :class:`TokenLogprob` per token of ``token_ids`` (None otherwise).
+        prompt_logprobs: with ``prompt_logprobs``, one per prompt token, None for the first (None otherwise).
     """
 
     token_ids: list[int]
@@ -97,6 +146,8 @@ class GenerationResult:
     finish_reason: str
     stats: GenerationStats
     margins: list[float] | None = None
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass
@@ -108,6 +159,8 @@ class StreamChunk:
     text: str
     result: GenerationResult | None = field(default=None)
     error: BaseException | None = field(default=None)
+    logprobs: list[TokenLogprob] | None = field(default=None)  # for token_ids, when the request asks for them
+    prompt_logprobs: list[TokenLogprob | None] | None = field(default=None)  # first chunk only, when asked for
 
 
 class SpeculativeEngine:
@@ -156,6 +209,7 @@ class SpeculativeEngine:
         cfg = config or GenerationConfig()
         params = cfg.sampling
         prompt = checked_prompt(prompt_ids, self.target)
+        check_logit_bias(cfg, self.target)
         eos, generator = request_eos(cfg, self.eos_token_ids), request_generator(cfg)
         if cfg.stop and self.tokenizer is None:
             raise ConfigError("stop strings need a tokenizer (pass tokenizer= to SpeculativeEngine)")
@@ -180,17 +234,24 @@ class SpeculativeEngine:
                 lossy: tuple[str, float] | None) -> Iterator[StreamChunk]:
         """The loop of :meth:`stream`, once the request is validated and the backend's mode is set."""
         margins: list[float] | None = [] if cfg.return_margins else None
+        logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
+        controls = cfg.controls
         start = time.perf_counter()
         self.target.reset()
-        logits = self.target.forward(prompt, 1)
-        first = pick_token(logits[-1], params, generator)
+        logits = self.target.forward(prompt, len(prompt) if cfg.prompt_logprobs is not None else 1)
+        prompt_lp = prompt_logprobs(logits, prompt, cfg.prompt_logprobs)
+        last = controlled(logits[-1:], controls, prompt, len(prompt))
+        first = pick_token(last[0], params, generator)
         self.target.synchronize()
         stats.ttft_ms = stats.prefill_ms = (time.perf_counter() - start) * 1e3
         new, finish = self._accept(prompt, [first], cfg, eos, text, 0)
         if margins is not None:
-            margins += top_margins(logits[-1:])[:len(new)]
+            margins += top_margins(last)[:len(new)]
+        lp = token_logprobs(last, new, cfg.logprobs)
+        if logprobs is not None:
+            logprobs += lp
         ids = prompt + new
-        yield StreamChunk(new, text.delta() if text else "")
+        yield StreamChunk(new, text.delta() if text else "", logprobs=lp, prompt_logprobs=prompt_lp)
         if self.drafter is not None and finish is None:
             t = time.perf_counter()
             self.drafter.prefill(prompt)
@@ -209,7 +270,7 @@ class SpeculativeEngine:
             draft = (self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft())
             draft_end = time.perf_counter()
 
-            n_accepted, token, logits = self._verify(ids, draft, params, generator, lossy)
+            n_accepted, token, logits = self._verify(ids, draft, params, generator, lossy, controls, len(prompt))
             self.target.truncate(len(ids) + n_accepted)
             self.target.synchronize()
             verify_end = time.perf_counter()
@@ -218,6 +279,9 @@ class SpeculativeEngine:
                                        generated)
             if margins is not None:
                 margins += top_margins(logits[:len(new)])
+            lp = token_logprobs(logits[:len(new)], new, cfg.logprobs)
+            if logprobs is not None:
+                logprobs += lp
             ids += new
             step = StepRecord(k=k, drafted=len(draft), accepted=n_accepted, emitted=len(new),
                               context_len=len(ids) - len(new),
@@ -227,7 +291,7 @@ class SpeculativeEngine:
             stats.record(step)
             self.controller.update(step)
             if finish is None:
-                yield StreamChunk(new, text.delta() if text else "")
+                yield StreamChunk(new, text.delta() if text else "", logprobs=lp)
             else:
                 break
 
@@ -235,15 +299,18 @@ class SpeculativeEngine:
         stats.total_ms = (time.perf_counter() - start) * 1e3
         stats.peak_rss_bytes = peak_rss_bytes()
         tail = text.delta(final=True) if text else ""
-        result = GenerationResult(ids[len(prompt):], text.text if text else "", finish or "length", stats, margins)
-        yield StreamChunk(new if stats.steps else [], tail, result)
+        result = GenerationResult(ids[len(prompt):], text.text if text else "", finish or "length", stats, margins,
+                                  logprobs, prompt_lp)
+        yield StreamChunk(new if stats.steps else [], tail, result, logprobs=lp if stats.steps else None)
 
     # Pieces of a step ---------------------------------------------------------------------------------------
     def _verify(self, ids: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator,
-                lossy: tuple[str, float] | None = None) -> tuple[int, int, torch.Tensor]:
+                lossy: tuple[str, float] | None = None, controls: LogitsControls | None = None,
+                prompt_len: int = 0) -> tuple[int, int, torch.Tensor]:
         """One target forward over ``[pending] + draft`` and the accept/reject decision:
-        ``(n_accepted, next token, the target's [K + 1, V] logits)``."""
+        ``(n_accepted, next token, the target's [K + 1, V] logits after the request's controls)``."""
         logits = self.target.forward([ids[-1]] + draft.tokens.tolist(), len(draft) + 1)
+        logits = controlled(logits, controls, ids, prompt_len, draft.tokens)
         return (*decide(logits, draft, params, generator, lossy), logits)
 
     def _accept(self, ids: list[int], new: list[int], cfg: GenerationConfig, eos: tuple[int, ...],
@@ -270,6 +337,38 @@ def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     return int(sample(logits_to_probs(logits, params), generator))
 
 
+def controlled(logits: torch.Tensor, controls: LogitsControls | None, ids: Sequence[int], prompt_len: int,
+               drafts: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's ``[n, V]`` logits after ``ids + drafts[:i]`` (row i) with the request's controls applied
+    (:meth:`LogitsControls.apply`); unchanged when there are none."""
+    return logits if controls is None else controls.apply(logits, ids, prompt_len, drafts)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int | None) -> list[TokenLogprob] | None:
+    """Row i of ``[n, V]`` logits scored ``tokens[i]``: its log-softmax value and the ``top`` best alternatives.
+    None when ``top`` is None (logprobs not asked for)."""
+    if top is None:
+        return None
+    if not tokens:
+        return []
+    lp = logits[:len(tokens)].float().log_softmax(-1)
+    chosen = lp[torch.arange(len(tokens)), torch.tensor(list(tokens), dtype=torch.long)].tolist()
+    out = [TokenLogprob(int(t), float(v)) for t, v in zip(tokens, chosen)]
+    if top > 0:
+        values, index = lp.topk(min(top, lp.shape[-1]), dim=-1)
+        for item, vs, ix in zip(out, values.tolist(), index.tolist()):
+            item.top = [(int(i), float(v)) for i, v in zip(ix, vs)]
+    return out
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], top: int | None) -> list[TokenLogprob | None] | None:
+    """Per prompt token, its log-probability under the model given the tokens before it (None for the first), from
+    the prefill's ``[len(prompt), V]`` logits. None when ``top`` is None."""
+    if top is None:
+        return None
+    return [None] + (token_logprobs(logits[:len(prompt) - 1], list(prompt[1:]), top) or [])
+
+
 def checked_prompt(prompt_ids: Sequence[int], target: Backend) -> list[int]:
     """``prompt_ids`` as a list of int, checked against ``target``'s context window.
 
@@ -285,6 +384,12 @@ def checked_prompt(prompt_ids: Sequence[int], target: Backend) -> list[int]:
             f"the prompt has {len(prompt)} tokens but {target.name}'s context window is "
             f"{target.max_context}; shorten the prompt to at most {target.max_context - 1} tokens")
     return prompt
+
+
+def check_logit_bias(cfg: GenerationConfig, target: Backend) -> None:
+    """Raises ConfigError when ``cfg.logit_bias`` names a token id outside ``target``'s vocabulary."""
+    if cfg.logit_bias:
+        LogitsControls(logit_bias={int(t): float(b) for t, b in cfg.logit_bias.items()}).check_vocab(target.vocab_size)
 
 
 def request_eos(cfg: GenerationConfig, default: tuple[int, ...]) -> tuple[int, ...]:

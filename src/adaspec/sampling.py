@@ -3,8 +3,9 @@
 Pure functions over tensors, no model or cache state. Temperature, top-k and top-p are applied identically to
 the target's and the draft's logits, which speculative sampling needs for its output distribution to equal the
 target's (Leviathan et al. 2023, §2.3: "any sampling method that transforms logits can be applied to both").
-The filters follow Hugging Face ``TopKLogitsWarper`` / ``TopPLogitsWarper`` semantics (the token that crosses the
-top-p mass is kept; at least one token always survives).
+The filters follow Hugging Face ``TopKLogitsWarper`` / ``TopPLogitsWarper`` / ``MinPLogitsWarper`` semantics (the
+token that crosses the top-p mass is kept; min-p keeps tokens with probability >= min_p × the top token's, Nguyen
+et al. 2024; at least one token always survives), applied in that order after the temperature.
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ class SamplingParams:
         temperature: 0 (anything below 1e-5) means greedy (argmax); otherwise logits are divided by it.
         top_k: keep the k most likely tokens (0 = off).
         top_p: keep the smallest set of tokens whose probability mass reaches top_p (1.0 = off).
+        min_p: keep tokens whose probability is at least min_p times the most likely token's (0.0 = off).
 
     Raises:
-        ConfigError: on a negative temperature or top_k, or top_p outside (0, 1].
+        ConfigError: on a negative temperature or top_k, top_p outside (0, 1], or min_p outside [0, 1].
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -43,6 +46,8 @@ class SamplingParams:
             raise ConfigError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
@@ -74,7 +79,12 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         remove_sorted[..., -1] = False  # always keep the most likely token
         remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
         logits = logits.masked_fill(remove, float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1)
+    if params.min_p > 0.0:
+        floor = params.min_p * probs.amax(-1, keepdim=True)
+        probs = probs.masked_fill(probs < floor, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

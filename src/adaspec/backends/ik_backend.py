@@ -92,7 +92,8 @@ class IkLlamaBackend(GgufBackend):
         flash_attn: ik_llama.cpp's flash attention (default False: its CPU kernels assert on some prompt shapes
             without AVX-VNNI, and at the contexts here it gains little).
         max_sequences: sequences batched together (:meth:`forward_batch`); the unified KV cache is allocated for
-            ``max_context`` positions of each.
+            ``max_context`` positions of each, plus slack against fragmentation (half as many again, at most 4096
+            cells, plus one batch).
 
     Logits are float32 ``[num_logits, V]`` CPU tensors. Numerics as for llama.cpp: a row's logits do not depend on
     how tokens are split into batches of >= 2; a one-token batch uses other kernels.
@@ -125,8 +126,10 @@ class IkLlamaBackend(GgufBackend):
         n_ctx_train = int(lib.llama_n_ctx_train(self._model))
         n_ctx = min(max_context or 8192, n_ctx_train)
         cp = lib.llama_context_default_params()
-        # one unified cache: n_ctx positions for each of max_sequences sequences
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx * max_sequences, n_batch, n_batch, max_sequences
+        # one unified cache: n_ctx positions for each of max_sequences sequences, plus slack when several share it:
+        # a batch needs contiguous free cells, and rows rolled back at different lengths leave holes
+        cells = n_ctx * max_sequences + (min(n_ctx * max_sequences // 2, 4096) + n_batch if max_sequences > 1 else 0)
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = cells, n_batch, n_batch, max_sequences
         cp.n_threads = cp.n_threads_batch = threads
         cp.logits_all, cp.embeddings, cp.flash_attn = False, False, flash_attn
         self._ctx = lib.llama_init_from_model(self._model, cp)

@@ -37,6 +37,7 @@ class BatchFamily:
     family: dict
     plains: dict[int, list[dict]] = field(default_factory=dict)  # B -> plain records
     points: dict[int, list[dict]] = field(default_factory=dict)  # B -> speculative records (speedup set)
+    off_dial: list[dict] = field(default_factory=list)  # calibrated points whose rows left the reference path
 
     @property
     def batches(self) -> list[int]:
@@ -84,6 +85,18 @@ class BatchFamily:
         return None
 
 
+OFF_DIAL = 0.2  # a calibrated point with more than this share of its drafts off the reference path
+
+
+def off_dial(p: dict) -> bool:
+    """A calibrated point that did not hold its α dial: more than ``OFF_DIAL`` of its drafted positions came after
+    a row had left the plain batch's greedy path (a runtime whose rows mix, like ik_llama.cpp, changes a row's
+    near-tied argmaxes with the batch's shape), so its measured α is far below the dial."""
+    if p.get("drafter") != "calibrated" or not p.get("draft_tokens"):
+        return False
+    return (p.get("offpath_positions") or 0) / p["draft_tokens"] > OFF_DIAL
+
+
 def config_label(p: dict) -> str:
     if p["drafter"] == "calibrated":
         return f"calibrated α={p['alpha_dial']:g} K={p['k']} {p['controller']}"
@@ -110,6 +123,9 @@ def analyse_batches(rows: list[dict]) -> list[BatchFamily]:
             continue
         plains = groups.get((r.get("group"), r.get("run")))
         if not plains or not r.get("tpot_ms"):
+            continue
+        if off_dial(r):
+            fam.off_dial.append(r)
             continue
         apply_baseline(r, plains)
         if not math.isnan(r["speedup"]):
@@ -192,8 +208,16 @@ def batch_markdown(fam: BatchFamily, figs: dict[str, Path], rel) -> list[str]:
     else:
         lines.append(f"**Turning point:** from B = {turn} no measured configuration beats plain batched decoding "
                      f"(measured B: {measured}).")
-    lines += ["", "Largest B at which each configuration still pays: "
-              + "; ".join(f"{c}: {'never' if b is None else b}" for c, b in sorted(last_paying.items())) + ".", ""]
+    if fam.off_dial:
+        lines += ["", f"Left out: {len(fam.off_dial)} calibrated point(s) whose rows left the plain batch's greedy "
+                  f"path for more than {OFF_DIAL:.0%} of their drafts (their α fell far below the dial: "
+                  + ", ".join(f"B = {p['batch']} α {p['alpha_dial']:g} K = {p['k']}: measured α {p['alpha']:.2f}"
+                              for p in fam.off_dial)
+                  + "). On a runtime whose rows mix (ik_llama.cpp), the batch's shape changes near-tied argmaxes, "
+                  "so the α dial only holds on a row-independent runtime (llama.cpp)."]
+    lines += ["", "Largest B at which each configuration still pays (of the B it was measured at): "
+              + "; ".join(f"{c}: {'never' if b is None else b} (of {', '.join(map(str, configs[c]))})"
+                          for c, b in sorted(last_paying.items())) + ".", ""]
     gains = {b: max(by[b] for by in configs.values() if b in by) for b in fam.batches
              if any(b in by for by in configs.values())}
     shrinking = all(gains[a] >= gains[b] - 0.03 for a, b in zip(sorted(gains), sorted(gains)[1:]))

@@ -591,7 +591,9 @@ class SweepRunner:
         B), ``row_tpot_ms`` the mean per-row time per token (what one client sees), ``ttft_ms`` the batch's
         prefill step. Draft models draft for all rows at once (batched drafting); their prompt prefill happens in
         the first proposals and is part of the decode time. A calibrated drafter charges its cost per row (rows
-        draft one after another), an upper bound on the draft cost of a batch."""
+        draft one after another), an upper bound on the draft cost of a batch; it holds its α only while each row
+        stays on the plain batch's greedy path, so on a runtime whose rows mix (ik_llama.cpp) its points record the
+        positions drafted off that path (``offpath_positions``; the map leaves out points mostly off it)."""
         from adaspec.batch import BatchEngine
         from adaspec.controllers import make_controller
         from adaspec.drafters.calibrated import CalibratedDrafter
@@ -693,6 +695,8 @@ class SweepRunner:
                    "plain_key": reference["key"],
                    "identical_to_plain": ([r.token_ids for r in results] == reference["token_ids"])
                    if p.temperature == 0 else None,
+                   "offpath_positions": sum(getattr(d, "offpath", 0) for d in drafters)
+                   if p.drafter == "calibrated" else None,
                    "token_ids": [r.token_ids for r in results]}
             apply_baseline(row, [r for r in rows if r.get("kind") == "plain" and r.get("group") == gkey
                                  and r.get("run") == self.run_id])

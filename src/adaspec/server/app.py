@@ -14,6 +14,7 @@ for the next request without disturbing the other rows.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hmac
 import json
 import logging
@@ -339,7 +340,7 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
         if body.max_tokens is None:
             max_tokens = max(1, min(config.default_max_tokens, limit, ctx - prompt_len))
         else:
-            max_tokens = body.max_tokens
+            max_tokens = max(1, body.max_tokens)  # 0 (echo: score the prompt) still runs the prefill's token
             if max_tokens > limit:
                 raise APIError(400, f"max_tokens={max_tokens} exceeds this server's limit of {limit}",
                                param="max_tokens")
@@ -351,11 +352,23 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
         seed = body.seed % (1 << 64) if body.seed is not None else None
         # Like vLLM, temperatures this close to 0 mean greedy (dividing logits by them overflows to inf/NaN).
         temperature = body.temperature if body.temperature >= SAMPLING_EPS else 0.0
+        bias = body.token_bias
+        if bias:
+            vocab = host.target.backend.vocab_size
+            bad = [t for t in bias if t >= vocab]
+            if bad:
+                raise APIError(400, f"logit_bias: token id {bad[0]} is out of range: this model's vocabulary has "
+                                    f"{vocab} ids", param="logit_bias")
+        want = body.want_logprobs
         try:
             return GenerationConfig(max_new_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
                                     top_k=max(0, body.top_k), seed=seed, stop=body.stop_list,
                                     ignore_eos=body.ignore_eos,
-                                    strict=body.strict if body.strict is not None else (config.strict or None))
+                                    strict=body.strict if body.strict is not None else (config.strict or None),
+                                    repetition_penalty=body.repetition_penalty,
+                                    presence_penalty=body.presence_penalty,
+                                    frequency_penalty=body.frequency_penalty, logit_bias=bias, min_p=body.min_p,
+                                    logprobs=want, prompt_logprobs=want if body.echo and want is not None else None)
         except ConfigError as e:
             raise APIError(400, str(e)) from None
 
@@ -409,10 +422,49 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             return APIError(400, str(job.error), param="prompt" if isinstance(job.error, ContextLengthError) else None)
         return APIError(500, f"generation failed: {type(job.error).__name__}", type="server_error")
 
-    def usage(job: Job) -> dict:
+    def usage(job: Job, scored: bool = False) -> dict:
         s = job.result.stats
-        return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens,
-                "total_tokens": s.prompt_tokens + s.new_tokens}
+        new = 0 if scored else s.new_tokens
+        return {"prompt_tokens": s.prompt_tokens, "completion_tokens": new, "total_tokens": s.prompt_tokens + new}
+
+    # Log-probabilities (OpenAI's two formats) ---------------------------------------------------------------
+    detok = copy.deepcopy(host.tokenizer)  # event-loop thread only
+
+    def piece(token_id: int) -> str:
+        return detok.decode([token_id])
+
+    def chat_logprobs(items) -> dict | None:
+        if items is None:
+            return None
+
+        def entry(token_id: int, logprob: float) -> dict:
+            text = piece(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        return {"content": [{**entry(t.token_id, t.logprob), "top_logprobs": [entry(i, v) for i, v in t.top]}
+                            for t in items]}
+
+    def completion_logprobs(items, prompt_ids=None, prompt_items=None, offset: int = 0) -> dict | None:
+        if items is None:
+            return None
+        pairs = []
+        if prompt_ids is not None and prompt_items is not None:
+            pairs += list(zip(prompt_ids, prompt_items))
+        pairs += [(t.token_id, t) for t in items]
+        tokens, values, tops, offsets = [], [], [], []
+        for token_id, item in pairs:
+            text = piece(token_id)
+            tokens.append(text)
+            values.append(item.logprob if item is not None else None)
+            tops.append({piece(i): v for i, v in item.top} if item is not None and item.top else None)
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+    async def prompt_text(body, ids: list[int]) -> str:
+        if isinstance(body.prompt, str):
+            return body.prompt
+        return detok.decode(ids)
 
     async def generate(request: Request, body, chat: bool):
         try:
@@ -474,26 +526,37 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
         if job.outcome == "timeout" or job.result is None:
             raise timeout_error()
         result = job.result
+        scored = not chat and body.max_tokens == 0  # echo + max_tokens 0: the prompt only
+        logprobs = result.logprobs if not scored else ([] if result.logprobs is not None else None)
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "logprobs": None, "finish_reason": result.finish_reason}
+                      "logprobs": chat_logprobs(logprobs), "finish_reason": result.finish_reason}
         else:
-            choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+            text = "" if scored else result.text
+            lp = completion_logprobs(logprobs, ids if body.echo else None, result.prompt_logprobs)
+            if body.echo:
+                text = await prompt_text(body, ids) + text
+            choice = {"index": 0, "text": text, "logprobs": lp,
+                      "finish_reason": "length" if scored else result.finish_reason}
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": served, "choices": [choice], "usage": usage(job), "speculation": job.summary()}
+                "model": served, "choices": [choice], "usage": usage(job, scored), "speculation": job.summary()}
 
     def stream_response(request, body, chat, rid, ticket, handle, ids, cfg, arrival, deadline):
         state: dict = {"job": None, "holding": False}
         created_at = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(delta_text: str | None, finish: str | None = None, *, role: bool = False, **extra) -> dict:
+        scored = not chat and body.max_tokens == 0
+        sent = {"chars": 0}  # text offset of the next completion token (completions' logprobs)
+
+        def chunk(delta_text: str | None, finish: str | None = None, *, role: bool = False, logprobs=None,
+                  **extra) -> dict:
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else (
                     {"content": delta_text} if delta_text is not None else {})
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                choice = {"index": 0, "delta": delta, "logprobs": chat_logprobs(logprobs), "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish}
+                choice = {"index": 0, "text": delta_text or "", "logprobs": logprobs, "finish_reason": finish}
             return {"id": rid, "object": obj, "created": created_at, "model": served, "choices": [choice], **extra}
 
         async def events() -> AsyncIterator[str]:
@@ -512,11 +575,24 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             job = state["job"] = start_job(handle, ids, cfg, arrival, deadline)
             if chat:
                 yield _sse(chunk(None, role=True))
+            echo = body.echo  # sent with the first chunk, which carries the prompt's logprobs
             while True:
                 kind, item = await job.events.get()
+                if kind == "chunk" and echo:
+                    echo = False
+                    text = await prompt_text(body, ids)
+                    yield _sse(chunk(text, logprobs=completion_logprobs([], ids, item.prompt_logprobs)
+                                     if cfg.logprobs is not None else None))
+                    sent["chars"] = len(text)
                 if kind == "chunk":
-                    if item.text:
-                        yield _sse(chunk(item.text))
+                    lp = item.logprobs if cfg.logprobs is not None else None
+                    if not scored and (item.text or lp):
+                        if chat:
+                            yield _sse(chunk(item.text, logprobs=lp))
+                        else:
+                            out = completion_logprobs(lp, offset=sent["chars"]) if lp is not None else None
+                            sent["chars"] += len(item.text)
+                            yield _sse(chunk(item.text, logprobs=out))
                 elif kind == "end":
                     break
             if job.error is not None:
@@ -524,10 +600,10 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             elif job.outcome == "timeout" or job.result is None:
                 yield _sse(timeout_error().body())
             else:
-                yield _sse(chunk(None, job.result.finish_reason, speculation=job.summary()))
+                yield _sse(chunk(None, "length" if scored else job.result.finish_reason, speculation=job.summary()))
                 if body.include_usage:
                     yield _sse({"id": rid, "object": obj, "created": created_at, "model": served, "choices": [],
-                                "usage": usage(job)})
+                                "usage": usage(job, scored)})
             yield "data: [DONE]\n\n"
 
         def cleanup() -> None:

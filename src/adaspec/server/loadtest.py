@@ -15,8 +15,8 @@ tokens over the configuration's wall time. The whole run stops issuing requests 
 Modes: ``speculative`` (the server's default speculation), ``ngram`` (n-gram drafts, goodput controller) and
 ``plain`` (speculation off), per request on the same server. Stdlib only (no extra dependencies).
 
-    python -m adaspec.server.loadtest --spawn --concurrency 1,4,16 --requests 4,8,32 --out docs/results/issue12/server.json \
-        --markdown docs/results/issue12/server.md -- --threads 2 --max-batch 16   # continuous batching
+    python -m adaspec.server.loadtest --spawn --concurrency 1,4,16 --requests 4,8,32 --rounds 2 \
+        --out docs/results/issue12/server.json -- --threads 2 --max-batch 16   # continuous batching
 """
 
 from __future__ import annotations
@@ -237,14 +237,25 @@ def markdown(result: dict) -> str:
     lines = [f"Model: `{result['model']}`; default speculation: `{json.dumps(default)}`; "
              f"{result['max_tokens']} tokens per request (greedy chat completions of short coding prompts); "
              f"{result['machine']}.", "",
-             "| mode | clients | requests | ok | req/s | tokens/s | p50 latency (s) | p95 latency (s) "
-             "| p50 TTFT (s) | mean queue (s) | α | τ |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in result["runs"]:
+             "| mode | clients | round | requests | ok | req/s | tokens/s | vs plain | vs 1 client "
+             "| p50 latency (s) | p95 latency (s) | p50 TTFT (s) | mean queue (s) | α | τ |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(r["mode"], r["concurrency"], r.get("round", 0)): r for r in result["runs"]}
+    one = min((r["concurrency"] for r in result["runs"]), default=1)
+    for r in sorted(result["runs"], key=lambda r: (r["mode"], r["concurrency"], r.get("round", 0))):
+        plain = by.get(("plain", r["concurrency"], r.get("round", 0)))
+        single = by.get((r["mode"], one, r.get("round", 0)))
+
+        def ratio(ref):
+            if ref is None or not ref.get("tokens_per_s") or r.get("tokens_per_s") is None:
+                return "–"
+            return f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}×"
+
         def f(x, spec=""):
             return "–" if x is None else format(x, spec)
-        lines.append(f"| {r['mode']} | {r['concurrency']} | {r['requests']} | {r['ok']} "
-                     f"| {f(r['requests_per_s'], '.3f')} | {f(r['tokens_per_s'], '.2f')} "
+        lines.append(f"| {r['mode']} | {r['concurrency']} | {r.get('round', 0)} | {r['requests']} | {r['ok']} "
+                     f"| {f(r['requests_per_s'], '.3f')} | {f(r['tokens_per_s'], '.2f')} | {ratio(plain)} "
+                     f"| {ratio(single)} "
                      f"| {f(r['latency_p50_s'], '.2f')} | {f(r['latency_p95_s'], '.2f')} "
                      f"| {f(r.get('ttft_p50_s'), '.2f')} | {f(r['mean_queue_s'], '.1f')} "
                      f"| {f(r['mean_alpha'], '.2f')} | {f(r['mean_tau'], '.2f')} |")
@@ -286,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="speculative,plain",
                    help="comma-separated: speculative (server default), ngram, plain")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat every configuration; modes interleaved per client count, order alternating")
     p.add_argument("--time-limit", type=float, default=1800, help="stop issuing requests after this many seconds")
     p.add_argument("--request-timeout", type=float, default=900)
     p.add_argument("--out", default=None, help="write the results JSON here")
@@ -336,17 +349,19 @@ def main(argv: list[str] | None = None) -> int:
             modes = []
             result = {"model": model, "max_tokens": args.max_tokens, "serve_args": serve_args, "machine": machine,
                       "repeat": reps}
-        for mode in modes:
-            spec = MODES[mode]
-            # one unmeasured request per mode (first-use allocations, the controller's calibration)
-            run_config(url, model, concurrency=1, requests=1, max_tokens=args.max_tokens, speculation=spec,
+        for mode in modes:  # one unmeasured request per mode (first-use allocations, the controller's calibration)
+            run_config(url, model, concurrency=1, requests=1, max_tokens=args.max_tokens, speculation=MODES[mode],
                        api_key=args.api_key, deadline=deadline, timeout=args.request_timeout)
+        for rnd in range(args.rounds):
             for c, n in zip(concurrency, counts, strict=True):
-                r = run_config(url, model, concurrency=c, requests=n, max_tokens=args.max_tokens, speculation=spec,
-                               api_key=args.api_key, deadline=deadline, timeout=args.request_timeout)
-                r["mode"] = mode
-                runs.append(r)
-                print(json.dumps({k: v for k, v in r.items() if k != "records"}), file=sys.stderr, flush=True)
+                # modes interleaved per client count, in alternating order from round to round (the VM drifts)
+                for mode in (modes if rnd % 2 == 0 else modes[::-1]):
+                    r = run_config(url, model, concurrency=c, requests=n, max_tokens=args.max_tokens,
+                                   speculation=MODES[mode], api_key=args.api_key, deadline=deadline,
+                                   timeout=args.request_timeout)
+                    r["mode"], r["round"] = mode, rnd
+                    runs.append(r)
+                    print(json.dumps({k: v for k, v in r.items() if k != "records"}), file=sys.stderr, flush=True)
         if not args.repeat:
             result = {"model": model, "speculation_default": card.get("speculation", {}),
                       "max_tokens": args.max_tokens, "serve_args": serve_args, "machine": machine, "runs": runs}

@@ -63,7 +63,8 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(host, config)
     plain = f", plain step {host.plain_ms:.1f} ms" if host.plain_ms else ""
     print(f"adaspec: serving {config.served_model_name or host.name} on http://{args.host}:{args.port}/v1 "
-          f"(auth {'on' if api_key else 'off'}, batch {args.max_batch}, queue {args.max_queue}{plain})", file=sys.stderr)
+          f"(auth {'on' if api_key else 'off'}, batch {args.max_batch}, queue {args.max_queue}{plain})",
+          file=sys.stderr)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     finally:

@@ -50,6 +50,8 @@ def error_body(message: str, *, type: str = "invalid_request_error", param: str 
 # --------------------------------------------------------------------------------------------------------------
 
 MAX_STOP = 16
+MAX_LOGPROBS = 20  # top alternatives per token (OpenAI chat allows 20)
+MAX_LOGIT_BIAS = 1024
 MAX_STOP_CHARS = 256
 MAX_TOKENS_CAP = 1 << 31  # anything above is rejected by validation; the real limit is checked per model
 
@@ -96,9 +98,16 @@ class _CommonRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, description="number of choices; only 1 is supported")
     user: str | None = Field(None, max_length=256)
-    presence_penalty: float = Field(0.0, allow_inf_nan=False)
-    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False,
+                                    description="OpenAI: subtracted once from the logit of every generated token")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False,
+                                     description="OpenAI: subtracted per occurrence in the generated tokens")
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, allow_inf_nan=False,
+                                      description="extension (vLLM, Hugging Face): > 1 discourages tokens of the "
+                                                  "prompt and output")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False,
+                         description="extension (vLLM): keep tokens with probability >= min_p x the top token's")
+    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100]")
     ignore_eos: bool = Field(False, description="extension: keep generating past end-of-sequence tokens")
     strict: bool | None = Field(None, description="extension: strict mode (batch-invariant target): greedy output "
                                 "equals plain decoding and a repeated greedy request gives the same text (default: the "
@@ -113,15 +122,23 @@ class _CommonRequest(BaseModel):
                              "send separate requests for more samples")
         return v
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v: float, info) -> float:
-        return _neutral(info.field_name, v, (0.0,))
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v, info):
-        return _neutral(info.field_name, v, (None,))
+    def _bias(cls, v):
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias has {len(v)} entries; at most {MAX_LOGIT_BIAS}")
+        for key, bias in v.items():
+            if not key.strip().isdigit():
+                raise ValueError(f"logit_bias keys are token ids (non-negative integers), got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias[{key}] = {bias} is outside [-100, 100]")
+        return v
+
+    @property
+    def token_bias(self) -> dict[int, float] | None:
+        return {int(k): float(b) for k, b in self.logit_bias.items()} if self.logit_bias else None
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -142,20 +159,30 @@ class CompletionRequest(_CommonRequest):
 
     prompt: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[
         list[TokenIds], Field(min_length=1)] = Field(..., description="a string, or a list of token ids")
-    echo: bool = False
+    max_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS_CAP,
+                                   description="tokens to generate at most (0 only with echo: score the prompt)")
+    echo: bool = Field(False, description="return the prompt before the completion (with logprobs: its tokens' "
+                                          "log-probabilities)")
     suffix: str | None = None
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
+                                 description="log-probabilities of each token and this many top alternatives")
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v, info):
-        return _neutral(info.field_name, v, (False,))
-
-    @field_validator("suffix", "logprobs")
+    @field_validator("suffix")
     @classmethod
     def _none_only(cls, v, info):
         return _neutral(info.field_name, v, (None,))
+
+    @model_validator(mode="after")
+    def _zero_tokens_need_echo(self):
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens=0 is only allowed with echo=true (to score the prompt)")
+        return self
+
+    @property
+    def want_logprobs(self) -> int | None:
+        """Top alternatives per token to return (0: the chosen token's only), or None: no logprobs."""
+        return self.logprobs
 
     @field_validator("best_of")
     @classmethod
@@ -222,20 +249,16 @@ class ChatCompletionRequest(_CommonRequest):
 
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=4096)]
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_CAP, description="alias of max_tokens")
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | None = Field(None, description="return the log-probability of each generated token")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
+                                     description="with logprobs: this many most likely alternatives per token")
     response_format: ResponseFormat | None = None
     tools: list[Any] | None = None
     tool_choice: Any | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v, info):
-        return _neutral(info.field_name, v, (None, False))
-
-    @field_validator("top_logprobs", "tools", "functions")
+    @field_validator("tools", "functions")
     @classmethod
     def _none_only(cls, v, info):
         return _neutral(info.field_name, v, (None,))
@@ -244,6 +267,21 @@ class ChatCompletionRequest(_CommonRequest):
     @classmethod
     def _tool_choice(cls, v, info):
         return _neutral(info.field_name, v, (None, "none"))
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return self
+
+    @property
+    def echo(self) -> bool:
+        return False
+
+    @property
+    def want_logprobs(self) -> int | None:
+        """Top alternatives per token to return (0: the chosen token's only), or None: no logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
     def _max_tokens_alias(self):

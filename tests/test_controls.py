@@ -1,0 +1,138 @@
+"""Sampling controls under speculation (issue 13): repetition/presence/frequency penalties, logit bias, min-p and
+logprobs stay lossless: each verified row is processed with its own position's history."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import MarkovBackend, markov_table, tiny_model
+from test_engine import chi2_pvalue, markov_reference
+
+from adaspec.backends.torch_backend import TorchBackend
+from adaspec.batch import BatchEngine
+from adaspec.controllers import FixedController, make_controller
+from adaspec.drafters.model import ModelDrafter
+from adaspec.drafters.ngram import NgramDrafter
+from adaspec.engine import GenerationConfig, SpeculativeEngine
+from adaspec.errors import ConfigError
+from adaspec.processors import LogitsControls
+from adaspec.sampling import SamplingParams, logits_to_probs
+
+CONTROLS = dict(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.6, logit_bias={3: 2.5, 7: -100})
+
+
+def test_each_verified_row_is_processed_with_its_own_history():
+    torch.manual_seed(0)
+    c = LogitsControls(**CONTROLS)
+    logits = torch.randn(4, 16) * 3
+    ids, prompt_len, drafts = [1, 2, 3, 3, 5, 9, 9], 3, torch.tensor([9, 4, 3])
+    rows = c.apply(logits, ids, prompt_len, drafts)
+    for i in range(4):
+        alone = c.apply(logits[i:i + 1], ids + drafts[:i].tolist(), prompt_len)
+        assert torch.equal(rows[i], alone[0])
+    # by hand, row 2 (history: output 3, 5, 9, 9 then drafts 9, 4): token 9 seen 3 times in the output
+    raw = logits[2, 9].item()
+    rep = raw / 1.3 if raw > 0 else raw * 1.3
+    assert rows[2, 9].item() == pytest.approx(rep - 0.4 - 0.6 * 3, abs=1e-5)
+    raw = logits[2, 1].item()  # in the prompt only: repetition penalty, no presence/frequency
+    assert rows[2, 1].item() == pytest.approx(raw / 1.3 if raw > 0 else raw * 1.3, abs=1e-5)
+    raw = logits[0, 7].item()  # banned by the bias, never seen
+    assert rows[0, 7].item() == pytest.approx(raw - 100, abs=1e-4)
+    assert torch.equal(LogitsControls().apply(logits, ids, prompt_len, drafts), logits)
+
+
+@pytest.mark.parametrize("bad, needle", [({"presence_penalty": 2.5}, "presence_penalty"),
+                                         ({"frequency_penalty": -3}, "frequency_penalty"),
+                                         ({"repetition_penalty": 0}, "repetition_penalty"),
+                                         ({"logit_bias": {5: 101}}, "logit_bias"),
+                                         ({"min_p": 1.5}, "min_p"), ({"logprobs": 21}, "logprobs")])
+def test_out_of_range_controls_name_the_parameter(bad, needle):
+    with pytest.raises(ConfigError, match=needle):
+        GenerationConfig(**bad)
+
+
+def test_unknown_token_in_logit_bias_is_refused():
+    engine = SpeculativeEngine(TorchBackend(tiny_model("qwen", seed=0, layers=1)))
+    with pytest.raises(ConfigError, match="token id 64 is out of range"):
+        engine.generate([1, 2, 3], GenerationConfig(logit_bias={64: 1.0}))
+
+
+def test_min_p_keeps_tokens_above_a_fraction_of_the_top_one():
+    probs = logits_to_probs(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), SamplingParams(1.0, min_p=0.25))
+    assert probs.tolist() == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0])  # 0.05 < 0.25 x 0.5
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_greedy_speculation_with_controls_equals_plain_with_controls_and_logprobs_match(drafter):
+    torch.set_num_threads(2)
+    model, dmodel = tiny_model("qwen", seed=0), tiny_model("qwen", seed=0, layers=2)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6] * 2
+    cfg = GenerationConfig(max_new_tokens=30, ignore_eos=True, logprobs=3, prompt_logprobs=2, **CONTROLS)
+    plain = SpeculativeEngine(TorchBackend(model)).generate(prompt, cfg)
+    d = NgramDrafter() if drafter == "ngram" else ModelDrafter(TorchBackend(dmodel))
+    spec = SpeculativeEngine(TorchBackend(model), d, FixedController(4)).generate(prompt, cfg)
+    assert spec.token_ids == plain.token_ids and spec.stats.draft_tokens > 0
+    if drafter == "model":  # (the penalties make the n-gram's repeats unlikely: its drafts are mostly rejected)
+        assert spec.stats.accepted_tokens > 0
+    uncontrolled = SpeculativeEngine(TorchBackend(model)).generate(prompt, GenerationConfig(max_new_tokens=30,
+                                                                                            ignore_eos=True))
+    assert uncontrolled.token_ids != plain.token_ids  # the controls changed the output
+    assert 7 not in plain.token_ids  # banned by the bias
+    assert [t.token_id for t in spec.logprobs] == spec.token_ids
+    for a, b in zip(spec.logprobs, plain.logprobs):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+        assert [t for t, _ in a.top] == [t for t, _ in b.top] and len(a.top) == 3
+        assert a.top[0][0] == a.token_id  # greedy: the chosen token is the most likely after the controls
+    assert plain.prompt_logprobs[0] is None and len(plain.prompt_logprobs) == len(prompt)
+    assert [p.token_id for p in plain.prompt_logprobs[1:]] == prompt[1:]
+    assert all(p.logprob <= 0 and len(p.top) == 2 for p in plain.prompt_logprobs[1:])
+    # the batched engine gives the same tokens and logprobs
+    target = TorchBackend(model, max_sequences=2)
+    engine = BatchEngine(target, (lambda seq: NgramDrafter()) if drafter == "ngram" else
+                         (lambda seq: ModelDrafter(TorchBackend(dmodel, max_sequences=2).sequence(seq))),
+                         lambda: make_controller("fixed", 4))
+    batched = engine.generate([prompt, prompt[:7]], cfg)[0]
+    assert batched.token_ids == plain.token_ids
+    assert [x.logprob for x in batched.logprobs] == pytest.approx([x.logprob for x in plain.logprobs], abs=1e-4)
+
+
+MV = 5
+
+
+@pytest.mark.parametrize("variant", ["penalties", "bias_min_p"])
+def test_sampling_with_controls_equals_the_target_law(variant):
+    """Speculative sampling with the controls on: the joint law of the first 3 sampled tokens equals the exactly
+    computed law of plain sampling with the same controls (chi-square)."""
+    table = markov_table(MV, seed=0, scale=1.5)
+    draft_table = table + torch.randn(table.shape, generator=torch.Generator().manual_seed(1))
+    target = MarkovBackend(table, "target")
+    prompt = [1, 2, 1, 2, 1]
+    if variant == "penalties":
+        kw = dict(temperature=1.0, repetition_penalty=1.5, presence_penalty=0.8, frequency_penalty=0.5)
+    else:
+        kw = dict(temperature=0.9, logit_bias={0: 1.5, 4: -2.0}, min_p=0.15, frequency_penalty=0.3)
+    engine = SpeculativeEngine(target, ModelDrafter(MarkovBackend(draft_table, "draft")), FixedController(2))
+    n = 3_000
+    counts = np.zeros([MV] * 3, dtype=np.int64)
+    drafted = accepted = 0
+    for seed in range(n):
+        r = engine.generate(prompt, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True, **kw))
+        counts[tuple(r.token_ids)] += 1
+        drafted += r.stats.draft_tokens
+        accepted += r.stats.accepted_tokens
+    assert 0 < accepted < drafted
+    cfg = GenerationConfig(**kw)
+    controls, params = cfg.controls, cfg.sampling
+
+    def transform(ctx):
+        prev2 = ctx[-2] if len(ctx) >= 2 else 0
+        logits = controls.apply(target.table[prev2, ctx[-1]][None], ctx, len(prompt))[0]
+        return logits_to_probs(logits, params)
+
+    joint = markov_reference(target, prompt, 3, 1.0, transform)
+    assert chi2_pvalue(counts, joint) > 1e-3
+    # and the controls matter: the law without them is far from it (total variation), so the test has power
+    plain_law = markov_reference(target, prompt, 3, 1.0,
+                                 lambda ctx: logits_to_probs(target.table[ctx[-2], ctx[-1]], SamplingParams(1.0)))
+    assert 0.5 * np.abs(joint - plain_law).sum() > 0.1
