@@ -136,3 +136,11 @@ def test_sampling_with_controls_equals_the_target_law(variant):
     plain_law = markov_reference(target, prompt, 3, 1.0,
                                  lambda ctx: logits_to_probs(target.table[ctx[-2], ctx[-1]], SamplingParams(1.0)))
     assert 0.5 * np.abs(joint - plain_law).sum() > 0.1
+
+
+def test_draft_ids_outside_the_target_vocabulary_count_for_nothing():
+    c = LogitsControls(frequency_penalty=1.0)
+    logits = torch.zeros(3, 8)
+    rows = c.apply(logits, [1, 2], 1, torch.tensor([12, 3]))  # 12: from a wider draft vocabulary
+    assert rows[1].tolist() == [0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # only the output token 2 counts
+    assert rows[2, 3].item() == -1.0 and rows[2, 2].item() == -1.0

@@ -438,7 +438,7 @@ BAD = [
     (C, {"prompt": "x", "stop": [1, 2]}, 400, "stop"),
     (C, {"prompt": "x", "stop": ["a"] * 17}, 400, "stop"),
     (C, {"prompt": "x", "seed": 2**70}, 400, "seed"),
-    (C, {"prompt": "x", "n": 2}, 400, "n=2 is not supported"),
+    (C, {"prompt": "x", "n": 9}, 400, "n=9 is out of range"),
     (C, {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
     (C, {"prompt": "x", "frequency_penalty": 2.5}, 400, "frequency_penalty"),
     (C, {"prompt": "x", "presence_penalty": -2.1}, 400, "presence_penalty"),
@@ -446,6 +446,7 @@ BAD = [
     (C, {"prompt": "x", "min_p": 1.5}, 400, "min_p"),
     (C, {"prompt": "x", "logit_bias": {"5": 101}}, 400, "outside [-100, 100]"),
     (C, {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "token ids"),
+    (C, {"prompt": "x", "logit_bias": {"²": 1}}, 400, "token ids"),
     (C, {"prompt": "x", "logit_bias": {"999999": 1}}, 400, "out of range"),
     (C, {"prompt": "x", "max_tokens": 0, "echo": False}, 400, "echo"),
     (C, {"prompt": "x", "unknown_field": 1}, 400, "unknown_field"),
@@ -466,7 +467,7 @@ BAD = [
     (CC, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
      "messages"),
     (CC, {"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context length"),
-    (CC, {"messages": MSG, "n": 3}, 400, "n=3"),
+    (CC, {"messages": MSG, "n": 0}, 400, "n=0"),
     (CC, {"messages": MSG, "top_logprobs": 2}, 400, "needs logprobs"),
     (CC, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     (CC, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools is not supported"),
@@ -786,3 +787,41 @@ def test_cli_generate_takes_the_controls_and_prints_logprobs(server, tiny, capsy
     assert len(out["logprobs"]) == 8 and all(len(t["top"]) == 2 for t in out["logprobs"])
     assert cli_main(args[:-2] + ["--logit-bias", "five"]) == 2
     assert "ID:BIAS" in capsys.readouterr().err
+
+
+def test_n_choices_sample_with_their_own_seeds(server, host):
+    from adaspec.engine import GenerationConfig, SpeculativeEngine
+
+    body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": 11, "n": 3, "ignore_eos": True,
+            "speculation": {"drafter": "none"}}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2] and r["usage"]["completion_tokens"] == 24
+    ids = host.encode_text(PROMPT)
+    engine = SpeculativeEngine(host.target.backend, None, None, tokenizer=host.tokenizer)
+    want = [engine.generate(ids, GenerationConfig(max_new_tokens=8, temperature=1.0, seed=11 + i, ignore_eos=True)).text
+            for i in range(3)]
+    assert [c["text"] for c in r["choices"]] == want and len(set(want)) > 1
+    chat = server.client().chat.completions.create(model=None, messages=[{"role": "user", "content": "hi"}], n=2,
+                                                   max_tokens=4, temperature=0)
+    assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
+    # streamed: the choices interleave, each with its own index and finish chunk; the text equals the non-streamed
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True,
+                                                                   "stream_options": {"include_usage": True}},
+                      timeout=60) as st:
+        events = [json.loads(line[6:]) for line in st.iter_lines() if line.startswith("data: {")]
+    texts = ["", "", ""]
+    finishes = []
+    for e in events:
+        for c in e["choices"]:
+            texts[c["index"]] += c["text"]
+            if c["finish_reason"]:
+                finishes.append(c["index"])
+    assert texts == want and sorted(finishes) == [0, 1, 2]
+    assert events[-1]["usage"]["completion_tokens"] == 24
+
+
+def test_n_beyond_the_servers_places_is_a_400(host):
+    with live(host, max_queue=1) as srv:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "n": 3}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "places" in r.text
+        assert health(srv.url)["running"] == 0 and health(srv.url)["waiting"] == 0

@@ -222,3 +222,16 @@ def test_loadtest_against_the_batched_server(batched):
     assert runs[0]["mean_alpha"] is not None and runs[1]["mean_alpha"] is None
     table = markdown({"model": "m", "speculation_default": {}, "max_tokens": 8, "machine": "x", "runs": runs})
     assert "| ngram | 4 | 0 | 6 | 6 |" in table and "| plain | 4 | 0 | 6 | 6 |" in table
+
+
+def test_n_choices_and_logprobs_through_the_batch(single, batched):
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 1.0, "seed": 5, "n": 3, "logprobs": 1,
+            "ignore_eos": True}
+    with live(single) as srv:
+        want = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()
+    with live(batched) as srv:
+        got = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()
+        wait_until(lambda: health(srv.url)["running"] == 0, what="the rows to be freed")
+    assert [c["text"] for c in got["choices"]] == [c["text"] for c in want["choices"]]
+    for a, b in zip(got["choices"], want["choices"]):
+        assert a["logprobs"]["token_logprobs"] == pytest.approx(b["logprobs"]["token_logprobs"], abs=1e-4)

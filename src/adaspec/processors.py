@@ -89,20 +89,23 @@ class LogitsControls:
         if not self.active:
             return out
         n, vocab = out.shape
+        dev = out.device
         if self.logit_bias:
-            index = torch.tensor([int(t) for t in self.logit_bias], dtype=torch.long)
-            bias = torch.tensor([float(b) for b in self.logit_bias.values()], dtype=torch.float32)
+            index = torch.tensor([int(t) for t in self.logit_bias], dtype=torch.long, device=dev)
+            bias = torch.tensor([float(b) for b in self.logit_bias.values()], dtype=torch.float32, device=dev)
             keep = index < vocab
             out[:, index[keep]] += bias[keep]
-        # generated-token counts per row: the output so far plus the drafts before that row
-        steps = torch.zeros(n, vocab)
+        # generated-token counts per row: the output so far plus the drafts before that row (a draft id outside
+        # the target's vocabulary, from a wider draft vocabulary, counts for nothing: verification rejects it)
+        steps = torch.zeros(n, vocab, device=dev)
         if drafts is not None and len(drafts) and n > 1:
-            d = drafts[:n - 1].long()
-            steps[1:] = torch.nn.functional.one_hot(d, vocab).float().cumsum(0)
-        output = torch.tensor(list(ids[prompt_len:]), dtype=torch.long)
+            d = drafts[:n - 1].long().to(dev)
+            valid = (d < vocab).float()[:, None]
+            steps[1:] = (torch.nn.functional.one_hot(d.clamp(max=vocab - 1), vocab).float() * valid).cumsum(0)
+        output = torch.tensor([t for t in ids[prompt_len:] if t < vocab], dtype=torch.long, device=dev)
         counts = torch.bincount(output, minlength=vocab)[:vocab].float() + steps if len(output) else steps
         if self.repetition_penalty != 1.0:
-            prompt = torch.tensor(list(ids[:prompt_len]), dtype=torch.long)
+            prompt = torch.tensor([t for t in ids[:prompt_len] if t < vocab], dtype=torch.long, device=dev)
             seen = counts > 0
             if len(prompt):
                 seen |= torch.bincount(prompt, minlength=vocab)[:vocab].bool()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import hmac
 import json
 import logging
@@ -39,6 +40,7 @@ from adaspec.server.runtime import EngineHandle, Job, ModelHost, QueueFull, Sche
 log = logging.getLogger("adaspec.server")
 
 SAMPLING_EPS = 1e-5
+MAX_SCORED_PROMPT = 4096  # prompt tokens echo + logprobs may score (their logits are all kept)
 
 
 @dataclass
@@ -360,6 +362,9 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
                 raise APIError(400, f"logit_bias: token id {bad[0]} is out of range: this model's vocabulary has "
                                     f"{vocab} ids", param="logit_bias")
         want = body.want_logprobs
+        if body.echo and want is not None and prompt_len > MAX_SCORED_PROMPT:
+            raise APIError(400, f"echo with logprobs scores at most {MAX_SCORED_PROMPT} prompt tokens (the logits of "
+                                f"every position are kept); this prompt has {prompt_len}", param="echo")
         try:
             return GenerationConfig(max_new_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
                                     top_k=max(0, body.top_k), seed=seed, stop=body.stop_list,
@@ -473,17 +478,28 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             metrics.outcome("invalid")
             raise
         deadline = arrival + config.request_timeout
+        if body.n > scheduler.slots + scheduler.max_waiting:
+            metrics.outcome("invalid")
+            raise APIError(400, f"n={body.n} choices need {body.n} places, but this server has {scheduler.slots} "
+                                f"running and {scheduler.max_waiting} waiting", param="n")
+        tickets = []
         try:
-            ticket = scheduler.reserve()
+            for _ in range(body.n):  # one place per choice (with --max-batch > 1 the choices decode together)
+                tickets.append(scheduler.reserve())
         except QueueFull:
+            for t in tickets:
+                scheduler.abandon(t)
             metrics.outcome("rejected")
             raise APIError(503, f"the server is busy: {scheduler.waiting} requests are already waiting for the "
                                 f"model (queue limit {scheduler.max_waiting}); retry later",
                            type="server_busy", code="queue_full", headers={"retry-after": retry_after()}) from None
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        # choice i samples with seed + i (or its own random seed), as vLLM does for n > 1
+        cfgs = [cfg if i == 0 else dataclasses.replace(
+                    cfg, seed=None if cfg.seed is None else (cfg.seed + i) % (1 << 64)) for i in range(body.n)]
         if body.stream:
-            return stream_response(request, body, chat, rid, ticket, handle, ids, cfg, arrival, deadline)
-        return await complete(request, body, chat, rid, ticket, handle, ids, cfg, arrival, deadline)
+            return stream_response(request, body, chat, rid, tickets, handle, ids, cfgs, arrival, deadline)
+        return await complete(request, body, chat, rid, tickets, handle, ids, cfgs, arrival, deadline)
 
     async def _disconnected(request: Request) -> None:
         while True:
@@ -491,11 +507,21 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             if message["type"] == "http.disconnect":
                 return
 
-    async def complete(request, body, chat, rid, ticket, handle, ids, cfg, arrival, deadline):
+    async def complete(request, body, chat, rid, tickets, handle, ids, cfgs, arrival, deadline):
         watcher = asyncio.ensure_future(_disconnected(request))
-        job = None
-        try:
-            waiting = asyncio.ensure_future(wait_for_slot(ticket, deadline))
+        jobs: list[Job | None] = [None] * len(tickets)
+        left = asyncio.Event()  # the client went away
+
+        async def one(i: int) -> None:
+            """Choice i: wait for its place, generate, collect (sets ``left`` if the client goes away)."""
+            waiting = asyncio.ensure_future(wait_for_slot(tickets[i], deadline))
+            try:
+                await _one(i, waiting)
+            finally:
+                if not waiting.done():
+                    waiting.cancel()  # gives the place back (wait_for_slot abandons its ticket)
+
+        async def _one(i: int, waiting: asyncio.Future) -> None:
             done, _ = await asyncio.wait({waiting, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if waiting not in done:  # the client left while queued
                 waiting.cancel()
@@ -503,117 +529,185 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
                     await waiting
                 except BaseException:
                     pass
-                metrics.outcome("cancelled")
-                return Response(status_code=499)
+                left.set()
+                return
             waiting.result()  # raises the 504 if it timed out
-            job = start_job(handle, ids, cfg, arrival, deadline)
+            job = jobs[i] = start_job(handle, ids, cfgs[i], arrival, deadline)
             while True:
                 getter = asyncio.ensure_future(job.events.get())
                 done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
                     getter.cancel()
                     job.cancel.set()
-                    return Response(status_code=499)
+                    left.set()
+                    return
                 kind, _item = getter.result()
                 if kind == "end":
-                    break
+                    return
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(tickets))]
+        try:
+            await asyncio.gather(*tasks)
         finally:
             watcher.cancel()
-            if job is not None and job.finished is None:
-                job.cancel.set()
-        if job.error is not None:
-            raise job_error(job)
-        if job.outcome == "timeout" or job.result is None:
-            raise timeout_error()
-        result = job.result
+            for t in tasks:
+                t.cancel()
+            for job in jobs:
+                if job is not None and job.finished is None:
+                    job.cancel.set()
+        if left.is_set():
+            if all(j is None for j in jobs):
+                metrics.outcome("cancelled")
+            return Response(status_code=499)
+        for job in jobs:
+            if job.error is not None:
+                raise job_error(job)
+            if job.outcome == "timeout" or job.result is None:
+                raise timeout_error()
         scored = not chat and body.max_tokens == 0  # echo + max_tokens 0: the prompt only
-        logprobs = result.logprobs if not scored else ([] if result.logprobs is not None else None)
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "logprobs": chat_logprobs(logprobs), "finish_reason": result.finish_reason}
-        else:
-            text = "" if scored else result.text
-            lp = completion_logprobs(logprobs, ids if body.echo else None, result.prompt_logprobs)
-            if body.echo:
-                text = await prompt_text(body, ids) + text
-            choice = {"index": 0, "text": text, "logprobs": lp,
-                      "finish_reason": "length" if scored else result.finish_reason}
+        choices = []
+        for i, job in enumerate(jobs):
+            result = job.result
+            logprobs = result.logprobs if not scored else ([] if result.logprobs is not None else None)
+            if chat:
+                choice = {"index": i, "message": {"role": "assistant", "content": result.text},
+                          "logprobs": chat_logprobs(logprobs), "finish_reason": result.finish_reason}
+            else:
+                text = "" if scored else result.text
+                lp = completion_logprobs(logprobs, ids if body.echo else None, result.prompt_logprobs)
+                if body.echo:
+                    text = await prompt_text(body, ids) + text
+                choice = {"index": i, "text": text, "logprobs": lp,
+                          "finish_reason": "length" if scored else result.finish_reason}
+            if len(jobs) > 1:
+                choice["speculation"] = job.summary()
+            choices.append(choice)
+        use = usage(jobs[0], scored)
+        for job in jobs[1:]:
+            extra = usage(job, scored)["completion_tokens"]
+            use["completion_tokens"] += extra
+            use["total_tokens"] += extra
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": served, "choices": [choice], "usage": usage(job, scored), "speculation": job.summary()}
+                "model": served, "choices": choices, "usage": use, "speculation": jobs[0].summary()}
 
-    def stream_response(request, body, chat, rid, ticket, handle, ids, cfg, arrival, deadline):
-        state: dict = {"job": None, "holding": False}
+    def stream_response(request, body, chat, rid, tickets, handle, ids, cfgs, arrival, deadline):
+        """Server-sent events for ``len(tickets)`` choices: each waits for its own place and generates; their chunks
+        are interleaved as they come (``index`` tells them apart), each ends with its own finish chunk."""
+        n = len(tickets)
+        states = [{"job": None, "holding": False} for _ in range(n)]  # holding: False queued, True running, None gone
+        started = {"pumps": False}  # once the pumps run, each gives its own place back (wait_for_slot)
         created_at = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
-
         scored = not chat and body.max_tokens == 0
-        sent = {"chars": 0}  # text offset of the next completion token (completions' logprobs)
+        sent = [0] * n  # text offset of each choice's next completion token (completions' logprobs)
 
-        def chunk(delta_text: str | None, finish: str | None = None, *, role: bool = False, logprobs=None,
+        def chunk(i: int, delta_text: str | None, finish: str | None = None, *, role: bool = False, logprobs=None,
                   **extra) -> dict:
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else (
                     {"content": delta_text} if delta_text is not None else {})
-                choice = {"index": 0, "delta": delta, "logprobs": chat_logprobs(logprobs), "finish_reason": finish}
+                choice = {"index": i, "delta": delta, "logprobs": chat_logprobs(logprobs), "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": delta_text or "", "logprobs": logprobs, "finish_reason": finish}
+                choice = {"index": i, "text": delta_text or "", "logprobs": logprobs, "finish_reason": finish}
             return {"id": rid, "object": obj, "created": created_at, "model": served, "choices": [choice], **extra}
 
-        async def events() -> AsyncIterator[str]:
+        async def pump(i: int, merged: asyncio.Queue) -> None:
+            """Choice i's events into ``merged`` as (i, kind, item); always ends with (i, "end", None)."""
             try:
-                await wait_for_slot(ticket, deadline)
+                await wait_for_slot(tickets[i], deadline)
             except APIError as e:  # timed out in the queue
-                state["holding"] = None
-                yield _sse(e.body())
-                yield "data: [DONE]\n\n"
+                states[i]["holding"] = None
+                await merged.put((i, "queue_error", e))
+                await merged.put((i, "end", None))
                 return
             except BaseException:  # cancelled (client gone) while queued; wait_for_slot gave the place back
-                state["holding"] = None
+                states[i]["holding"] = None
                 metrics.outcome("cancelled")
                 raise
-            state["holding"] = True
-            job = state["job"] = start_job(handle, ids, cfg, arrival, deadline)
-            if chat:
-                yield _sse(chunk(None, role=True))
-            echo = body.echo  # sent with the first chunk, which carries the prompt's logprobs
+            states[i]["holding"] = True
+            try:
+                job = states[i]["job"] = start_job(handle, ids, cfgs[i], arrival, deadline)
+            except Exception as e:
+                log.exception("could not start a generation")
+                await merged.put((i, "queue_error", APIError(500, f"generation failed: {type(e).__name__}",
+                                                              type="server_error")))
+                await merged.put((i, "end", None))
+                return
             while True:
                 kind, item = await job.events.get()
-                if kind == "chunk" and echo:
-                    echo = False
-                    text = await prompt_text(body, ids)
-                    yield _sse(chunk(text, logprobs=completion_logprobs([], ids, item.prompt_logprobs)
-                                     if cfg.logprobs is not None else None))
-                    sent["chars"] = len(text)
-                if kind == "chunk":
-                    lp = item.logprobs if cfg.logprobs is not None else None
-                    if not scored and (item.text or lp):
-                        if chat:
-                            yield _sse(chunk(item.text, logprobs=lp))
+                await merged.put((i, kind, item))
+                if kind == "end":
+                    return
+
+        async def events() -> AsyncIterator[str]:
+            merged: asyncio.Queue = asyncio.Queue()
+            started["pumps"] = True
+            pumps = [asyncio.ensure_future(pump(i, merged)) for i in range(n)]
+            try:
+                if chat:
+                    for i in range(n):
+                        yield _sse(chunk(i, None, role=True))
+                echo = [body.echo] * n  # sent with a choice's first chunk, which carries the prompt's logprobs
+                ended = 0
+                total_new = 0
+                while ended < n:
+                    i, kind, item = await merged.get()
+                    if kind == "queue_error":
+                        yield _sse(item.body())
+                    elif kind == "chunk":
+                        if echo[i]:
+                            echo[i] = False
+                            text = await prompt_text(body, ids)
+                            yield _sse(chunk(i, text, logprobs=completion_logprobs([], ids, item.prompt_logprobs)
+                                             if cfgs[i].logprobs is not None else None))
+                            sent[i] = len(text)
+                        lp = item.logprobs if cfgs[i].logprobs is not None else None
+                        if not scored and (item.text or lp):
+                            if chat:
+                                yield _sse(chunk(i, item.text, logprobs=lp))
+                            else:
+                                out = completion_logprobs(lp, offset=sent[i]) if lp is not None else None
+                                if out is not None and out["tokens"]:  # offsets follow the tokens' pieces
+                                    sent[i] = out["text_offset"][-1] + len(out["tokens"][-1])
+                                else:
+                                    sent[i] += len(item.text)
+                                yield _sse(chunk(i, item.text, logprobs=out))
+                    elif kind == "end":
+                        ended += 1
+                        job = states[i]["job"]
+                        if job is None:
+                            continue  # its queue error was sent
+                        if job.error is not None:
+                            yield _sse(job_error(job).body())
+                        elif job.outcome == "timeout" or job.result is None:
+                            yield _sse(timeout_error().body())
                         else:
-                            out = completion_logprobs(lp, offset=sent["chars"]) if lp is not None else None
-                            sent["chars"] += len(item.text)
-                            yield _sse(chunk(item.text, logprobs=out))
-                elif kind == "end":
-                    break
-            if job.error is not None:
-                yield _sse(job_error(job).body())
-            elif job.outcome == "timeout" or job.result is None:
-                yield _sse(timeout_error().body())
-            else:
-                yield _sse(chunk(None, "length" if scored else job.result.finish_reason, speculation=job.summary()))
+                            total_new += usage(job, scored)["completion_tokens"]
+                            yield _sse(chunk(i, None, "length" if scored else job.result.finish_reason,
+                                             speculation=job.summary()))
                 if body.include_usage:
-                    yield _sse({"id": rid, "object": obj, "created": created_at, "model": served, "choices": [],
-                                "usage": usage(job, scored)})
-            yield "data: [DONE]\n\n"
+                    done = [st["job"] for st in states if st["job"] is not None and st["job"].result is not None]
+                    if done:
+                        use = usage(done[0], scored)
+                        use["completion_tokens"] = total_new
+                        use["total_tokens"] = use["prompt_tokens"] + total_new
+                        yield _sse({"id": rid, "object": obj, "created": created_at, "model": served, "choices": [],
+                                    "usage": use})
+                yield "data: [DONE]\n\n"
+            finally:
+                for t in pumps:
+                    t.cancel()
 
         def cleanup() -> None:
-            job = state["job"]
-            if job is not None:
-                if job.finished is None:
-                    job.cancel.set()  # client gone mid-stream: stop after the current step
-            elif state["holding"] is False:  # never reached the model: give the queue place back
-                scheduler.abandon(ticket)
-                metrics.outcome("cancelled")
+            for i, state in enumerate(states):
+                job = state["job"]
+                if job is not None:
+                    if job.finished is None:
+                        job.cancel.set()  # client gone mid-stream: stop after the current step
+                elif state["holding"] is False and not started["pumps"]:  # the body never ran: give the place back
+                    state["holding"] = None
+                    scheduler.abandon(tickets[i])
+                    metrics.outcome("cancelled")
 
         return _SSEResponse(events(), cleanup)
 

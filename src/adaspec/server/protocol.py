@@ -1,12 +1,12 @@
 """Request and response shapes of the OpenAI-compatible API (pydantic), and OpenAI-style errors.
 
 Requests follow OpenAI's ``/v1/completions`` and ``/v1/chat/completions`` bodies. Unknown fields are rejected
-(as OpenAI does), and OpenAI fields adaspec cannot honour (penalties, logprobs, tools, ``n`` > 1, ...) are
+(as OpenAI does), and OpenAI fields adaspec cannot honour (``suffix``, ``best_of``, tools, ...) are
 accepted only at their neutral value, so a client never gets silently different behaviour. Extensions:
 
 * ``speculation``: ``{"drafter": ..., "controller": ..., "k": ...}``, this request's speculation settings
   (server-side defaults for what is left out);
-* ``top_k`` and ``ignore_eos`` (as in vLLM).
+* ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos`` (as in vLLM).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def error_body(message: str, *, type: str = "invalid_request_error", param: str 
 MAX_STOP = 16
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI chat allows 20)
 MAX_LOGIT_BIAS = 1024
+MAX_N = 8  # choices per request
 MAX_STOP_CHARS = 256
 MAX_TOKENS_CAP = 1 << 31  # anything above is rejected by validation; the real limit is checked per model
 
@@ -96,7 +97,7 @@ class _CommonRequest(BaseModel):
     seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 64) - 1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, description="number of choices; only 1 is supported")
+    n: int = Field(1, description=f"number of choices (1 to {MAX_N})")
     user: str | None = Field(None, max_length=256)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False,
                                     description="OpenAI: subtracted once from the logit of every generated token")
@@ -116,11 +117,11 @@ class _CommonRequest(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError(f"n={v} is not supported: adaspec returns one choice per request (n must be 1); "
-                             "send separate requests for more samples")
+    def _choices(cls, v: int) -> int:
+        if not 1 <= v <= MAX_N:
+            raise ValueError(f"n={v} is out of range: this server returns 1 to {MAX_N} choices per request")
         return v
+
 
     @field_validator("logit_bias")
     @classmethod
@@ -130,8 +131,8 @@ class _CommonRequest(BaseModel):
         if len(v) > MAX_LOGIT_BIAS:
             raise ValueError(f"logit_bias has {len(v)} entries; at most {MAX_LOGIT_BIAS}")
         for key, bias in v.items():
-            if not key.strip().isdigit():
-                raise ValueError(f"logit_bias keys are token ids (non-negative integers), got {key!r}")
+            if not (key.isascii() and key.isdigit() and len(key) <= 12):
+                raise ValueError(f"logit_bias keys are token ids (non-negative integers), got {key[:20]!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"logit_bias[{key}] = {bias} is outside [-100, 100]")
         return v

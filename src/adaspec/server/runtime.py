@@ -585,37 +585,54 @@ class BatchRunner:
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
-        while True:
-            self._admit()
-            self._reap()
-            if self._stopped and not self._jobs:
-                return
-            if not self.engine:
-                self._wake.wait()
-                self._wake.clear()
-                continue
+        while not (self._stopped and not self._jobs):
             try:
-                out = self.engine.step()
-            except Exception as e:  # a bug outside any one row: end every running request, keep serving
-                log.exception("batch step failed")
+                self._iterate()
+            except Exception as e:  # never let the generation thread die: end every running request, go on
+                log.exception("batch runner failed")
                 for rid, job in list(self._jobs.items()):
-                    self.engine.cancel(rid)
-                    self._finish(rid, error=e)
+                    try:
+                        self.engine.cancel(rid)
+                    except Exception:
+                        pass
+                    self._jobs.pop(rid, None)
+                    try:
+                        job.fail(e)
+                        job.end()
+                    except Exception:
+                        log.exception("could not end a request")
+
+    def _iterate(self) -> None:
+        """Admit, reap, then one batched step (or wait for work)."""
+        self._admit()
+        self._reap()
+        if self._stopped and not self._jobs:
+            return
+        if not self.engine:
+            self._wake.wait()
+            self._wake.clear()
+            return
+        try:
+            out = self.engine.step()
+        except Exception as e:  # a bug outside any one row: end every running request, keep serving
+            log.exception("batch step failed")
+            for rid in list(self._jobs):
+                self.engine.cancel(rid)
+                self._finish(rid, error=e)
+            return
+        if self.engine.last_rows:
+            self.metrics.batch_step(self.engine.last_rows, self.engine.last_tokens, self.engine.last_forward_ms / 1e3,
+                                    sum(len(c.token_ids) for c in out.values()))
+        for rid, chunk in out.items():
+            job = self._jobs.get(rid)
+            if job is None:
                 continue
-            if self.engine.last_rows:
-                self.metrics.batch_step(self.engine.last_rows, self.engine.last_tokens,
-                                        self.engine.last_forward_ms / 1e3,
-                                        sum(len(c.token_ids) for c in out.values()))
-            for rid, chunk in out.items():
-                job = self._jobs.get(rid)
-                if job is None:
-                    continue
-                if chunk.error is not None:
-                    self._finish(rid, error=chunk.error)
-                    continue
-                job.deliver(chunk)
-                if chunk.result is not None:
-                    self._finish(rid)
+            if chunk.error is not None:
+                self._finish(rid, error=chunk.error)
+                continue
+            job.deliver(chunk)
+            if chunk.result is not None:
+                self._finish(rid)
 
     def _admit(self) -> None:
         with self._lock:
