@@ -219,6 +219,18 @@ class _FlakyBackend(TorchBackend):
         return super().forward_batch(rows)
 
 
+def _drain(engine: BatchEngine) -> tuple[dict, dict]:
+    """Step until the batch is empty: (results, errors) by request id."""
+    results, errors = {}, {}
+    while engine:
+        for rid, chunk in engine.step().items():
+            if chunk.error is not None:
+                errors[rid] = chunk.error
+            elif chunk.result is not None:
+                results[rid] = chunk.result
+    return results, errors
+
+
 def test_a_failing_row_leaves_the_batch_and_the_others_are_untouched():
     torch.set_num_threads(2)
     model = tiny_model("qwen", seed=0)
@@ -230,26 +242,14 @@ def test_a_failing_row_leaves_the_batch_and_the_others_are_untouched():
     engine = BatchEngine(target, lambda seq: _Boom(3) if seq == 1 else NgramDrafter(),
                          lambda: make_controller("fixed", 3), max_batch=3)
     rids = [engine.add(p, cfg) for p in prompts]
-    results, errors = {}, {}
-    while engine:
-        for rid, chunk in engine.step().items():
-            if chunk.error is not None:
-                errors[rid] = chunk.error
-            elif chunk.result is not None:
-                results[rid] = chunk.result
+    results, errors = _drain(engine)
     assert list(errors) == [rids[1]] and "exploded" in str(errors[rids[1]])
     assert [results[rids[0]].token_ids, results[rids[2]].token_ids] == [want[0], want[2]]
     # 2. the runtime rejects one row's tokens: the batch is retried row by row, only that row fails
     flaky = _FlakyBackend(model, "t", max_sequences=3)
     engine = BatchEngine(flaky, lambda seq: NgramDrafter(), lambda: make_controller("fixed", 3), max_batch=3)
     rids = [engine.add(p, cfg) for p in [prompts[0], prompts[1] + [_FlakyBackend.poison], prompts[2]]]
-    results, errors = {}, {}
-    while engine:
-        for rid, chunk in engine.step().items():
-            if chunk.error is not None:
-                errors[rid] = chunk.error
-            elif chunk.result is not None:
-                results[rid] = chunk.result
+    results, errors = _drain(engine)
     assert list(errors) == [rids[1]] and "decode failed" in str(errors[rids[1]])
     assert [results[rids[0]].token_ids, results[rids[2]].token_ids] == [want[0], want[2]]
     # the freed row serves the next request

@@ -451,12 +451,29 @@ class SweepRunner:
         tok = models.target.tokenizer
         return hf_builder(tok, chat=self.bench["chat"])
 
+    def _group_start(self, pts: list[Point], models: _Models, bar, longest_prompt: int):
+        """What every group starts with: ``(generation config, group key)``, or None (its points counted as
+        skipped) when the longest prompt plus the run and the widest draft does not fit the target's window."""
+        from adaspec.engine import GenerationConfig
+
+        first = pts[0]
+        max_new = int(self.bench["max_new_tokens"])
+        if longest_prompt + max_new + max(p.k for p in pts) + 1 > models.target.backend.max_context:
+            self.log(f"skipping context {first.context}: beyond {first.setting.target}'s window")
+            bar.update(len(pts))
+            return None
+        cfg = GenerationConfig(max_new_tokens=max_new, temperature=first.temperature, seed=int(self.bench["seed"]),
+                               ignore_eos=True)
+        gkey = _hash([first.setting.__dict__, first.context, first.prompt_index, first.temperature,
+                      self.bench["workload"], max_new, self.bench["seed"]])
+        return cfg, gkey
+
     def _group(self, pts: list[Point], models: _Models, cost: CostModel, f, rows: list[dict], bar,
                start: float) -> tuple[int, int]:
         from adaspec.controllers import make_controller
         from adaspec.drafters.calibrated import CalibratedDrafter
         from adaspec.drafters.model import ModelDrafter
-        from adaspec.engine import GenerationConfig, SpeculativeEngine
+        from adaspec.engine import SpeculativeEngine
 
         first = pts[0]
         setting = first.setting
@@ -465,17 +482,12 @@ class SweepRunner:
         tasks = self.tasks()
         builder = self._builder(models)
         prompt = builder.build(tasks[first.prompt_index % len(tasks)], first.context)
-        max_new = int(self.bench["max_new_tokens"])
-        k_max = max(p.k for p in pts)
-        if len(prompt) + max_new + k_max + 1 > models.target.backend.max_context:
-            self.log(f"skipping context {first.context}: beyond {setting.target}'s window")
-            bar.update(len(pts))
+        started = self._group_start(pts, models, bar, len(prompt))
+        if started is None:
             return 0, len(pts)
-        cfg = GenerationConfig(max_new_tokens=max_new, temperature=first.temperature, seed=int(self.bench["seed"]),
-                               ignore_eos=True)
+        cfg, gkey = started
+        max_new = cfg.max_new_tokens
         tok = _tok(models.target)
-        gkey = _hash([setting.__dict__, first.context, first.prompt_index, first.temperature, self.bench["workload"],
-                      max_new, self.bench["seed"]])
         plain_engine = SpeculativeEngine(models.backend, None, None, tokenizer=tok)
         plain_index = sum(1 for r in rows if r.get("kind") == "plain" and r.get("group") == gkey)
         group_info = {"sweep": None, **setting.__dict__, "context": first.context, "prompt_tokens": len(prompt),
@@ -597,7 +609,6 @@ class SweepRunner:
         from adaspec.batch import BatchEngine
         from adaspec.controllers import make_controller
         from adaspec.drafters.calibrated import CalibratedDrafter
-        from adaspec.engine import GenerationConfig
 
         first = pts[0]
         setting = first.setting
@@ -605,18 +616,13 @@ class SweepRunner:
         tasks = self.tasks()
         builder = self._builder(models)
         prompts = [builder.build(tasks[(first.prompt_index + i) % len(tasks)], first.context) for i in range(b)]
-        max_new = int(self.bench["max_new_tokens"])
-        k_max = max(p.k for p in pts)
-        target = models.target.backend
-        if max(map(len, prompts)) + max_new + k_max + 1 > target.max_context:
-            self.log(f"skipping context {first.context}: beyond {setting.target}'s window")
-            bar.update(len(pts))
+        started = self._group_start(pts, models, bar, max(map(len, prompts)))
+        if started is None:
             return 0, len(pts)
-        cfg = GenerationConfig(max_new_tokens=max_new, temperature=first.temperature, seed=int(self.bench["seed"]),
-                               ignore_eos=True)
+        cfg, gkey = started
+        max_new = cfg.max_new_tokens
+        target = models.target.backend
         tok = _tok(models.target)
-        gkey = _hash([setting.__dict__, first.context, first.prompt_index, first.temperature, self.bench["workload"],
-                      max_new, self.bench["seed"]])
         plain_index = sum(1 for r in rows if r.get("kind") == "plain" and r.get("group") == gkey)
         group_info = {"sweep": None, **setting.__dict__, "context": first.context,
                       "prompt_tokens": round(statistics.fmean(map(len, prompts))),
