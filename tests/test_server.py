@@ -825,3 +825,18 @@ def test_n_beyond_the_servers_places_is_a_400(host):
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "n": 3}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "places" in r.text
         assert health(srv.url)["running"] == 0 and health(srv.url)["waiting"] == 0
+
+
+def test_cli_num_return_sequences_equals_the_servers_n(server, tiny, capsys):
+    capsys.readouterr()
+    args = ["generate", PROMPT, "--target", tiny, "--draft", "none", "--dtype", "float32", "--threads", "1",
+            "--max-new-tokens", "6", "--json", "--no-chat", "--temperature", "1", "--seed", "3",
+            "--num-return-sequences", "3"]
+    assert cli_main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 6, "temperature": 1,
+                                                          "seed": 3, "n": 3, "speculation": {"drafter": "none"}},
+                   timeout=60).json()
+    assert [c["text"] for c in out["choices"]] == [c["text"] for c in r["choices"]]
+    assert cli_main(args[:-1] + ["0"]) == 2
+    assert "num_return_sequences must be >= 1" in capsys.readouterr().err

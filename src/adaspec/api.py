@@ -218,6 +218,21 @@ class SpeculativeLM:
         """Generate from a prompt; keyword arguments are :class:`GenerationConfig` fields."""
         return self.engine.generate(self.encode(prompt, chat), _config(config, kwargs))
 
+    def generate_n(self, prompt: str | Sequence[dict], num_return_sequences: int, *, chat: bool | None = None,
+                   config: GenerationConfig | None = None, **kwargs) -> list[GenerationResult]:
+        """``num_return_sequences`` generations of one prompt (Hugging Face's name; OpenAI's ``n``), one after
+        another on this engine; generation i samples with ``seed + i`` when a seed is given (as vLLM does for n).
+
+        Raises:
+            ConfigError: ``num_return_sequences`` < 1, or invalid settings.
+        """
+        if num_return_sequences < 1:
+            raise ConfigError(f"num_return_sequences must be >= 1, got {num_return_sequences}")
+        cfg = _config(config, kwargs)
+        ids = self.encode(prompt, chat)
+        return [self.engine.generate(ids, cfg if i == 0 or cfg.seed is None else replace(cfg, seed=cfg.seed + i))
+                for i in range(num_return_sequences)]
+
     def stream(self, prompt: str | Sequence[dict], *, chat: bool | None = None,
                config: GenerationConfig | None = None, **kwargs) -> Iterator[StreamChunk]:
         """Like :meth:`generate`, yielding text as tokens are accepted (the last chunk carries the result)."""

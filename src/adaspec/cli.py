@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--compare", action="store_true",
                      help="also run plain decoding on the same prompt; print the speedup and output identity")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text and a table")
+    gen.add_argument("--num-return-sequences", type=int, default=1, metavar="N",
+                     help="N generations of the prompt (sampling: generation i uses seed + i)")
     gen.add_argument("--logprobs", type=int, default=None, metavar="N",
                      help="with --json: each token's log-probability and its N most likely alternatives")
     gen.set_defaults(func=cmd_generate)
@@ -201,6 +203,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"target runtime: {lm.target.runtime_reason}", file=sys.stderr)
     prompt_ids = lm.encode(prompt, args.chat)
     lm.engine.warmup(steps=12)  # also lets the default controller measure the draft's costs on this machine
+    if args.num_return_sequences != 1:
+        results = lm.generate_n(prompt, args.num_return_sequences, chat=args.chat, config=config)
+        if args.json:
+            print(json.dumps({"choices": [{"text": r.text, "finish_reason": r.finish_reason,
+                                           "stats": r.stats.summary()} for r in results]}, indent=2))
+        else:
+            for i, r in enumerate(results):
+                print(f"--- sequence {i} ({r.finish_reason}) ---\n{r.text}")
+        return 0
     result = None
     for chunk in lm.engine.stream(prompt_ids, config):
         if not args.json:
