@@ -56,6 +56,7 @@ from adaspec.engine import (
     top_margins,
 )
 from adaspec.errors import ConfigError
+from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
 from adaspec.text import TextStream
@@ -78,6 +79,7 @@ class _Row:
     controller_factory: Callable[[], Controller]
     seq: int = -1
     drafter: Drafter | None = None
+    controls: LogitsControls | None = None  # cfg.controls, built once
     ids: list[int] = field(default_factory=list)
     controller: Controller | None = None
     stop_rule: DraftStop | None = None  # the controller's early-stop rule for drafts, fixed per request
@@ -200,7 +202,7 @@ class BatchEngine:
                    request_generator(cfg),
                    TextStream(self.tokenizer, cfg.stop) if self.tokenizer is not None else None,
                    parse_lossy(cfg.lossy) if cfg.lossy is not None else None, time.perf_counter(),
-                   drafter_for, controller_factory, stats=GenerationStats(prompt_tokens=len(prompt)),
+                   drafter_for, controller_factory, controls=cfg.controls, stats=GenerationStats(prompt_tokens=len(prompt)),
                    margins=[] if cfg.return_margins else None, logprobs=[] if cfg.logprobs is not None else None)
         self._next_id += 1
         self._waiting.append(row)
@@ -382,7 +384,7 @@ class BatchEngine:
     def _first(self, row: _Row, logits: torch.Tensor) -> StreamChunk:
         """The prefill's token: TTFT, then the drafter's prefill."""
         row.prompt_logprobs = prompt_logprobs(logits, row.prompt, row.cfg.prompt_logprobs)
-        last = controlled(logits[-1:], row.cfg.controls, row.prompt, len(row.prompt))
+        last = controlled(logits[-1:], row.controls, row.prompt, len(row.prompt))
         token = pick_token(last[0], row.params, row.generator)
         row.stats.ttft_ms = row.stats.prefill_ms = (time.perf_counter() - row.start) * 1e3
         new, finish = cut(row.prompt, [token], row.cfg, row.eos, row.text, 0, self.target.max_context)
@@ -405,7 +407,7 @@ class BatchEngine:
                  step_start: float, batch: int, behind: int = 0) -> StreamChunk:
         """Verify one row's drafts on its logits, cut its cache back, record the step."""
         t = time.perf_counter()
-        logits = controlled(logits, row.cfg.controls, row.ids, len(row.prompt), draft.tokens)
+        logits = controlled(logits, row.controls, row.ids, len(row.prompt), draft.tokens)
         n_accepted, token = decide(logits, draft, row.params, row.generator, row.lossy)
         self.target.truncate_seq(row.seq, len(row.ids) + n_accepted)
         generated = len(row.ids) - len(row.prompt)

@@ -541,19 +541,14 @@ class SweepRunner:
             ms = prefill_draft(d, prompt)
             draft_prefill[spec] = ms if cold else est
         baseline = reference
-        since_plain = 0
+
+        def new_baseline() -> None:
+            nonlocal baseline
+            bar.set_postfix_str(f"ctx {first.context} plain", refresh=True)
+            baseline = run_plain(cold=False)
+
         n_run = 0
-        for p in pts:
-            key = point_key(p, self.bench)
-            if any(r.get("key") == key for r in rows):
-                bar.update(1)
-                continue
-            if self._over_time(start):
-                break
-            if since_plain >= int(self.bench["plain_every"]):
-                bar.set_postfix_str(f"ctx {p.context} plain", refresh=True)
-                baseline = run_plain(cold=False)
-                since_plain = 0
+        for p in self._points_due(pts, rows, bar, start, new_baseline):
             if p.drafter == "calibrated":
                 cost_ms = resolve_cost(p.cost, cost, len(prompt) + max_new / 2)
                 drafter = CalibratedDrafter(reference["token_ids"], p.alpha, cost_ms=cost_ms,
@@ -570,7 +565,7 @@ class SweepRunner:
             reading = self.meter.stop()
             metrics = _run_metrics(r, reading, self.meter)
             mem = models.draft_bytes.get(p.drafter, {"param_bytes": 0, "rss_delta_bytes": 0, "kv_bytes_per_token": 0})
-            row = {"kind": "point", "key": key, **group_info, **p.fields(), "group": gkey,
+            row = {"kind": "point", "key": point_key(p, self.bench), **group_info, **p.fields(), "group": gkey,
                    "prompt_tokens": len(prompt), "cost_ms": cost_ms, "alpha_dial": p.alpha,
                    **metrics,
                    "ttft_ms": reference["ttft_ms"], "ttft_source": reference["ttft_source"],
@@ -581,12 +576,7 @@ class SweepRunner:
                    "identical_to_plain": (r.token_ids == reference["token_ids"]) if p.temperature == 0 else None,
                    "offpath_positions": getattr(drafter, "offpath", None),
                    "token_ids": r.token_ids}
-            apply_baseline(row, [r for r in rows if r.get("kind") == "plain" and r.get("group") == gkey
-                                 and r.get("run") == self.run_id])
-            row["predicted_speedup"] = predict_point(cost, row)
-            self._write(f, row)
-            rows.append(row)
-            since_plain += 1
+            self._record_point(f, rows, row, predict_point(cost, row))
             n_run += 1
             bar.update(1)
         return n_run, 0
@@ -668,17 +658,8 @@ class SweepRunner:
 
         bar.set_postfix_str(f"B={b} ctx {first.context} plain", refresh=True)
         reference = run_plain()
-        since_plain = n_run = 0
-        for p in pts:
-            key = point_key(p, self.bench)
-            if any(r.get("key") == key for r in rows):
-                bar.update(1)
-                continue
-            if self._over_time(start):
-                break
-            if since_plain >= int(self.bench["plain_every"]):
-                run_plain()
-                since_plain = 0
+        n_run = 0
+        for p in self._points_due(pts, rows, bar, start, run_plain):
             cost_ms = None
             if p.drafter == "calibrated":
                 cost_ms = resolve_cost(p.cost, cost, statistics.fmean(map(len, prompts)) + max_new / 2)
@@ -694,7 +675,8 @@ class SweepRunner:
                                 f"{'' if p.alpha is None else f' a={p.alpha:g}'} K={p.k} {p.controller}", refresh=True)
             results, metrics = run_batch(drafters, p.controller, p.k)
             mem = models.draft_bytes.get(p.drafter, {"param_bytes": 0, "rss_delta_bytes": 0, "kv_bytes_per_token": 0})
-            row = {"kind": "point", "key": key, **group_info, **p.fields(), "group": gkey, "cost_ms": cost_ms,
+            row = {"kind": "point", "key": point_key(p, self.bench), **group_info, **p.fields(), "group": gkey,
+                   "cost_ms": cost_ms,
                    "alpha_dial": p.alpha, **metrics, "ttft_source": "measured batch prefill", "draft_prefill_ms": 0.0,
                    "draft_param_bytes": mem["param_bytes"], "draft_rss_delta_bytes": mem["rss_delta_bytes"],
                    "draft_kv_bytes": mem["kv_bytes_per_token"] * b * (group_info["prompt_tokens"] + max_new),
@@ -704,15 +686,34 @@ class SweepRunner:
                    "offpath_positions": sum(getattr(d, "offpath", 0) for d in drafters)
                    if p.drafter == "calibrated" else None,
                    "token_ids": [r.token_ids for r in results]}
-            apply_baseline(row, [r for r in rows if r.get("kind") == "plain" and r.get("group") == gkey
-                                 and r.get("run") == self.run_id])
-            row["predicted_speedup"] = math.nan  # the cost model is a batch-1 model
-            self._write(f, row)
-            rows.append(row)
-            since_plain += 1
+            self._record_point(f, rows, row, math.nan)  # the cost model is a batch-1 model: no prediction
             n_run += 1
             bar.update(1)
         return n_run, 0
+
+    def _points_due(self, pts: list[Point], rows: list[dict], bar, start: float, plain: Callable[[], object]):
+        """The group's points not yet in the results, in order, until the time limit; ``plain()`` runs a plain
+        baseline before every ``plain_every`` of them."""
+        since_plain = 0
+        for p in pts:
+            if any(r.get("key") == point_key(p, self.bench) for r in rows):
+                bar.update(1)
+                continue
+            if self._over_time(start):
+                return
+            if since_plain >= int(self.bench["plain_every"]):
+                plain()
+                since_plain = 0
+            yield p
+            since_plain += 1
+
+    def _record_point(self, f, rows: list[dict], row: dict, predicted: float) -> None:
+        """Speedups against the group's plain runs of this invocation, the prediction, then write it."""
+        apply_baseline(row, [r for r in rows if r.get("kind") == "plain" and r.get("group") == row["group"]
+                             and r.get("run") == self.run_id])
+        row["predicted_speedup"] = predicted
+        self._write(f, row)
+        rows.append(row)
 
 
 def _batch_metrics(results: list, reading, meter: Meter, wall_ms: float, prefill_ms: float) -> dict:
