@@ -7,7 +7,7 @@
 
 Model specs accepted for ``target`` and ``draft``: a zoo name (``adaspec models list``), a local ``.gguf`` file, a
 local Hugging Face folder, or a Hugging Face hub id. ``draft`` also accepts ``"ngram"`` (prompt lookup),
-``"layerskip:N"`` (the target's first N layers, sharing its weights), ``"A+B"`` (several drafters, one chosen per
+``"ngram-tree"`` (prompt lookup whose matches branch into a token tree, with ``tree_budget``), ``"layerskip:N"`` (the target's first N layers, sharing its weights), ``"A+B"`` (several drafters, one chosen per
 step: :class:`~adaspec.drafters.multi.MultiDrafter`), ``"hybrid"`` (= ``ngram+`` the default draft model) and
 ``"none"`` (plain decoding).
 
@@ -32,15 +32,16 @@ import torch
 from adaspec.backends.base import Backend
 from adaspec.backends.select import (BACKENDS, GGUF_RUNTIMES, RUNTIME_LABELS, choose_backend, make_gguf_backend,
                                      normalize_backend, require_runtime, resolve_device)
-from adaspec.backends.torch_backend import TorchBackend, load_causal_lm, truncated_layers
+from adaspec.backends.torch_backend import TorchBackend, load_causal_lm, resolve_dtype, truncated_layers
 from adaspec.controllers import make_controller
 from adaspec.controllers.base import Controller
-from adaspec.drafters import Drafter, ModelDrafter, NgramDrafter
+from adaspec.drafters import Drafter, ModelDrafter, NgramDrafter, NgramTreeDrafter
 from adaspec.drafters.multi import MultiDrafter
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
 from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.errors import ConfigError
 from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_tokenizers_compatible, resolve
+from adaspec.models.synthetic import SyntheticTokenizer, build_synthetic, is_synthetic, parse_synthetic
 
 
 def set_threads(threads: int | None) -> int:
@@ -107,6 +108,9 @@ def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, d
     threads = threads or torch.get_num_threads()
     reason = ""
     backend = pinned or normalize_backend(backend)
+    if is_synthetic(spec):
+        return _load_synthetic(spec, backend=backend, dtype=dtype, device=device, max_context=max_context,
+                               max_sequences=max_sequences)
     if backend == "auto":
         choice = choose_backend(spec, device=device, dtype=dtype, threads=threads, progress=progress)
         backend, reason = choice.backend, choice.reason
@@ -132,11 +136,23 @@ def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, d
                        tokenizer, resolved.name, reason)
 
 
+def _load_synthetic(spec: str, *, backend: str, dtype: str | None, device: str, max_context: int | None,
+                    max_sequences: int) -> LoadedModel:
+    """A ``synthetic:`` model (random weights, see :mod:`adaspec.models.synthetic`) on PyTorch."""
+    if backend not in ("torch", "auto"):
+        raise ConfigError(f"{spec}: synthetic models are built in PyTorch; they cannot run on "
+                          f"{RUNTIME_LABELS.get(backend, backend)} (use --backend torch or auto)")
+    name = parse_synthetic(spec).name
+    model = build_synthetic(name, dtype=resolve_dtype(dtype or "bfloat16"), device=device)
+    return LoadedModel(TorchBackend(model, name, max_context=max_context, max_sequences=max_sequences),
+                       SyntheticTokenizer(extra_ids=0), name, "synthetic models are built in PyTorch")
+
+
 def builtin_drafter(spec: str) -> bool:
     """True for drafter specs that load no model of their own: ``none``, ``ngram`` and ``layerskip:N`` (which
     shares the target's weights). Everything else (a model spec, ``hybrid``, ``A+B``) loads a draft model."""
     low = spec.lower()
-    return low in ("none", "ngram") or low.startswith("layerskip:")
+    return low in ("none", "ngram", "ngram-tree") or low.startswith("layerskip:")
 
 
 def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = None, device: str = "auto",
@@ -168,6 +184,8 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
         return MultiDrafter(parts)
     if spec.lower() == "ngram":
         return NgramDrafter()
+    if spec.lower() == "ngram-tree":  # prompt lookup whose several matches become a token tree (tree_budget > 0)
+        return NgramTreeDrafter()
     if spec.lower().startswith("layerskip:"):
         try:
             n = int(spec.split(":", 1)[1])

@@ -11,7 +11,7 @@ import json
 import sys
 
 from adaspec.defaults import BACKEND_CHOICES, DEFAULT_CONTROLLER, DEFAULT_DRAFTER, DEVICE_CHOICES
-from adaspec.errors import AdaspecError
+from adaspec.errors import AdaspecError, ConfigError
 from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from adaspec.models.cli import add_models_parser
 
@@ -19,7 +19,8 @@ from adaspec.models.cli import add_models_parser
 def _add_model_args(p: argparse.ArgumentParser, draft_default: str = DEFAULT_DRAFTER) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET,
                    help="target model: zoo name, .gguf file, HF folder or hub id; append @torch, @llamacpp or @ik "
-                        "to pin its backend (default: %(default)s)")
+                        "to pin its backend; synthetic:<shape> (e.g. synthetic:qwen2.5-7b) is random weights in a "
+                        "real shape, for timing only (default: %(default)s)")
     p.add_argument("--draft", default=draft_default,
                    help="drafter: model spec (NAME@ik etc. pins a backend), 'ngram', 'layerskip:N', 'A+B', "
                         "'hybrid' or 'none' (default: %(default)s)")
@@ -103,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="N generations of the prompt (sampling: generation i uses seed + i)")
     gen.add_argument("--logprobs", type=int, default=None, metavar="N",
                      help="with --json: each token's log-probability and its N most likely alternatives")
+    gen.add_argument("--tree-budget", type=int, default=0, metavar="N",
+                     help="verify token trees of up to N draft nodes per step (with --draft ngram-tree; greedy, "
+                          "PyTorch target; 0 = chains)")
     gen.set_defaults(func=cmd_generate)
 
     cmp = sub.add_parser("compare", help="compare decoding methods on workloads (interleaved, resumable)")
@@ -196,7 +200,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from adaspec.engine import GenerationConfig
 
     prompt = _read_prompt(args)
-    config = GenerationConfig(**_sampling_kwargs(args), logprobs=args.logprobs)
+    config = GenerationConfig(**_sampling_kwargs(args), logprobs=args.logprobs, tree_budget=args.tree_budget)
     lm = load(args.target, args.draft, controller=args.controller, k=args.k, backend=args.backend,
               device=args.device, dtype=args.dtype, threads=args.threads)
     if lm.target.runtime_reason:
@@ -361,7 +365,8 @@ def _add_bench_parsers(sub) -> None:
     bench.set_defaults(func=cmd_bench)
 
     mp = sub.add_parser("map", help="boundary maps (PNG) and a Markdown/HTML report from bench results")
-    mp.add_argument("results", nargs="+", help="results files written by adaspec bench")
+    mp.add_argument("results", nargs="*", help="results files written by adaspec bench (with --hardware: measured "
+                                               "micro rows to check the prediction against)")
     mp.add_argument("--report", default="results/boundary.md", help="Markdown report path")
     mp.add_argument("--img-dir", default=None, help="folder for the PNGs (default: img/ beside the report)")
     mp.add_argument("--html", default=None, help="also write an HTML version here")
@@ -371,6 +376,18 @@ def _add_bench_parsers(sub) -> None:
     mp.add_argument("--command", action="append", default=[], metavar="CMD",
                     help="the bench command that produced the results, for the report (repeatable; default: the "
                          "command lines recorded in the results)")
+    hw = mp.add_argument_group("predicted maps (no measurement: the roofline model of adaspec.bench.hardware)")
+    hw.add_argument("--hardware", default=None, metavar="NAME",
+                    help="predict for a named device (rtx-3090, rtx-4090, a100-80gb, h100-sxm, h200, laptop-cpu) or "
+                         "this-cpu (measured now) instead of reading results")
+    hw.add_argument("--shape", default="7b", help="target model shape (0.5b..32b, qwen2.5-7b, vicuna-7b, a zoo name; "
+                                                  "default: %(default)s)")
+    hw.add_argument("--draft", action="append", default=None, metavar="SHAPE",
+                    help="draft model shape, or ngram for prompt lookup (repeatable; default: 0.5b and ngram)")
+    hw.add_argument("--dtype", default="bfloat16",
+                    help="bfloat16, float16, float32, q4_k_m, q8_0 (default: %(default)s)")
+    hw.add_argument("--layer-ms", type=float, default=None,
+                    help="host time per decoder layer, ms (default: the profile's; about 0 for CUDA graphs)")
     mp.set_defaults(func=cmd_map)
 
     prof = sub.add_parser("profile", help="measure a workload sample and advise whether and how to speculate")
@@ -427,6 +444,18 @@ def cmd_map(args: argparse.Namespace) -> int:
 
     from adaspec.bench.report import make_report
 
+    if args.hardware:
+        from adaspec.bench.predicted import predicted_report
+
+        out = predicted_report(args.hardware, args.shape, args.draft or ["0.5b", "ngram"], Path(args.report),
+                               dtype=args.dtype, img_dir=Path(args.img_dir) if args.img_dir else None,
+                               layer_ms=args.layer_ms, measured=[Path(r) for r in args.results])
+        print(f"wrote {out['report']} (PREDICTED, {out['profile'].name})"
+              + "".join(f"\n  {p}" for p in out["figures"].values()))
+        return 0
+    if not args.results:
+        raise ConfigError("adaspec map needs results files written by adaspec bench (or --hardware NAME for "
+                          "predicted maps)")
     out = make_report([Path(r) for r in args.results], Path(args.report),
                       img_dir=Path(args.img_dir) if args.img_dir else None,
                       html=Path(args.html) if args.html else None, title=args.title, commands=args.command,

@@ -14,7 +14,8 @@ the default drafter), or ``DRAFTER/CONTROLLER[:K]`` with any drafter spec of :fu
 runs a Hugging Face transformers peer on the same models (:mod:`adaspec.peers`). Modifiers follow with ``+``:
 ``+strict`` (strict mode: a batch-invariant target, see :class:`~adaspec.engine.GenerationConfig`) and one lossy
 acceptance rule of :data:`adaspec.verify.LOSSY_RULES` (``+typical[:ε]``, ``+topk[:k]``, ``+bild[:nats]``), e.g.
-``plain+strict``, ``hybrid/goodput+strict``, ``hybrid/goodput+topk:2``. A strict method's identity is counted
+``plain+strict``, ``hybrid/goodput+strict``, ``hybrid/goodput+topk:2``; and ``+tree:N`` (token trees of up to N
+draft nodes, e.g. ``ngram-tree/fixed:4+tree:12``, :mod:`adaspec.tree`). A strict method's identity is counted
 against ``plain+strict``.
 
 The report adds, per category and temperature, the **oracle** (the best fixed K in hindsight, default drafter) and
@@ -28,7 +29,7 @@ import json
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from adaspec.controllers import CONTROLLERS, make_controller
@@ -36,6 +37,7 @@ from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
 from adaspec.peers import parse_peer
+from adaspec.tree import MAX_TREE_NODES, check_budget
 from adaspec.verify import parse_lossy
 
 DEFAULT_METHOD = f"{DEFAULT_DRAFTER}/{DEFAULT_CONTROLLER}"
@@ -73,6 +75,7 @@ class Method:
     k: int | None
     strict: bool = False
     lossy: str | None = None
+    tree_budget: int = 0
 
     @property
     def reference(self) -> str:
@@ -88,10 +91,20 @@ def parse_method(text: str, default_draft: str) -> Method:
     drafter_part, slash, rest = text.rpartition("/")
     base, *mods = rest.split("+")
     if mods:
-        strict, lossy = False, None
+        strict, lossy, tree = False, None, 0
         for mod in mods:
             if mod == "strict":
                 strict = True
+                continue
+            if mod.startswith("tree:"):
+                try:
+                    tree = int(mod[5:])
+                    check_budget(tree)
+                except (ValueError, ConfigError) as e:
+                    raise ConfigError(f"bad method {text!r}: {mod!r} needs a node budget tree:N, 1 <= N <= "
+                                      f"{MAX_TREE_NODES} ({e})") from None
+                if tree == 0:
+                    raise ConfigError(f"bad method {text!r}: tree:0 is a chain; drop the modifier")
                 continue
             try:
                 parse_lossy(mod)
@@ -104,9 +117,10 @@ def parse_method(text: str, default_draft: str) -> Method:
         inner = parse_method(drafter_part + slash + base, default_draft)
         if inner.controller in PEER_LIBRARIES:
             raise ConfigError(f"bad method {text!r}: modifiers apply to adaspec's methods, not to peers")
-        if lossy is not None and inner.drafter is None:
-            raise ConfigError(f"bad method {text!r}: a lossy rule needs a drafter (plain decoding drafts nothing)")
-        return Method(text, inner.drafter, inner.controller, inner.k, strict, lossy)
+        if (lossy is not None or tree) and inner.drafter is None:
+            raise ConfigError(f"bad method {text!r}: a lossy rule or a tree needs a drafter (plain decoding drafts "
+                              "nothing)")
+        return Method(text, inner.drafter, inner.controller, inner.k, strict, lossy, tree)
     if text == "plain":
         return Method("plain", None, "fixed", 0)
     peer = parse_peer(text)
@@ -174,11 +188,12 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
 
     from adaspec.api import SpeculativeLM, load_model, make_drafter, set_threads
     from adaspec.backends.gguf import GgufBackend
+    from adaspec.backends.select import cpu_label
     from adaspec.workloads import load_workload
 
     parsed = [parse_method(m, draft) for m in methods]
     if strict:
-        parsed = [m if m.controller in PEER_LIBRARIES else Method(m.label, m.drafter, m.controller, m.k, True, m.lossy)
+        parsed = [m if m.controller in PEER_LIBRARIES else replace(m, strict=True)
                   for m in parsed]
     if not any(m.label == "plain" for m in parsed):
         parsed.insert(0, Method("plain", None, "fixed", 0, strict))
@@ -186,6 +201,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
         parsed.insert(1, parse_method("plain+strict", draft))  # the reference of the strict methods
     prompts = _round_robin([(w, p) for w in workloads for p in load_workload(w, limit)])
     set_threads(threads)
+    cpu = cpu_label()
     done = {result_key(r) for r in read_results(out)}
     todo = [(w, p, t) for w, p in prompts for t in temperatures
             if any((w, p.id, m.label, t, m.strict) not in done for m in parsed)]
@@ -265,15 +281,16 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                                       decode_tokens=max(result["new_tokens"] - 1, 0))
                 else:
                     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temp, seed=seed,
-                                           strict=m.strict, lossy=m.lossy, return_margins=record_margins)
+                                           strict=m.strict, lossy=m.lossy, return_margins=record_margins,
+                                           tree_budget=m.tree_budget)
                     _forget_drafts(runner.drafter)
                     result = _run_engine(runner, ids, cfg)
                 row = {"workload": workload, "category": prompt.category, "prompt_id": prompt.id,
                        "method": m.label, "temperature": temp, "target": tgt.name, "drafter": m.drafter,
                        "controller": m.controller, "k": m.k, "threads": threads, "strict": m.strict,
-                       "lossy": m.lossy, "reference": m.reference,
+                       "lossy": m.lossy, "tree_budget": m.tree_budget, "reference": m.reference,
                        "dtype": "gguf" if isinstance(tgt.backend, GgufBackend) else dtype or "bfloat16",
-                       "prompt_cache": prompt_cache,
+                       "prompt_cache": prompt_cache, "cpu": cpu,
                        "prompt_prefill_ms": round(prompt_prefill_ms, 2) if prompt_cache else None, **result}
                 f.write(json.dumps(row) + "\n")
                 f.flush()

@@ -26,6 +26,7 @@ from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
 from adaspec.text import TextStream
+from adaspec.tree import check_budget, path_rows, verify_tree_greedy, verify_tree_sampling
 from adaspec.verify import parse_lossy, verify_greedy, verify_lossy, verify_sampling
 
 
@@ -59,6 +60,11 @@ class GenerationConfig:
             sampling filters). None = off.
         prompt_logprobs: the same for every prompt token after the first (the model's own distribution, no
             controls; OpenAI ``echo`` + ``logprobs``) in :attr:`GenerationResult.prompt_logprobs`. None = off.
+        tree_budget: draft token trees of at most this many nodes per step (:mod:`adaspec.tree`; the controller's
+            K is the depth) where the drafter branches (``ngram-tree``), the target can verify trees and the
+            request is exact (no lossy rule), not strict and without logits controls; greedy or sampled (the
+            multi-candidate rule of :func:`~adaspec.tree.verify_tree_sampling`); chains otherwise, with the
+            reason in :attr:`GenerationStats.tree_fallback`. 0 (default) = chains.
     """
 
     max_new_tokens: int = 128
@@ -79,6 +85,7 @@ class GenerationConfig:
     min_p: float = 0.0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    tree_budget: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # OpenAI and HF accept one stop string as a plain str
@@ -91,6 +98,7 @@ class GenerationConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 raise ConfigError(f"{name} must be in [0, {MAX_LOGPROBS}] (top alternatives per token), got {value}")
+        check_budget(self.tree_budget)
         if self.lossy is not None:
             try:
                 parse_lossy(self.lossy)
@@ -236,6 +244,7 @@ class SpeculativeEngine:
         margins: list[float] | None = [] if cfg.return_margins else None
         logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
         controls = cfg.controls
+        tree_budget, stats.tree_fallback = self._tree_mode(cfg, params, lossy, controls)
         start = time.perf_counter()
         self.target.reset()
         logits = self.target.forward(prompt, len(prompt) if cfg.prompt_logprobs is not None else 1)
@@ -267,16 +276,18 @@ class SpeculativeEngine:
                 break
             route(self.drafter, self.controller, ids)  # per-step drafter choice (MultiDrafter only)
             k = min(self.controller.next_k(), room - 1) if self.drafter is not None else 0
-            draft = (self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft())
+            if k > 0 and tree_budget:
+                draft = self.drafter.propose_tree(ids, k, tree_budget, params, generator)
+            else:
+                draft = self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft()
             draft_end = time.perf_counter()
 
-            n_accepted, token, logits = self._verify(ids, draft, params, generator, lossy, controls, len(prompt))
-            self.target.truncate(len(ids) + n_accepted)
+            accepted, token, logits = self._verify(ids, draft, params, generator, lossy, controls, len(prompt))
+            n_accepted = len(accepted)
             self.target.synchronize()
             verify_end = time.perf_counter()
 
-            new, finish = self._accept(ids, draft.tokens[:n_accepted].tolist() + [token], cfg, eos, text,
-                                       generated)
+            new, finish = self._accept(ids, accepted + [token], cfg, eos, text, generated)
             if margins is not None:
                 margins += top_margins(logits[:len(new)])
             lp = token_logprobs(logits[:len(new)], new, cfg.logprobs)
@@ -304,14 +315,40 @@ class SpeculativeEngine:
         yield StreamChunk(new if stats.steps else [], tail, result, logprobs=lp if stats.steps else None)
 
     # Pieces of a step ---------------------------------------------------------------------------------------
+    def _tree_mode(self, cfg: GenerationConfig, params: SamplingParams, lossy, controls) -> tuple[int, str]:
+        """``(tree budget, why chains instead)``: the request's tree budget where trees can be verified here, else
+        0 and the reason (empty when the request asked for chains)."""
+        if not cfg.tree_budget or self.drafter is None:
+            return 0, ""
+        why = ("a lossy acceptance rule" if lossy is not None
+               else "logits controls (penalties, logit_bias)" if controls is not None
+               else f"{self.target.name} cannot verify trees" if not self.target.supports_trees
+               else "strict mode" if self.target.batch_invariant
+               else "")
+        return (0, f"chains: {why}") if why else (cfg.tree_budget, "")
+
     def _verify(self, ids: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator,
                 lossy: tuple[str, float] | None = None, controls: LogitsControls | None = None,
-                prompt_len: int = 0) -> tuple[int, int, torch.Tensor]:
-        """One target forward over ``[pending] + draft`` and the accept/reject decision:
-        ``(n_accepted, next token, the target's [K + 1, V] logits after the request's controls)``."""
+                prompt_len: int = 0) -> tuple[list[int], int, torch.Tensor]:
+        """One target forward over ``[pending] + draft`` (a chain, or a token tree), the accept/reject decision
+        and the cache rollback: ``(accepted draft tokens, next token, the target's logits along them)``, the
+        logits ``[accepted + 1, V]`` (a tree's path) or ``[K + 1, V]`` (a chain), after the request's controls."""
+        if draft.is_tree:
+            tokens = draft.tokens.tolist()
+            logits = self.target.forward_tree([ids[-1]] + tokens, draft.parents)
+            if params.greedy:
+                path, token = verify_tree_greedy(tokens, draft.parents, logits)
+            elif draft.probs is None:  # a deterministic tree (prompt lookup): multi-candidate rejection sampling
+                path, token = verify_tree_sampling(tokens, draft.parents, logits_to_probs(logits, params), generator)
+            else:
+                raise ConfigError("sampling a token tree with draft probabilities is not implemented")
+            self.target.keep_tree_path(len(ids), path)
+            return [tokens[i] for i in path], token, logits[path_rows(path)]
         logits = self.target.forward([ids[-1]] + draft.tokens.tolist(), len(draft) + 1)
         logits = controlled(logits, controls, ids, prompt_len, draft.tokens)
-        return (*decide(logits, draft, params, generator, lossy), logits)
+        n_accepted, token = decide(logits, draft, params, generator, lossy)
+        self.target.truncate(len(ids) + n_accepted)
+        return draft.tokens[:n_accepted].tolist(), token, logits
 
     def _accept(self, ids: list[int], new: list[int], cfg: GenerationConfig, eos: tuple[int, ...],
                 text: TextStream | None, generated: int) -> tuple[list[int], str | None]:

@@ -57,6 +57,7 @@ class GenerationStats:
     peak_rss_bytes: int = 0
     steps: list[StepRecord] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    tree_fallback: str = ""  # why a request that asked for token trees verified chains ("" = it did not ask)
 
     def record(self, step: StepRecord) -> None:
         self.steps.append(step)
@@ -140,6 +141,7 @@ class GenerationStats:
             "tpot_ms": round(self.tpot_ms, 2),
             "tokens_per_s": round(self.tokens_per_s, 3),
             "peak_rss_bytes": self.peak_rss_bytes,
+            **({"tree_fallback": self.tree_fallback} if self.tree_fallback else {}),
         }
 
     def to_dict(self) -> dict:

@@ -53,6 +53,8 @@ class Backend(ABC):
         rows_independent: a row of :meth:`forward_batch` gets the same logits whatever the other rows are (in
             strict mode); False where the runtime's kernels mix rows (ik_llama.cpp's unified cache), so strict mode
             holds only at batch size 1 there.
+        supports_trees: :meth:`forward_tree` and :meth:`keep_tree_path` work (token-tree verification,
+            :mod:`adaspec.tree`); the engine verifies chains where this is False and says so in its statistics.
     """
 
     name: str
@@ -62,6 +64,7 @@ class Backend(ABC):
     supports_batch_invariance: bool = False
     max_sequences: int = 1
     rows_independent: bool = True
+    supports_trees: bool = False
 
     @property
     @abstractmethod
@@ -88,6 +91,25 @@ class Backend(ABC):
     @abstractmethod
     def truncate(self, length: int) -> None:
         """Drop cached positions ``length ..`` (keep the first ``length``); 0 <= length <= seq_len."""
+
+    # Token trees (sequence 0) ------------------------------------------------------------------------------------
+    def forward_tree(self, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Score a token tree after the cached prefix: ``input_ids`` = ``[pending] + nodes`` with ``parents`` the
+        nodes' parent indices (:mod:`adaspec.tree`); each node attends to the prefix, the pending token and its
+        ancestors, at the position of its depth. Extends the cache by ``len(input_ids)`` entries (all nodes).
+
+        Returns:
+            ``[len(input_ids), V]`` logits; row 0 follows the pending token, row i + 1 follows node i.
+
+        Raises:
+            NotImplementedError: the backend cannot verify trees (``supports_trees`` is False).
+        """
+        raise NotImplementedError(f"{self.name}: this backend cannot verify token trees")
+
+    def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
+        """After :meth:`forward_tree`: keep the first ``base`` cached entries (prefix + pending token) and the
+        entries of the nodes in ``path`` (in that order, compacted), drop the rest."""
+        raise NotImplementedError(f"{self.name}: this backend cannot verify token trees")
 
     # Several sequences ------------------------------------------------------------------------------------------
     def forward_batch(self, rows: Sequence[BatchRow]) -> list[torch.Tensor]:

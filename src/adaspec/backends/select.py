@@ -135,6 +135,17 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_label() -> str:
+    """The CPU's model name and widest vector extension, e.g. ``"AMD EPYC (AVX2)"``: result rows carry it so a file
+    filled on several machines can be split by machine."""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    simd = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if f" {flag}" in flags), None)
+    return f"{_cpu_name()} ({simd})" if simd else _cpu_name()
+
+
 PROBE_TEXT = (
     "The quick brown fox jumps over the lazy dog. In computer science, a linked list is a linear collection of data "
     "elements whose order is not given by their physical placement in memory. Instead, each element points to the "

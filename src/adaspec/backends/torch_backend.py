@@ -273,6 +273,45 @@ class TorchBackend(Backend):
         self._len += n
         return out.logits[0, -num_logits:]
 
+    # Token trees ----------------------------------------------------------------------------------------------
+    @property
+    def supports_trees(self) -> bool:  # type: ignore[override]
+        """Trees need full-attention layers (a sliding-window cache cannot be compacted by index here)."""
+        return strict_unsupported(self.model.config.get_text_config()) is None
+
+    @torch.inference_mode()
+    def forward_tree(self, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """See :meth:`Backend.forward_tree`: one forward with a 4-D tree attention mask (additive, in the model's
+        dtype) and position ids by depth; transformers passes a ready 4-D mask to the attention as it is."""
+        from adaspec.tree import depths, tree_attention_mask
+
+        self._use(0)
+        n = len(input_ids)
+        if len(parents) != n - 1:
+            raise ValueError(f"a tree over {n - 1} nodes needs {n - 1} parents, got {len(parents)}")
+        self.check_forward(n, n)
+        past = self._len
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).unsqueeze(0)
+        positions = torch.tensor([past] + [past + d for d in depths(parents)], device=self.device).unsqueeze(0)
+        mask = tree_attention_mask(parents, past, self.dtype, self.device)
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                         logits_to_keep=n, **{self._cache_kwarg: self._cache})
+        self._len += n
+        return out.logits[0, -n:]
+
+    def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
+        self._use(0)
+        if not 0 <= base <= self._len or any(not 0 <= base + p < self._len for p in path):
+            raise ValueError(f"cannot keep tree path {list(path)} after {base} of {self._len} cached entries")
+        if list(path) == list(range(len(path))):  # the path is the nodes' first entries: a plain crop
+            self._truncate(base + len(path))
+            return
+        index = torch.tensor(list(range(base)) + [base + p for p in path], device=self.device)
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+        self._len = base + len(path)
+
     def truncate(self, length: int) -> None:
         self._use(0)
         self._truncate(length)

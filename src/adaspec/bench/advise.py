@@ -57,8 +57,13 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
 
     Raises:
         AdaspecError: unknown workload, or no usable drafter.
+        ConfigError: a synthetic (random-weight) target or draft: acceptance on a workload needs real text.
     """
     from adaspec.api import SpeculativeLM, load_model, set_threads
+    from adaspec.models.synthetic import refuse_synthetic
+
+    for spec in (target, *drafts):
+        refuse_synthetic(spec, "adaspec profile")
     from adaspec.backends.select import resolve_device
     from adaspec.controllers import make_controller
     from adaspec.drafters.model import ModelDrafter

@@ -1,9 +1,14 @@
-"""Process-level meters for the benchmark: energy (RAPL), CPU time, resident memory (model bytes: the backends'
-``weight_bytes``/``kv_bytes_per_token``).
+"""Process-level meters for the benchmark: energy (NVML on GPUs, RAPL on CPUs), CPU time, resident memory (model
+bytes: the backends' ``weight_bytes``/``kv_bytes_per_token``).
 
-Energy comes only from Intel RAPL counters (``/sys/class/powercap/intel-rapl:N/energy_uj``, package domains) when
-they are readable; otherwise the meter says "not measurable here" and reports CPU time instead, which is an energy
-*proxy* (CPU-seconds per token), never converted to joules by a guessed wattage.
+Energy comes from counters only, never from a guessed wattage:
+
+* a GPU run reads NVML's total-energy counter of each visible GPU (``nvmlDeviceGetTotalEnergyConsumption``,
+  millijoules since the driver loaded; Volta and newer) through ``nvidia-ml-py``;
+* a CPU run reads Intel RAPL counters (``/sys/class/powercap/intel-rapl:N/energy_uj``, package domains) when they
+  are readable;
+* otherwise the meter says "not measurable here" and reports CPU time instead, which is an energy *proxy*
+  (CPU-seconds per token).
 """
 
 from __future__ import annotations
@@ -63,21 +68,60 @@ def _system_busy_s() -> float | None:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
-class Meter:
-    """Measure wall time, process CPU time and (when readable) package energy over a block::
+class NvmlEnergy:
+    """NVML total-energy counters of the visible GPUs (``nvidia-ml-py``). :meth:`open` returns None where NVML,
+    a GPU or the counter is missing."""
 
-        meter = Meter(); meter.start(); ...; reading = meter.stop()
+    def __init__(self, nvml, handles: list) -> None:
+        self.nvml = nvml
+        self.handles = handles
+
+    @classmethod
+    def open(cls) -> NvmlEnergy | None:
+        try:
+            import pynvml as nvml
+
+            nvml.nvmlInit()
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            for h in handles:
+                nvml.nvmlDeviceGetTotalEnergyConsumption(h)  # raises NVMLError_NotSupported before Volta
+        except Exception:  # noqa: BLE001 - no package, no driver, no GPU or no counter: not measurable
+            return None
+        return cls(nvml, handles) if handles else None
+
+    @property
+    def source(self) -> str:
+        return f"NVML total energy ({len(self.handles)} GPU{'s' if len(self.handles) > 1 else ''})"
+
+    def read_mj(self) -> list[int]:
+        """Millijoules per GPU since the driver loaded."""
+        return [int(self.nvml.nvmlDeviceGetTotalEnergyConsumption(h)) for h in self.handles]
+
+
+class Meter:
+    """Measure wall time, process CPU time and (when readable) energy over a block::
+
+        meter = Meter(gpu=True); meter.start(); ...; reading = meter.stop()
+
+    ``gpu``: the work runs on CUDA, so energy is the GPUs' (NVML), not the CPU package's.
     """
 
-    def __init__(self, root: Path = POWERCAP) -> None:
-        self.domains = rapl_domains(root)
-        self.energy_source = f"RAPL ({', '.join(d.name for d in self.domains)})" if self.domains else NOT_MEASURABLE
+    def __init__(self, root: Path = POWERCAP, *, gpu: bool = False) -> None:
+        self.nvml = NvmlEnergy.open() if gpu else None
+        self.domains = [] if self.nvml else rapl_domains(root)
+        if self.nvml:
+            self.energy_source = self.nvml.source
+        elif self.domains:
+            self.energy_source = f"RAPL ({', '.join(d.name for d in self.domains)})"
+        else:
+            self.energy_source = NOT_MEASURABLE + (" and no NVML energy counter" if gpu else "")
 
     def start(self) -> None:
         self._wall = time.perf_counter()
         t = os.times()
         self._cpu = t.user + t.system
         self._uj = [_read_uj(d) for d in self.domains]
+        self._mj = self.nvml.read_mj() if self.nvml else None
         self._busy = _system_busy_s()
 
     def stop(self) -> MeterReading:
@@ -89,7 +133,9 @@ class Meter:
         if busy is not None and self._busy is not None and wall > 0:
             other = max(0.0, (busy - self._busy - cpu) / (wall * (os.cpu_count() or 1)))
         energy = None
-        if self.domains:
+        if self.nvml:
+            energy = sum(after - before for after, before in zip(self.nvml.read_mj(), self._mj)) / 1e3
+        elif self.domains:
             total = 0
             for d, (before, wrap) in zip(self.domains, self._uj):
                 after, _ = _read_uj(d)

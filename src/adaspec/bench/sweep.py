@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from adaspec.backends.base import Backend
+from adaspec.backends.select import resolve_device
 from adaspec.bench.costmodel import CostModel, leviathan_alpha
 from adaspec.bench.grid import Point, Setting, expand, point_key
 from adaspec.bench.measure import Meter, rss_bytes
@@ -246,7 +247,8 @@ class SweepRunner:
         self.progress = progress
         self.time_limit_s = time_limit_s
         self.log = log or (lambda msg: None)
-        self.meter = Meter()
+        on_gpu = resolve_device(self.bench["device"]).startswith("cuda") and "torch" in self.bench["backend"]
+        self.meter = Meter(gpu=on_gpu)
         self.argv = argv
         self._validate_costs()
         for setting in {p.setting for p in expand(cfg)}:  # a model pinned to another backend: say so now

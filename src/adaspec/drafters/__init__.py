@@ -3,6 +3,6 @@
 from adaspec.drafters.base import Draft, Drafter, DraftStop
 from adaspec.drafters.model import ModelDrafter
 from adaspec.drafters.multi import MultiDrafter
-from adaspec.drafters.ngram import NgramDrafter
+from adaspec.drafters.ngram import NgramDrafter, NgramTreeDrafter
 
-__all__ = ["Draft", "Drafter", "DraftStop", "ModelDrafter", "MultiDrafter", "NgramDrafter"]
+__all__ = ["Draft", "Drafter", "DraftStop", "ModelDrafter", "MultiDrafter", "NgramDrafter", "NgramTreeDrafter"]

@@ -34,14 +34,30 @@ class Draft:
             None when the proposal is deterministic given the sequence (greedy mode, n-gram lookup).
         source: name of the drafter that made it, when that is not the engine's drafter itself (set by
             :class:`~adaspec.drafters.multi.MultiDrafter`); "" otherwise.
+        parents: a token tree instead of a chain (:mod:`adaspec.tree`): ``parents[i]`` is the index of node i's
+            parent, -1 for a child of the pending token; None for a chain (node i's parent is i - 1).
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
     source: str = ""
+    parents: list[int] | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    def as_chain(self) -> Draft:
+        """This draft as a chain: a tree's main path (first child at every node, :func:`adaspec.tree.main_path`)."""
+        if self.parents is None:
+            return self
+        from adaspec.tree import main_path
+
+        path = main_path(self.parents)
+        return Draft(self.tokens[path], None if self.probs is None else self.probs[path], self.source)
 
 
 def empty_draft() -> Draft:
@@ -79,6 +95,12 @@ class Drafter(ABC):
         ``ids`` only ever grows by appending within a request, except that tokens this drafter proposed and the
         verifier rejected never appear; drafters with caches reconcile against it.
         """
+
+    def propose_tree(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams,
+                     generator: torch.Generator | None = None) -> Draft:
+        """Propose a token tree of at most ``budget`` nodes and ``depth`` levels (:mod:`adaspec.tree`). The
+        default proposes a chain (:meth:`propose`); drafters that can branch override it."""
+        return self.propose(ids, depth, sampling, generator)
 
     def proposal(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
                  stop: DraftStop | None = None) -> Proposal:

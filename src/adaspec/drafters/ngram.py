@@ -66,3 +66,73 @@ class NgramDrafter(Drafter):
         if n == 0:
             return empty_draft()
         return Draft(torch.tensor(ids[start:start + k], dtype=torch.long))
+
+
+class NgramTreeDrafter(NgramDrafter):
+    """Prompt lookup with branches: every earlier occurrence of the sequence's suffix proposes its continuation,
+    and continuations that differ become branches of one token tree (:mod:`adaspec.tree`), verified in one target
+    forward. Chains (:meth:`propose`) are the plain n-gram drafter's (latest occurrence).
+
+    Occurrences are taken longest suffix first, most recent first, and merged into a trie until the node budget is
+    spent; a partly inserted continuation keeps its prefix. Code edits and templated text repeat a prefix with
+    several different continuations, which is where branches pay.
+
+    Args:
+        max_ngram, min_ngram: as :class:`NgramDrafter` (default 4 and 1).
+        max_matches: occurrences considered per lookup (most recent first).
+    """
+
+    name = "ngram-tree"
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_matches: int = 16) -> None:
+        super().__init__(max_ngram, min_ngram)
+        self.max_matches = max_matches
+        self._all: dict[tuple[int, ...], list[int]] = {}  # n-gram -> continuation positions, oldest first
+
+    def for_sequence(self, seq: int) -> NgramTreeDrafter:
+        return NgramTreeDrafter(self.max_ngram, self.min_ngram, self.max_matches)
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        super().prefill(prompt_ids)
+        self._all.clear()
+
+    def _extend_index(self, ids: list[int]) -> None:
+        for end in range(max(self._indexed, 1), len(ids)):
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                key = tuple(ids[end - n:end])
+                self._index[key] = end
+                self._all.setdefault(key, []).append(end)
+        self._indexed = max(self._indexed, len(ids))
+
+    def propose_tree(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams,
+                     generator: torch.Generator | None = None) -> Draft:
+        if depth <= 0 or budget <= 0:
+            return empty_draft()
+        self._extend_index(ids)
+        starts: list[int] = []  # longest suffix first, most recent first
+        for n in range(min(self.max_ngram, len(ids)), self.min_ngram - 1, -1):
+            for start in reversed(self._all.get(tuple(ids[-n:]), ())):
+                if len(starts) == self.max_matches:
+                    break
+                if start not in starts:
+                    starts.append(start)
+        tokens: list[int] = []
+        parents: list[int] = []
+        children: dict[int, dict[int, int]] = {}
+        for start in starts:
+            node = -1
+            for t in ids[start:start + depth]:
+                nxt = children.setdefault(node, {}).get(t)
+                if nxt is None:
+                    if len(tokens) == budget:
+                        break
+                    nxt = len(tokens)
+                    tokens.append(t)
+                    parents.append(node)
+                    children[node][t] = nxt
+                node = nxt
+            if len(tokens) == budget:
+                break
+        if not tokens:
+            return empty_draft()
+        return Draft(torch.tensor(tokens, dtype=torch.long), parents=parents)

@@ -278,9 +278,13 @@ def run_eval(*, target: str, draft: str, tasks: list[str], methods: list[str], l
     threshold. ``generate=False`` only scores and reports what the folder holds.
 
     Raises:
-        ConfigError: an unknown task or a malformed method.
+        ConfigError: an unknown task, a malformed method, or a synthetic (random-weight) target or draft.
     """
     from adaspec.api import load_model, set_threads
+    from adaspec.models.synthetic import refuse_synthetic
+
+    for spec in (target, *str(draft or "").split("+")):
+        refuse_synthetic(spec, "adaspec eval")
     from adaspec.backends.gguf import GgufBackend
 
     bad = [t for t in tasks if t not in TASKS]

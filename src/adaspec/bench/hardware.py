@@ -1,0 +1,343 @@
+"""Roofline hardware profiles: predict the cost of verifying n tokens and of drafting, for a model shape on a
+machine described by a few numbers, and check the predictions against measurements and published speedups.
+
+A forward over n new tokens after L cached ones, for a model of shape S in a dtype of b bytes per weight, costs on
+the device (Williams et al. 2009, "Roofline: an insightful visual performance model", applied per forward)
+
+    t_device(n, L) = max( bytes(n, L) / (BW η_bw),  flops(n, L) / (P η_mm) )
+    bytes(n, L)    = S.matmul_params b  +  S.kv_bytes_per_token L          (weights once, the KV cache once)
+    flops(n, L)    = 2 S.matmul_params n  +  4 layers heads head_dim n (L + (n + 1) / 2)
+
+with BW the peak memory bandwidth, P the peak dense matrix throughput at the dtype, and η the fractions of peak
+that decoding kernels reach. The host must also issue the work: eager PyTorch dispatches every operator from
+Python, which costs a roughly fixed time per decoder layer, so
+
+    T(n, L) = max(t_device(n, L), layers h_layer) + h_forward
+
+(asynchronous launches overlap host and device; the slower of the two sets the pace). On a GPU at batch 1 the
+weight term dominates and T(K + 1, L) ≈ T(1, L): verification is nearly free, which is where speculation's 2–3×
+lives. On a small CPU the flops term overtakes it after a few tokens (verify(5) ≈ 3 steps with bf16 on AVX2).
+
+The predicted costs fill a :class:`~adaspec.bench.costmodel.CostModel` (the same closed form the measured study
+uses), so every prediction — speedup(α, K, L), the boundary α, the best K — comes from one code path.
+
+Profiles come from spec sheets (:data:`PROFILES`, each with its source) or from measurements of the machine at hand
+(:func:`measure_profile`: streaming bandwidth and matrix throughput at decoding widths, timed with PyTorch). The
+host overhead h_layer of eager PyTorch is not on any spec sheet: :func:`measure_dispatch_ms` times it with a model
+so narrow that its arithmetic is negligible (on this machine's CPU; a GPU server's host adds launch latency on
+top, so GPU predictions use the value stated in the profile).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+
+from adaspec.bench.costmodel import CostModel, expected_tokens
+from adaspec.errors import ConfigError
+from adaspec.models.synthetic import SHAPES, ModelShape, shape
+
+BYTES_PER_PARAM = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0, "q4_k_m": 4.85 / 8, "q8_0": 8.5 / 8}
+"""Bytes per weight by dtype (GGUF quantisations: bits per weight / 8, block scales included)."""
+
+EAGER_LAYER_MS = 0.45
+"""Host time per decoder layer of eager PyTorch on a GPU server (Python dispatch plus about 30 kernel launches of
+~10 µs each in a Llama/Qwen2 layer). Not a spec-sheet number: replace it with :func:`measure_dispatch_ms` on the
+machine (``adaspec map --hardware ... --layer-ms``). CUDA graphs or a compiled engine (vLLM, SGLang) bring it near 0."""
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A machine as the roofline model sees it.
+
+    Attributes:
+        name: a key of :data:`PROFILES`, or ``"this-cpu"`` for a measured profile.
+        kind: ``"gpu"`` or ``"cpu"``.
+        bandwidth_gbs: peak memory bandwidth, GB/s (10^9 bytes per second).
+        matmul_tflops: peak dense matrix throughput at 16-bit precision (GPU tensor cores, FP32 accumulate), or
+            the measured throughput at decoding widths (CPU), TFLOP/s.
+        memory_gib: device memory, GiB (what fits).
+        bandwidth_efficiency, matmul_efficiency: fractions of peak that decoding kernels reach (η_bw, η_mm).
+        layer_ms: host time per decoder layer per forward (h_layer), ms.
+        forward_ms: fixed host time per forward (sampling, synchronisation), ms.
+        source: where the numbers come from (spec sheet, or "measured on ...").
+        measured: the numbers were measured on the machine at hand.
+    """
+
+    name: str
+    kind: str
+    bandwidth_gbs: float
+    matmul_tflops: float
+    memory_gib: float
+    bandwidth_efficiency: float = 0.8
+    matmul_efficiency: float = 0.5
+    layer_ms: float = EAGER_LAYER_MS
+    forward_ms: float = 1.0
+    source: str = ""
+    measured: bool = False
+
+    # The roofline -----------------------------------------------------------------------------------------------
+    def forward_time_ms(self, s: ModelShape, n: float, context: float, *, dtype: str = "bfloat16",
+                        batch: int = 1) -> float:
+        """Predicted wall time of one forward over ``n`` new tokens per row for ``batch`` rows after ``context``
+        cached tokens each, ms (see the module docstring)."""
+        b = bytes_per_param(dtype)
+        kv = 2.0 if b < 4 else 4.0  # the KV cache is kept in the activation dtype (16-bit for quantised weights)
+        moved = s.weight_bytes(b) + batch * s.kv_bytes_per_token(kv) * context
+        flops = batch * s.flops(n, context)
+        device = max(moved / (self.bandwidth_gbs * 1e9 * self.bandwidth_efficiency),
+                     flops / (self.matmul_tflops * 1e12 * self.matmul_efficiency)) * 1e3
+        return max(device, s.layers * self.layer_ms) + self.forward_ms
+
+    def fits(self, s: ModelShape, dtype: str = "bfloat16") -> bool:
+        """The weights fit in the device memory (with 10 % left for the KV cache and activations)."""
+        return s.total_params * bytes_per_param(dtype) <= 0.9 * self.memory_gib * 2**30
+
+    def cost_model(self, target: ModelShape, drafts: dict[str, ModelShape] | None = None, *,
+                   dtype: str = "bfloat16", lookup_ms: float = 0.1, k_max: int = 16) -> CostModel:
+        """A :class:`CostModel` whose curves are this profile's predictions, evaluated exactly (no fit):
+        T_v(n, L) = :meth:`forward_time_ms` of ``target``, each draft's T_d(L) its one-token forward, and the
+        drafter ``ngram-lookup`` at ``lookup_ms`` per token."""
+        return RooflineCostModel(self, target, drafts or {}, dtype=dtype, lookup_ms=lookup_ms, k_max=k_max)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RooflineCostModel(CostModel):
+    """:class:`CostModel` with predicted curves (see :meth:`HardwareProfile.cost_model`); speedup, boundary α and
+    best K come from the base class."""
+
+    def __init__(self, prof: HardwareProfile, target: ModelShape, drafts: dict[str, ModelShape], *, dtype: str,
+                 lookup_ms: float, k_max: int) -> None:
+        super().__init__({n: (0.0, 0.0) for n in range(1, k_max + 2)}, {d: (0.0, 0.0) for d in drafts})
+        self.draft["ngram-lookup"] = (lookup_ms, 0.0)
+        self.profile, self.target, self.drafts, self.dtype, self.lookup_ms = prof, target, drafts, dtype, lookup_ms
+
+    def verify_ms(self, n: float, context: float) -> float:
+        return self.profile.forward_time_ms(self.target, n, context, dtype=self.dtype)
+
+    def draft_ms(self, drafter, context: float) -> float:
+        if drafter in self.drafts:
+            return self.profile.forward_time_ms(self.drafts[drafter], 1, context, dtype=self.dtype)
+        return super().draft_ms(drafter, context)
+
+
+def bytes_per_param(dtype: str) -> float:
+    """Bytes per weight of ``dtype`` (see :data:`BYTES_PER_PARAM`); ConfigError naming the choices."""
+    try:
+        return BYTES_PER_PARAM[dtype.lower()]
+    except KeyError:
+        raise ConfigError(f"unknown dtype {dtype!r} for the roofline model; choose one of "
+                          f"{', '.join(BYTES_PER_PARAM)}") from None
+
+
+PROFILES: dict[str, HardwareProfile] = {
+    "rtx-3090": HardwareProfile(
+        "rtx-3090", "gpu", 936, 71, 24,
+        source="NVIDIA Ampere GA102 GPU architecture whitepaper (2020), Table 9: 936 GB/s GDDR6X; 71 TFLOPS peak "
+               "FP16/BF16 tensor with FP32 accumulate (dense)"),
+    "rtx-4090": HardwareProfile(
+        "rtx-4090", "gpu", 1008, 165.2, 24,
+        source="NVIDIA Ada GPU architecture whitepaper (2022), Table 2: 1008 GB/s GDDR6X; 165.2 TFLOPS peak "
+               "FP16/BF16 tensor with FP32 accumulate (dense)"),
+    "a100-80gb": HardwareProfile(
+        "a100-80gb", "gpu", 2039, 312, 80,
+        source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): 2,039 GB/s HBM2e; 312 TFLOPS BF16/FP16 tensor "
+               "(dense)"),
+    "h100-sxm": HardwareProfile(
+        "h100-sxm", "gpu", 3350, 989, 80,
+        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): 3.35 TB/s HBM3; 1,979 TFLOPS BF16 tensor with "
+               "sparsity, 989 dense"),
+    "h200": HardwareProfile(
+        "h200", "gpu", 4800, 989, 141,
+        source="NVIDIA H200 Tensor Core GPU datasheet (SXM): 4.8 TB/s HBM3e, 141 GB; 1,979 TFLOPS BF16 tensor "
+               "with sparsity, 989 dense"),
+    "laptop-cpu": HardwareProfile(
+        "laptop-cpu", "cpu", 120, 0.9, 32, bandwidth_efficiency=0.6, matmul_efficiency=0.3, layer_ms=0.08,
+        forward_ms=0.5,
+        source="Intel Core Ultra 7 155H (ark.intel.com): 120 GB/s maximum memory bandwidth (LPDDR5x-7467); "
+               "matrix throughput not on the sheet: 6 P-cores x 2 AVX2 FMA units x 8 fp32 lanes x 2 flops x "
+               "4.8 GHz = 0.92 TFLOP/s fp32 peak (derived, E-cores left out); host time per layer assumed"),
+}
+"""Named devices, from their spec sheets (see each ``source``). GPU profiles assume eager PyTorch
+(:data:`EAGER_LAYER_MS`); pass ``layer_ms`` for a compiled engine."""
+
+
+def profile(name: str, **overrides) -> HardwareProfile:
+    """The named profile (a :data:`PROFILES` key, case-insensitive), with fields overridden.
+
+    Raises:
+        ConfigError: an unknown name (the message lists the choices).
+    """
+    key = name.strip().lower()
+    if key not in PROFILES:
+        raise ConfigError(f"unknown hardware {name!r}; choose one of {', '.join(PROFILES)} (or measure this "
+                          "machine: --hardware this-cpu)")
+    return replace(PROFILES[key], **{k: v for k, v in overrides.items() if v is not None})
+
+
+# Measuring the machine at hand ------------------------------------------------------------------------------------
+def _median_ms(fn, repeats: int, sync) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: int | None = None,
+                    hidden: int = 2048, repeats: int = 7) -> tuple[HardwareProfile, dict]:
+    """Measure this machine's roofline numbers with PyTorch: streaming read bandwidth (a reduction over a
+    256 MiB tensor) and matrix throughput at decoding widths (``[n, hidden] @ [hidden, 4 hidden]`` for
+    n = 1, 4, 16 in ``dtype``). The throughput used is the one at n = 16 (where verification turns
+    compute-bound on a CPU); efficiencies are 1 because the numbers are already achieved ones.
+
+    Returns:
+        ``(profile, raw)``: the profile (``measured=True``, ``layer_ms`` from :func:`measure_dispatch_ms`) and
+        the raw timings (ms, GB/s, TFLOP/s per width).
+    """
+    import torch
+
+    from adaspec.backends.torch_backend import resolve_dtype
+
+    if threads:
+        torch.set_num_threads(threads)
+    dt = resolve_dtype(dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    big = torch.ones(256 * 2**20 // 4, dtype=torch.float32, device=device)
+    read_ms = _median_ms(lambda: big.sum(), repeats, sync)
+    bandwidth = big.numel() * 4 / (read_ms / 1e3) / 1e9
+    w = torch.randn(hidden, 4 * hidden, dtype=dt, device=device)
+    raw = {"read_ms": read_ms, "bandwidth_gbs": bandwidth, "matmul": {}}
+    for n in (1, 4, 16):
+        x = torch.randn(n, hidden, dtype=dt, device=device)
+        ms = _median_ms(lambda x=x: x @ w, repeats, sync)
+        raw["matmul"][n] = {"ms": ms, "tflops": 2 * n * hidden * 4 * hidden / (ms / 1e3) / 1e12}
+    layer_ms = measure_dispatch_ms(device=device, repeats=repeats)
+    raw["layer_ms"] = layer_ms
+    from adaspec.backends.select import cpu_label
+
+    name = "this-cpu" if device == "cpu" else "this-gpu"
+    label = cpu_label() if device == "cpu" else torch.cuda.get_device_name()
+    memory = (torch.cuda.get_device_properties(0).total_memory if device == "cuda" else _ram_bytes()) / 2**30
+    prof = HardwareProfile(name, "cpu" if device == "cpu" else "gpu", bandwidth, raw["matmul"][16]["tflops"],
+                           memory, bandwidth_efficiency=1.0, matmul_efficiency=1.0, layer_ms=layer_ms,
+                           forward_ms=0.0, source=f"measured on {label} ({dtype}, {torch.get_num_threads()} threads)",
+                           measured=True)
+    return prof, raw
+
+
+def _ram_bytes() -> int:
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+def measure_dispatch_ms(*, device: str = "cpu", layers: int = 16, repeats: int = 7) -> float:
+    """Host time per decoder layer of an eager transformers Qwen2 forward, ms: a one-token forward of a model
+    so narrow (hidden 64, vocabulary 256) that its arithmetic is negligible, divided by its layer count."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=4096)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    ids = torch.tensor([[1]], device=device)
+    with torch.inference_mode():
+        ms = _median_ms(lambda: model(ids, use_cache=False), repeats, sync)
+    return ms / layers
+
+
+# Validation against published speedups ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PublishedPoint:
+    """One published speedup measurement to predict.
+
+    Attributes:
+        source: paper/leaderboard and table.
+        hardware: a :data:`PROFILES` key.
+        target, draft: :data:`SHAPES` keys (``draft`` None for a lookup drafter, prompt lookup decoding).
+        method: what was measured (e.g. "SpS", "PLD").
+        k: draft tokens per step (the method's setting).
+        tau: published mean accepted tokens per step (τ, tokens emitted per target forward).
+        speedup: published speedup over plain decoding.
+        context: a typical context length of the benchmark, tokens.
+    """
+
+    source: str
+    hardware: str
+    target: str
+    draft: str | None
+    method: str
+    k: int
+    tau: float
+    speedup: float
+    context: int = 512
+    dtype: str = "float16"
+
+
+SPEC_BENCH = ("Spec-Bench leaderboard (Xia et al. 2024, github.com/hemingkx/Spec-Bench Leaderboard.md): greedy, "
+              "FP16, batch 1, PyTorch 2.0.1, HF transformers eager; SpS = HF assisted generation (5 draft tokens "
+              "by default) with vicuna-68m; PLD = prompt lookup, 10 candidate tokens")
+PUBLISHED: tuple[PublishedPoint, ...] = (
+    PublishedPoint(SPEC_BENCH + ", RTX 3090 table", "rtx-3090", "vicuna-7b", "vicuna-68m", "SpS", 5, 2.29, 1.83),
+    PublishedPoint(SPEC_BENCH + ", RTX 3090 table", "rtx-3090", "vicuna-7b", None, "PLD", 10, 1.74, 1.55),
+    PublishedPoint(SPEC_BENCH + ", A100 table", "a100-80gb", "vicuna-7b", "vicuna-68m", "SpS", 5, 2.28, 1.49),
+    PublishedPoint(SPEC_BENCH + ", A100 table", "a100-80gb", "vicuna-7b", None, "PLD", 10, 1.73, 1.59),
+    PublishedPoint(SPEC_BENCH + ", A100 table", "a100-80gb", "vicuna-13b", "vicuna-68m", "SpS", 5, 2.18, 1.49),
+    PublishedPoint(SPEC_BENCH + ", A100 table", "a100-80gb", "vicuna-13b", None, "PLD", 10, 1.68, 1.48),
+    PublishedPoint(SPEC_BENCH + ", A100 table", "a100-80gb", "vicuna-33b", "vicuna-68m", "SpS", 5, 2.01, 1.61),
+    PublishedPoint(SPEC_BENCH + ", A100 table", "a100-80gb", "vicuna-33b", None, "PLD", 10, 1.55, 1.42),
+)
+"""Published speedups with their τ, so a prediction needs no α: speedup = τ T(1) / (K T_d + T(K + 1))."""
+
+
+def predict_published(p: PublishedPoint, prof: HardwareProfile | None = None, *, lookup_ms: float = 0.1) -> float:
+    """Predicted speedup of a published point on its hardware profile (or ``prof``): the published τ over the
+    predicted step-time ratio, speedup = τ T(1, L) / (K T_d(L) + T(K + 1, L))."""
+    prof = prof or profile(p.hardware)
+    t = SHAPES[p.target]
+    plain = prof.forward_time_ms(t, 1, p.context, dtype=p.dtype)
+    draft = lookup_ms if p.draft is None else prof.forward_time_ms(SHAPES[p.draft], 1, p.context, dtype=p.dtype)
+    step = p.k * draft + prof.forward_time_ms(t, p.k + 1, p.context, dtype=p.dtype)
+    return p.tau * plain / step
+
+
+def validate_published(points=PUBLISHED, **overrides) -> list[dict]:
+    """Each published point with its prediction and relative error (``overrides`` go to every profile)."""
+    out = []
+    for p in points:
+        pred = predict_published(p, profile(p.hardware, **overrides))
+        out.append({**asdict(p), "predicted": pred, "error": (pred - p.speedup) / p.speedup})
+    return out
+
+
+def predicted_alpha_for(tau: float, k: int) -> float:
+    """The i.i.d. α whose expected tokens per step (1 - α^(K+1)) / (1 - α) equal ``tau`` (bisection)."""
+    if tau <= 1.0:
+        return 0.0
+    if tau >= k + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < tau else (lo, mid)
+    return (lo + hi) / 2
+
+
+def median_abs_error(rows: list[dict]) -> float:
+    errs = [abs(r["error"]) for r in rows if not math.isnan(r["error"])]
+    return statistics.median(errs) if errs else math.nan
+

@@ -1,0 +1,165 @@
+"""Token trees: several candidate continuations verified in one target forward.
+
+A chain draft proposes one continuation; a tree proposes several that share prefixes (SpecInfer, Miao et al. 2024;
+Medusa, Cai et al. 2024; EAGLE-2, Li et al. 2024). The target scores every node in one forward: each node attends
+to the cached prefix, the pending token and its own ancestors only (a tree attention mask), at the position of its
+depth. Greedy acceptance then walks from the root: at each node the target's argmax must be one of the node's
+children; the walk's nodes are accepted and the argmax where it stops is the bonus token. The output is the
+target's greedy output, as with a chain; only the number of tokens per forward changes. Under sampling a
+deterministic tree (prompt lookup's) is accepted by multi-candidate rejection sampling
+(:func:`verify_tree_sampling`), so the output is distributed as the target's samples.
+
+Layout: nodes in topological order, ``parents[i] < i`` (``-1``: a child of the pending token, depth 1). The target
+forward runs over ``[pending] + tokens``, so logits row 0 scores the position after the pending token and row
+``i + 1`` the position after node ``i``. Afterwards the KV cache keeps the prefix, the pending token and the
+accepted path's entries, compacted in order (:meth:`adaspec.backends.TorchBackend.keep_tree_path`).
+
+This module holds what a tree is and how it is accepted; drafters build trees
+(:meth:`adaspec.drafters.NgramTreeDrafter.propose_tree`), backends score them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from adaspec.errors import ConfigError
+
+MAX_TREE_NODES = 64
+"""Largest tree budget (nodes per verification)."""
+
+
+def check_parents(parents: Sequence[int]) -> None:
+    """Raise ValueError unless ``parents`` is a topologically ordered forest over the pending token."""
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise ValueError(f"tree node {i} has parent {p}: parents must come before their children (-1 = root)")
+
+
+def check_budget(budget: int) -> None:
+    """Raise ConfigError for a tree budget outside [0, MAX_TREE_NODES] (0 = chains)."""
+    if not 0 <= budget <= MAX_TREE_NODES:
+        raise ConfigError(f"tree_budget must be in [0, {MAX_TREE_NODES}] draft nodes per step (0 = chains), "
+                          f"got {budget}")
+
+
+def depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each node (1 for the pending token's children)."""
+    out: list[int] = []
+    for p in parents:
+        out.append(1 if p < 0 else out[p] + 1)
+    return out
+
+
+def tree_attention_mask(parents: Sequence[int], past: int, dtype: torch.dtype,
+                        device: torch.device | str = "cpu") -> torch.Tensor:
+    """The additive attention mask of a forward over ``[pending] + nodes`` after ``past`` cached tokens.
+
+    Returns:
+        ``[1, 1, n + 1, past + n + 1]`` in ``dtype``: 0 where a query may attend (the cached prefix, the pending
+        token, the node's ancestors and itself), the dtype's most negative value elsewhere (not -inf, so no row
+        is all -inf).
+    """
+    check_parents(parents)
+    n = len(parents)
+    allowed = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    allowed[:, 0] = True  # everything sees the pending token
+    for i, p in enumerate(parents):
+        row = i + 1
+        if p >= 0:
+            allowed[row] = allowed[p + 1]
+        allowed[row, row] = True
+    full = torch.cat([torch.ones(n + 1, past, dtype=torch.bool), allowed], dim=1)
+    mask = torch.zeros(full.shape, dtype=dtype)
+    mask.masked_fill_(~full, torch.finfo(dtype).min)
+    return mask.to(device)[None, None]
+
+
+def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor) -> tuple[list[int], int]:
+    """Greedy acceptance of a token tree.
+
+    Args:
+        tokens, parents: the tree (``n`` nodes, see the module docstring).
+        logits: ``[n + 1, V]`` target logits over ``[pending] + tokens``.
+
+    Returns:
+        ``(path, next_token)``: the accepted nodes from the root down (indices into ``tokens``; empty when the
+        target's first argmax is no child of the root) and the target's argmax after the last of them. When
+        siblings carry the same token the first one is taken.
+    """
+    children: dict[int, dict[int, int]] = {}
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        children.setdefault(p, {}).setdefault(int(t), i)
+    best = logits.argmax(dim=-1).tolist()
+    path: list[int] = []
+    node = -1
+    while True:
+        token = best[node + 1]
+        nxt = children.get(node, {}).get(token)
+        if nxt is None:
+            return path, token
+        path.append(nxt)
+        node = nxt
+
+
+def verify_tree_sampling(tokens: Sequence[int], parents: Sequence[int], probs: torch.Tensor,
+                         generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """Lossless acceptance of a deterministic token tree (every branch proposed with certainty, as prompt lookup
+    does) under sampling: multi-candidate recursive rejection sampling (SpecInfer, Miao et al. 2024, §4.2;
+    Yang et al. 2024, "Multi-Candidate Speculative Decoding") with one-hot draft distributions.
+
+    At a node with children carrying tokens t_1, t_2, ... (in order), child i is accepted with probability
+    p_i(t_i), where p_1 = p is the target's distribution there and p_{i+1} is p_i with t_i removed and
+    renormalised; when every child is rejected the next token is sampled from the last residual. Each emitted
+    token is then distributed exactly as p: P(t_i) = (1 - p(t_1) - ... - p(t_{i-1})) p(t_i) / (1 - p(t_1) - ...
+    - p(t_{i-1})) = p(t_i), and the residual covers the rest. The walk continues from the accepted child with the
+    target's distribution there.
+
+    Args:
+        tokens, parents: the tree (see the module docstring).
+        probs: ``[n + 1, V]`` float32 target sampling distributions (after temperature, top-k/top-p/min-p) over
+            ``[pending] + tokens``.
+
+    Returns:
+        ``(path, next_token)`` as :func:`verify_tree_greedy`.
+    """
+    children: dict[int, dict[int, int]] = {}
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        children.setdefault(p, {}).setdefault(int(t), i)
+    path: list[int] = []
+    node = -1
+    while True:
+        p = probs[node + 1].clone()
+        accepted = None
+        for token, child in children.get(node, {}).items():
+            total = float(p.sum())
+            if total <= 0:
+                break
+            if float(torch.rand((), generator=generator)) * total < float(p[token]):
+                accepted = child
+                break
+            p[token] = 0.0
+        if accepted is None:
+            from adaspec.sampling import sample
+
+            return path, int(sample(p / p.sum() if p.sum() > 0 else probs[node + 1], generator))
+        path.append(accepted)
+        node = accepted
+
+
+def path_rows(path: Sequence[int]) -> list[int]:
+    """Logits rows of the accepted path followed by the bonus row: ``[0] + [i + 1 for i in path]``."""
+    return [0] + [i + 1 for i in path]
+
+
+def main_path(parents: Sequence[int]) -> list[int]:
+    """The chain a tree falls back to: from the root, always the first child (the drafter's best guess)."""
+    first_child: dict[int, int] = {}
+    for i, p in enumerate(parents):
+        first_child.setdefault(p, i)
+    path, node = [], -1
+    while node in first_child:
+        node = first_child[node]
+        path.append(node)
+    return path

@@ -1,0 +1,247 @@
+"""Issue 17: synthetic models, roofline hardware profiles, predicted maps, NVML energy and the prepared GPU sweep."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from adaspec.bench.hardware import (PROFILES, PUBLISHED, HardwareProfile, bytes_per_param, predict_published, profile,
+                                    validate_published)
+from adaspec.bench.measure import Meter
+from adaspec.cli import main
+from adaspec.errors import ConfigError
+from adaspec.models.synthetic import (SHAPES, SyntheticTokenizer, build_synthetic, is_synthetic, parse_synthetic,
+                                      shape, synthetic_config)
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Parameter counts from the Qwen2.5 model cards ("Number of Parameters"), in billions.
+QWEN_CARD_PARAMS = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61,
+                    "qwen2.5-14b": 14.7, "qwen2.5-32b": 32.5}
+
+
+@pytest.mark.parametrize("key", sorted(QWEN_CARD_PARAMS))
+def test_shape_table_matches_published_parameter_counts(key):
+    assert shape(key).total_params / 1e9 == pytest.approx(QWEN_CARD_PARAMS[key], rel=0.01)
+
+
+@pytest.mark.parametrize("key", ["qwen2.5-7b", "qwen2.5-0.5b", "vicuna-68m", "vicuna-13b"])
+def test_built_model_has_the_shape_of_the_table(key):
+    """The transformers model built from the config has exactly the table's matrices (norms and biases aside)."""
+    with torch.device("meta"):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_config(synthetic_config(parse_synthetic(f"synthetic:{key}")))
+    s = SHAPES[key]
+    matrices = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2)
+    assert matrices == s.total_params
+    layer0 = model.model.layers[0]
+    assert layer0.self_attn.k_proj.weight.shape == (s.kv_heads * s.head_dim, s.hidden)
+    assert layer0.mlp.gate_proj.weight.shape == (s.intermediate, s.hidden)
+    assert len(model.model.layers) == s.layers
+
+
+def test_spec_parsing_and_errors():
+    assert parse_synthetic("synthetic:7b").name == "synthetic:qwen2.5-7b"
+    assert parse_synthetic("synthetic:qwen2.5-0.5b:layers=2").shape.layers == 2
+    assert shape("qwen2.5-coder-1.5b-instruct@ik") == SHAPES["qwen2.5-1.5b"]
+    assert shape("synthetic:qwen2.5-0.5b:layers=3").layers == 3
+    assert is_synthetic("Synthetic:qwen2.5-7b") and not is_synthetic("qwen2.5-coder-0.5b-instruct")
+    with pytest.raises(ConfigError, match="choose synthetic:<shape>.*qwen2.5-0.5b"):
+        parse_synthetic("synthetic:gpt-5")
+    with pytest.raises(ConfigError, match="layers=N with 1 <= N <= 24"):
+        parse_synthetic("synthetic:qwen2.5-0.5b:layers=25")
+    with pytest.raises(ConfigError, match="unknown model shape 'bert'"):
+        shape("bert")
+
+
+def test_tokenizer_decodes_every_id_of_the_vocabulary():
+    tok = SyntheticTokenizer(extra_ids=0)
+    ids = tok("def f(x):", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == "def f(x):"
+    assert tok.decode([68 + 256 * 500, 68]) == "AA"  # an id beyond the bytes decodes as byte (id - 3) mod 256
+    assert isinstance(tok.decode([151935, 100000, 259]), str)  # any id of a 151,936-token vocabulary decodes
+    assert tok.eos_token_id == SyntheticTokenizer.EOS_ID
+
+
+def test_synthetic_model_runs_speculative_decoding_losslessly():
+    """A 1-layer synthetic 0.5B shape through the public API: fp32 greedy speculative output equals plain."""
+    from adaspec.api import SpeculativeLM, load_model, make_drafter
+    from adaspec.controllers import make_controller
+
+    target = load_model("synthetic:qwen2.5-0.5b:layers=1", dtype="float32", device="cpu", progress=False)
+    assert target.name == "synthetic:qwen2.5-0.5b:layers=1"
+    assert target.backend.vocab_size == 151936
+    plain = SpeculativeLM(target, None, make_controller("fixed", 0))
+    spec = SpeculativeLM(target, make_drafter("ngram", target), make_controller("fixed", 4))
+    a = plain.generate("def add(a, b):", max_new_tokens=12, chat=False)
+    b = spec.generate("def add(a, b):", max_new_tokens=12, chat=False)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 12
+    assert b.stats.steps  # it ran speculation steps
+
+
+def test_synthetic_models_refuse_gguf_runtimes_and_text_quality(tmp_path):
+    from adaspec.api import load_model
+    from adaspec.bench.advise import profile_workload
+    from adaspec.quality.evaluate import run_eval
+
+    with pytest.raises(ConfigError, match="built in PyTorch"):
+        load_model("synthetic:qwen2.5-0.5b@llamacpp", progress=False)
+    with pytest.raises(ConfigError, match="synthetic model .* adaspec eval measures the text"):
+        run_eval(target="synthetic:qwen2.5-7b", draft="ngram", tasks=["gsm8k"], methods=["plain"], limit=1,
+                 max_new_tokens=4, out_dir=tmp_path)
+    with pytest.raises(ConfigError, match="adaspec profile"):
+        profile_workload("humaneval", target="qwen2.5-coder-0.5b-instruct", drafts=["synthetic:qwen2.5-0.5b"])
+
+
+def test_build_is_seeded():
+    a = build_synthetic("synthetic:vicuna-68m", dtype=torch.float32, seed=3)
+    b = build_synthetic("synthetic:vicuna-68m", dtype=torch.float32, seed=3)
+    assert torch.equal(a.model.layers[1].mlp.up_proj.weight, b.model.layers[1].mlp.up_proj.weight)
+
+
+# The roofline ---------------------------------------------------------------------------------------------------
+def test_roofline_values_by_hand():
+    """A 1 GB/s, 1 TFLOP/s machine with no host time: the forward time is exactly the larger of the two terms."""
+    s = SHAPES["qwen2.5-0.5b"]
+    hw = HardwareProfile("toy", "cpu", 1.0, 1.0, 64, bandwidth_efficiency=1.0, matmul_efficiency=1.0, layer_ms=0.0,
+                         forward_ms=0.0)
+    memory_ms = (s.matmul_params * 2 + s.kv_bytes_per_token(2) * 100) / 1e9 * 1e3
+    assert hw.forward_time_ms(s, 1, 100) == pytest.approx(memory_ms)
+    compute_ms = s.flops(4000, 100) / 1e12 * 1e3
+    assert compute_ms > memory_ms
+    assert hw.forward_time_ms(s, 4000, 100) == pytest.approx(compute_ms)
+    assert s.flops(1, 0) == pytest.approx(2 * s.matmul_params + 4 * s.layers * s.hidden)
+    slow_host = HardwareProfile("toy", "cpu", 1e6, 1e6, 64, layer_ms=0.5, forward_ms=1.0)
+    assert slow_host.forward_time_ms(s, 1, 100) == pytest.approx(s.layers * 0.5 + 1.0)  # host-bound
+    assert bytes_per_param("q4_k_m") == pytest.approx(4.85 / 8)
+    with pytest.raises(ConfigError, match="unknown dtype 'int3'"):
+        bytes_per_param("int3")
+
+
+def test_verification_is_nearly_free_on_a_gpu_and_not_on_a_small_cpu():
+    s = SHAPES["qwen2.5-7b"]
+    gpu = profile("h100-sxm", layer_ms=0.0, forward_ms=0.0)
+    assert gpu.forward_time_ms(s, 9, 1024) / gpu.forward_time_ms(s, 1, 1024) < 1.05
+    cpu = HardwareProfile("2-core", "cpu", 20, 0.05, 24, matmul_efficiency=1.0, layer_ms=0.0, forward_ms=0.0)
+    small = SHAPES["qwen2.5-1.5b"]
+    assert cpu.forward_time_ms(small, 9, 1024) / cpu.forward_time_ms(small, 1, 1024) > 2.0
+    # the speedups the cost model predicts follow: with free drafts (prompt lookup), K = 8 at α = 0.4 pays where
+    # verification is free (E[tokens] = 1.67, less 0.1 ms per looked-up token) and loses where it costs 2.85 plain steps
+    g, c = gpu.cost_model(s), cpu.cost_model(small)
+    expected = (1 - 0.4**9) / 0.6 * gpu.forward_time_ms(s, 1, 1024) / (gpu.forward_time_ms(s, 9, 1024) + 8 * 0.1)
+    assert g.speedup(0.4, 8, 1024, "ngram-lookup") == pytest.approx(expected, rel=0.01)
+    assert expected > 1.3
+    assert c.speedup(0.4, 8, 1024, "ngram-lookup") < 0.7
+    assert g.best_k(0.8, 1024, "ngram-lookup")[0] > c.best_k(0.8, 1024, "ngram-lookup")[0]
+
+
+def test_published_speedups_are_predicted_within_the_stated_error():
+    rows = validate_published()
+    assert len(rows) == len(PUBLISHED) >= 8
+    assert {r["hardware"] for r in rows} == {"rtx-3090", "a100-80gb"}
+    errors = sorted(abs(r["error"]) for r in rows)
+    assert errors[len(errors) // 2] < 0.10  # median
+    assert errors[-1] < 0.20
+    p = PUBLISHED[0]
+    assert predict_published(p) == pytest.approx(rows[0]["predicted"])
+
+
+def test_unknown_hardware_names_the_choices():
+    with pytest.raises(ConfigError, match="unknown hardware 'tpu'.*rtx-4090.*h200"):
+        profile("tpu")
+    assert set(PROFILES) >= {"rtx-4090", "a100-80gb", "h100-sxm", "h200", "laptop-cpu"}
+    assert all(p.source for p in PROFILES.values())
+
+
+def test_predicted_report(tmp_path):
+    from adaspec.bench.predicted import predicted_report
+
+    out = predicted_report("a100-80gb", "vicuna-7b", ["vicuna-68m", "ngram"], tmp_path / "p.md", dtype="float16")
+    md = (tmp_path / "p.md").read_text()
+    assert md.startswith("# PREDICTED boundary map: vicuna-7b on a100-80gb")
+    assert "| vicuna-68m | 512 |" in md and "| ngram-lookup | 512 |" in md
+    assert "| 4096 |" not in md  # beyond the 2,048-token window of the Vicuna shapes
+    assert "| Spec-Bench leaderboard | vicuna-7b | SpS | 5 | 2.28 | 1.49× | 1.41× | -5.4% |" in md
+    assert all(p.exists() and p.stat().st_size > 10_000 for p in out["figures"].values())
+    with pytest.raises(ConfigError, match="does not fit in rtx-4090's 24 GiB"):
+        predicted_report("rtx-4090", "32b", ["ngram"], tmp_path / "q.md")
+
+
+def test_predicted_report_checks_measured_micro_rows(tmp_path):
+    from adaspec.bench.predicted import predicted_report
+
+    hw = profile("h200")
+    s = SHAPES["qwen2.5-1.5b"]
+    rows = [{"kind": "micro", "measure": "forward", "dtype": "bfloat16", "model": "synthetic:qwen2.5-1.5b",
+             "role": "target", "batch": 1, "n": n, "context": 512,
+             "ms": hw.forward_time_ms(s, n, 512) * 1.25} for n in (1, 5)]
+    rows.append({**rows[0], "model": "synthetic:qwen2.5-1.5b:layers=2"})  # another shape: left out
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = predicted_report("h200", "synthetic:qwen2.5-1.5b", ["ngram"], tmp_path / "p.md", measured=[results])
+    assert [c["n"] for c in out["checks"]] == [1, 5]
+    assert all(c["error"] == pytest.approx(1 / 1.25 - 1) for c in out["checks"])
+    assert "median |error| **20.0%** over 2 forwards" in (tmp_path / "p.md").read_text()
+    with pytest.raises(ConfigError, match="no micro measurements of a 7b model"):
+        predicted_report("h200", "7b", ["ngram"], tmp_path / "q.md", measured=[results])
+
+
+def test_map_cli_hardware(tmp_path, capsys):
+    assert main(["map", "--hardware", "h200", "--shape", "7b", "--report", str(tmp_path / "h.md")]) == 0
+    assert "PREDICTED" in capsys.readouterr().out
+    assert main(["map", "--hardware", "tpu-v9", "--report", str(tmp_path / "x.md")]) == 2
+    assert "unknown hardware 'tpu-v9'" in capsys.readouterr().err
+    assert main(["map", "--report", str(tmp_path / "x.md")]) == 2
+    assert "needs results files" in capsys.readouterr().err
+    assert main(["map", "--hardware", "h200", "--shape", "gpt-9", "--report", str(tmp_path / "x.md")]) == 2
+    assert "unknown model shape 'gpt-9'" in capsys.readouterr().err
+
+
+# Energy ---------------------------------------------------------------------------------------------------------
+def test_meter_reads_nvml_energy(monkeypatch, tmp_path):
+    counters = {0: 1_000_000, 1: 2_000_000}  # mJ
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: counters[h])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    meter = Meter(tmp_path, gpu=True)
+    assert meter.energy_source == "NVML total energy (2 GPUs)"
+    meter.start()
+    counters[0] += 1500
+    counters[1] += 2500
+    assert meter.stop().energy_j == pytest.approx(4.0)
+    cpu = Meter(tmp_path)  # a CPU run never reads the GPUs
+    assert cpu.nvml is None and cpu.energy_source.startswith("not measurable here")
+
+
+def test_meter_without_an_nvml_counter(monkeypatch, tmp_path):
+    def unsupported(h):
+        raise RuntimeError("NVMLError_NotSupported")
+
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 1,
+                                 nvmlDeviceGetHandleByIndex=lambda i: i,
+                                 nvmlDeviceGetTotalEnergyConsumption=unsupported)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    meter = Meter(tmp_path, gpu=True)
+    assert meter.nvml is None and "no NVML energy counter" in meter.energy_source
+    meter.start()
+    assert meter.stop().energy_j is None
+
+
+# The prepared GPU sweep -----------------------------------------------------------------------------------------
+def test_gpu_sweep_config_expands_to_a_bounded_grid():
+    from adaspec.bench.grid import build_config, expand
+
+    cfg = build_config(config_file=REPO / "configs" / "gpu-sweep.toml", preset_name=None, overrides=[])
+    points = expand(cfg)
+    assert len(points) == 33
+    assert {p.setting.target for p in points} == {"synthetic:qwen2.5-7b"}
+    assert cfg["bench"]["device"] == "cuda" and cfg["bench"]["batch"] == [1]
+    assert {p.alpha for p in points} == {0.5, 0.7, 0.8, 0.9}
+    assert {p.context for p in points} == {512, 2048, 8192}

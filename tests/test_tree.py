@@ -1,0 +1,172 @@
+"""Issue 14: token trees (n-gram multi-match branches), verified in one PyTorch forward, greedy and lossless."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaspec.backends import TorchBackend
+from adaspec.controllers import FixedController
+from adaspec.drafters import NgramDrafter, NgramTreeDrafter
+from adaspec.engine import GenerationConfig, SpeculativeEngine
+from adaspec.errors import ConfigError
+from adaspec.sampling import SamplingParams
+from adaspec.tree import depths, main_path, tree_attention_mask, verify_tree_greedy
+
+GREEDY = SamplingParams(0.0)
+
+
+def test_mask_positions_and_main_path():
+    parents = [-1, 0, 0, -1, 2]  # a(1) -> b(2), c(2) -> e(3); d(1)
+    assert depths(parents) == [1, 2, 2, 1, 3]
+    mask = tree_attention_mask(parents, past=2, dtype=torch.float32)
+    assert mask.shape == (1, 1, 6, 8)
+    allowed = (mask[0, 0] == 0).int().tolist()
+    assert allowed == [[1, 1, 1, 0, 0, 0, 0, 0],   # pending: prefix + itself
+                       [1, 1, 1, 1, 0, 0, 0, 0],   # a
+                       [1, 1, 1, 1, 1, 0, 0, 0],   # b: a, b
+                       [1, 1, 1, 1, 0, 1, 0, 0],   # c: a, c
+                       [1, 1, 1, 0, 0, 0, 1, 0],   # d
+                       [1, 1, 1, 1, 0, 1, 0, 1]]   # e: a, c, e
+    assert main_path(parents) == [0, 1]
+    with pytest.raises(ValueError, match="parents must come before"):
+        tree_attention_mask([0], 0, torch.float32)
+
+
+def test_greedy_tree_acceptance_by_hand():
+    tokens, parents = [5, 6, 7, 8], [-1, 0, 0, 2]  # 5 -> (6 | 7 -> 8)
+    logits = torch.full((5, 10), -1.0)
+    for row, best in enumerate([5, 7, 1, 8, 3]):  # after pending: 5; after node 0: 7; after node 2: 8; after 3: 3
+        logits[row, best] = 1.0
+    assert verify_tree_greedy(tokens, parents, logits) == ([0, 2, 3], 3)
+    logits[0] = 0
+    logits[0, 9] = 1.0
+    assert verify_tree_greedy(tokens, parents, logits) == ([], 9)
+
+
+def test_ngram_tree_merges_matches_into_a_trie():
+    d = NgramTreeDrafter(max_ngram=2, min_ngram=1)
+    ids = [1, 2, 3, 4, 9, 1, 2, 3, 5, 9, 1, 2, 7, 9, 1, 2]
+    d.prefill(ids)
+    draft = d.propose_tree(ids, depth=3, budget=16, sampling=GREEDY)
+    tokens, parents = draft.tokens.tolist(), draft.parents
+    # suffix (1, 2) occurred 3 times, continuing 7 9 1 (latest), 3 5 9, 3 4 9: branches 7 | 3 -> (5 | 4)
+    paths = set()
+    for leaf in range(len(tokens)):
+        if leaf not in parents:
+            node, path = leaf, []
+            while node >= 0:
+                path.append(tokens[node])
+                node = parents[node]
+            paths.add(tuple(reversed(path)))
+    assert {(7, 9, 1), (3, 5, 9), (3, 4, 9)} <= paths
+    assert tokens[0] == 7 and draft.as_chain().tokens.tolist() == [7, 9, 1]  # the chain: the latest match
+    assert NgramDrafter(2, 1).propose(ids, 3, GREEDY).tokens.tolist() == [7, 9, 1]
+    small = d.propose_tree(ids, depth=3, budget=4, sampling=GREEDY)
+    assert len(small) == 4
+
+
+def test_tree_forward_equals_chain_forwards(qwen):
+    """Each node's logits from one tree forward equal a chain forward over its own path (fp32)."""
+    tree = TorchBackend(qwen, "t")
+    chain = TorchBackend(qwen, "c")
+    prefix = [3, 17, 42, 5, 9]
+    tokens, parents = [11, 12, 13, 14], [-1, 0, 0, -1]
+    tree.forward(prefix[:-1])
+    out = tree.forward_tree([prefix[-1]] + tokens, parents)
+    assert out.shape[0] == 5 and tree.seq_len == len(prefix) - 1 + 5
+    for node, path in [(1, [11, 12]), (2, [11, 13]), (3, [14])]:
+        chain.reset()
+        ref = chain.forward(prefix + path, 1)[-1]
+        torch.testing.assert_close(out[node + 1], ref, rtol=1e-4, atol=1e-4)
+    # keep the path 11 -> 13 and continue: the compacted cache equals a cache built by the chain
+    tree.keep_tree_path(len(prefix), [0, 2])
+    assert tree.seq_len == len(prefix) + 2
+    chain.reset()
+    chain.forward(prefix + [11, 13])
+    torch.testing.assert_close(tree.forward([20], 1), chain.forward([20], 1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("budget", [4, 12])
+def test_greedy_tree_decoding_is_plain_decoding(qwen, budget):
+    """fp32 greedy speculative decoding with n-gram trees emits exactly plain decoding's tokens."""
+    prompt = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7, 3, 17, 8, 3, 17, 42, 5, 3, 17]
+    plain = SpeculativeEngine(TorchBackend(qwen, "p"), None, None).generate(prompt, GenerationConfig(max_new_tokens=40))
+    eng = SpeculativeEngine(TorchBackend(qwen, "t"), NgramTreeDrafter(), FixedController(4))
+    out = eng.generate(prompt, GenerationConfig(max_new_tokens=40, tree_budget=budget))
+    assert out.token_ids == plain.token_ids
+    assert out.stats.tree_fallback == ""
+    assert any(s.drafted > s.k for s in out.stats.steps)  # some step verified more nodes than its depth: a tree
+    assert out.stats.accepted_tokens > 0
+
+
+def test_tree_falls_back_to_chains_and_says_why(qwen):
+    eng = SpeculativeEngine(TorchBackend(qwen, "t"), NgramTreeDrafter(), FixedController(3))
+    prompt = [3, 17, 42, 5, 3, 17, 42, 5, 3, 17]
+    lossy = eng.generate(prompt, GenerationConfig(max_new_tokens=8, tree_budget=8, lossy="topk:2"))
+    assert lossy.stats.tree_fallback == "chains: a lossy acceptance rule"
+    assert all(s.drafted <= s.k for s in lossy.stats.steps)
+    penalised = eng.generate(prompt, GenerationConfig(max_new_tokens=8, tree_budget=8, repetition_penalty=1.2))
+    assert "logits controls" in penalised.stats.tree_fallback
+    strict = eng.generate(prompt, GenerationConfig(max_new_tokens=8, tree_budget=8, strict=True))
+    assert strict.stats.tree_fallback == "chains: strict mode"
+    assert eng.generate(prompt, GenerationConfig(max_new_tokens=8)).stats.tree_fallback == ""
+    with pytest.raises(ConfigError, match=r"tree_budget must be in \[0, 64\]"):
+        GenerationConfig(tree_budget=65)
+
+
+def test_a_backend_without_trees_verifies_chains():
+    from conftest import MarkovBackend, markov_table
+
+    table = markov_table(16, seed=3, scale=3.0)
+    eng = SpeculativeEngine(MarkovBackend(table), NgramTreeDrafter(), FixedController(3))
+    out = eng.generate([1, 2, 3, 1, 2, 3, 1, 2], GenerationConfig(max_new_tokens=12, tree_budget=8))
+    assert out.stats.tree_fallback == "chains: markov cannot verify trees"
+    assert out.stats.summary()["tree_fallback"] == out.stats.tree_fallback
+    plain = SpeculativeEngine(MarkovBackend(table), None, None).generate([1, 2, 3, 1, 2, 3, 1, 2],
+                                                                         GenerationConfig(max_new_tokens=12))
+    assert out.token_ids == plain.token_ids
+
+
+def test_compare_method_syntax_for_trees():
+    from adaspec.compare import parse_method
+
+    m = parse_method("ngram-tree/fixed:4+tree:12", "d")
+    assert (m.drafter, m.controller, m.k, m.tree_budget) == ("ngram-tree", "fixed", 4, 12)
+    for bad, why in [("ngram-tree/fixed:4+tree:99", "tree:N"), ("ngram-tree/fixed:4+tree:x", "tree:N"),
+                     ("plain+tree:4", "needs a drafter")]:
+        with pytest.raises(ConfigError, match=why):
+            parse_method(bad, "d")
+
+
+def test_tree_sampling_emits_the_target_distribution():
+    """Multi-candidate rejection sampling over a deterministic tree: the first token is distributed as p at the
+    root, and the token after an accepted branch as p at that node (chi-square, 20,000 draws)."""
+    from scipy.stats import chisquare
+
+    from adaspec.tree import verify_tree_sampling
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(5, 6, generator=g) * 1.5, dim=-1)
+    tokens, parents = [2, 0, 5, 1], [-1, -1, -1, 0]  # root children 2, 0, 5; node 0 (token 2) has child 1
+    first, second = torch.zeros(6), torch.zeros(6)
+    n = 20_000
+    for _ in range(n):
+        path, nxt = verify_tree_sampling(tokens, parents, probs, g)
+        emitted = [tokens[i] for i in path] + [nxt]
+        first[emitted[0]] += 1
+        if emitted[0] == 2:
+            second[emitted[1]] += 1
+    assert chisquare(first.numpy(), (probs[0] * n).numpy()).pvalue > 0.001
+    m = second.sum()
+    assert chisquare(second.numpy(), (probs[1] * m).numpy()).pvalue > 0.001  # row 1 follows node 0 (token 2)
+
+
+def test_engine_samples_with_trees(qwen):
+    prompt = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7, 3, 17, 8, 3, 17, 42, 5, 3, 17]
+    eng = SpeculativeEngine(TorchBackend(qwen, "t"), NgramTreeDrafter(), FixedController(4))
+    out = eng.generate(prompt, GenerationConfig(max_new_tokens=30, tree_budget=12, temperature=0.7, seed=3))
+    assert out.stats.tree_fallback == "" and len(out.token_ids) == 30
+    assert any(s.drafted > s.k for s in out.stats.steps)
+    again = eng.generate(prompt, GenerationConfig(max_new_tokens=30, tree_budget=12, temperature=0.7, seed=3))
+    assert again.token_ids == out.token_ids  # seeded
