@@ -170,3 +170,12 @@ def test_engine_samples_with_trees(qwen):
     assert any(s.drafted > s.k for s in out.stats.steps)
     again = eng.generate(prompt, GenerationConfig(max_new_tokens=30, tree_budget=12, temperature=0.7, seed=3))
     assert again.token_ids == out.token_ids  # seeded
+
+
+def test_batched_rows_say_they_verify_chains(qwen):
+    from adaspec.batch import BatchEngine
+
+    drafter = NgramTreeDrafter()
+    eng = BatchEngine(TorchBackend(qwen, "t", max_sequences=2), drafter.for_sequence, lambda: FixedController(3))
+    outs = eng.generate([[3, 17, 42, 3, 17], [5, 9, 5, 9]], GenerationConfig(max_new_tokens=6, tree_budget=8))
+    assert [o.stats.tree_fallback for o in outs] == ["chains: batched rows verify chains"] * 2

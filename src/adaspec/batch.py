@@ -202,7 +202,9 @@ class BatchEngine:
                    request_generator(cfg),
                    TextStream(self.tokenizer, cfg.stop) if self.tokenizer is not None else None,
                    parse_lossy(cfg.lossy) if cfg.lossy is not None else None, time.perf_counter(),
-                   drafter_for, controller_factory, controls=cfg.controls, stats=GenerationStats(prompt_tokens=len(prompt)),
+                   drafter_for, controller_factory, controls=cfg.controls,
+                   stats=GenerationStats(prompt_tokens=len(prompt),
+                                         tree_fallback="chains: batched rows verify chains" if cfg.tree_budget else ""),
                    margins=[] if cfg.return_margins else None, logprobs=[] if cfg.logprobs is not None else None)
         self._next_id += 1
         self._waiting.append(row)

@@ -70,10 +70,9 @@ def tree_attention_mask(parents: Sequence[int], past: int, dtype: torch.dtype,
         if p >= 0:
             allowed[row] = allowed[p + 1]
         allowed[row, row] = True
-    full = torch.cat([torch.ones(n + 1, past, dtype=torch.bool), allowed], dim=1)
-    mask = torch.zeros(full.shape, dtype=dtype)
-    mask.masked_fill_(~full, torch.finfo(dtype).min)
-    return mask.to(device)[None, None]
+    mask = torch.zeros(n + 1, past + n + 1, dtype=dtype, device=device)
+    mask[:, past:].masked_fill_(~allowed.to(device), torch.finfo(dtype).min)
+    return mask[None, None]
 
 
 def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor) -> tuple[list[int], int]:

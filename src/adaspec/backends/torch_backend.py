@@ -299,18 +299,18 @@ class TorchBackend(Backend):
         self._len += n
         return out.logits[0, -n:]
 
+    @torch.inference_mode()  # the cache's tensors are inference tensors: in-place updates need the mode
     def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
         self._use(0)
         if not 0 <= base <= self._len or any(not 0 <= base + p < self._len for p in path):
             raise ValueError(f"cannot keep tree path {list(path)} after {base} of {self._len} cached entries")
-        if list(path) == list(range(len(path))):  # the path is the nodes' first entries: a plain crop
-            self._truncate(base + len(path))
-            return
-        index = torch.tensor(list(range(base)) + [base + p for p in path], device=self.device)
-        for layer in self._cache.layers:
-            layer.keys = layer.keys.index_select(-2, index)
-            layer.values = layer.values.index_select(-2, index)
-        self._len = base + len(path)
+        if list(path) != list(range(len(path))):  # move the path's entries down to base.. (a few rows per layer)
+            index = torch.tensor([base + p for p in path], device=self.device)
+            end = base + len(path)
+            for layer in self._cache.layers:
+                layer.keys[..., base:end, :] = layer.keys.index_select(-2, index)
+                layer.values[..., base:end, :] = layer.values.index_select(-2, index)
+        self._truncate(base + len(path))
 
     def truncate(self, length: int) -> None:
         self._use(0)
