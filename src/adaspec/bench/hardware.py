@@ -134,34 +134,29 @@ def bytes_per_param(dtype: str) -> float:
                           f"{', '.join(BYTES_PER_PARAM)}") from None
 
 
-PROFILES: dict[str, HardwareProfile] = {
-    "rtx-3090": HardwareProfile(
-        "rtx-3090", "gpu", 936, 71, 24,
-        source="NVIDIA Ampere GA102 GPU architecture whitepaper (2020), Table 9: 936 GB/s GDDR6X; 71 TFLOPS peak "
-               "FP16/BF16 tensor with FP32 accumulate (dense)"),
-    "rtx-4090": HardwareProfile(
-        "rtx-4090", "gpu", 1008, 165.2, 24,
-        source="NVIDIA Ada GPU architecture whitepaper (2022), Table 2: 1008 GB/s GDDR6X; 165.2 TFLOPS peak "
-               "FP16/BF16 tensor with FP32 accumulate (dense)"),
-    "a100-80gb": HardwareProfile(
-        "a100-80gb", "gpu", 2039, 312, 80,
-        source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): 2,039 GB/s HBM2e; 312 TFLOPS BF16/FP16 tensor "
-               "(dense)"),
-    "h100-sxm": HardwareProfile(
-        "h100-sxm", "gpu", 3350, 989, 80,
-        source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): 3.35 TB/s HBM3; 1,979 TFLOPS BF16 tensor with "
-               "sparsity, 989 dense"),
-    "h200": HardwareProfile(
-        "h200", "gpu", 4800, 989, 141,
-        source="NVIDIA H200 Tensor Core GPU datasheet (SXM): 4.8 TB/s HBM3e, 141 GB; 1,979 TFLOPS BF16 tensor "
-               "with sparsity, 989 dense"),
-    "laptop-cpu": HardwareProfile(
-        "laptop-cpu", "cpu", 120, 0.9, 32, bandwidth_efficiency=0.6, matmul_efficiency=0.3, layer_ms=0.08,
-        forward_ms=0.5,
-        source="Intel Core Ultra 7 155H (ark.intel.com): 120 GB/s maximum memory bandwidth (LPDDR5x-7467); "
-               "matrix throughput not on the sheet: 6 P-cores x 2 AVX2 FMA units x 8 fp32 lanes x 2 flops x "
-               "4.8 GHz = 0.92 TFLOP/s fp32 peak (derived, E-cores left out); host time per layer assumed"),
-}
+PROFILES: dict[str, HardwareProfile] = {p.name: p for p in (
+    HardwareProfile("rtx-3090", "gpu", 936, 71, 24,
+                    source="NVIDIA Ampere GA102 GPU architecture whitepaper (2020): 936 GB/s GDDR6X; 71 TFLOPS peak "
+                           "FP16/BF16 tensor with FP32 accumulate (dense)"),
+    HardwareProfile("rtx-4090", "gpu", 1008, 165.2, 24,
+                    source="NVIDIA Ada GPU architecture whitepaper (2022): 1008 GB/s GDDR6X; 165.2 TFLOPS peak "
+                           "FP16/BF16 tensor with FP32 accumulate (dense)"),
+    HardwareProfile("a100-80gb", "gpu", 2039, 312, 80,
+                    source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): 2,039 GB/s HBM2e; 312 TFLOPS "
+                           "BF16/FP16 tensor (dense)"),
+    HardwareProfile("h100-sxm", "gpu", 3350, 989, 80,
+                    source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): 3.35 TB/s HBM3; 1,979 TFLOPS BF16 tensor "
+                           "with sparsity, 989 dense"),
+    HardwareProfile("h200", "gpu", 4800, 989, 141,
+                    source="NVIDIA H200 Tensor Core GPU datasheet (SXM): 4.8 TB/s HBM3e, 141 GB; 1,979 TFLOPS BF16 "
+                           "tensor with sparsity, 989 dense"),
+    HardwareProfile("laptop-cpu", "cpu", 120, 0.9, 32, bandwidth_efficiency=0.6, matmul_efficiency=0.3,
+                    layer_ms=0.08, forward_ms=0.5,
+                    source="Intel Core Ultra 7 155H (ark.intel.com): 120 GB/s maximum memory bandwidth "
+                           "(LPDDR5x-7467); matrix throughput not on the sheet: 6 P-cores x 2 AVX2 FMA units x 8 fp32 "
+                           "lanes x 2 flops x 4.8 GHz = 0.92 TFLOP/s fp32 peak (derived, E-cores left out); host "
+                           "time per layer assumed"),
+)}
 """Named devices, from their spec sheets (see each ``source``). GPU profiles assume eager PyTorch
 (:data:`EAGER_LAYER_MS`); pass ``layer_ms`` for a compiled engine."""
 
