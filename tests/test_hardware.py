@@ -117,8 +117,19 @@ def test_roofline_values_by_hand():
     assert compute_ms > memory_ms
     assert hw.forward_time_ms(s, 4000, 100) == pytest.approx(compute_ms)
     assert s.flops(1, 0) == pytest.approx(2 * s.matmul_params + 4 * s.layers * s.hidden)
-    slow_host = HardwareProfile("toy", "cpu", 1e6, 1e6, 64, layer_ms=0.5, forward_ms=1.0)
-    assert slow_host.forward_time_ms(s, 1, 100) == pytest.approx(s.layers * 0.5 + 1.0)  # host-bound
+    gpu = HardwareProfile("toy", "gpu", 1.0, 1.0, 64, bandwidth_efficiency=1.0, matmul_efficiency=1.0,
+                          layer_ms=0.5, forward_ms=1.0)
+    assert gpu.forward_time_ms(s, 1, 100) == pytest.approx(memory_ms + 1.0)  # GPU: the slower of device and host
+    fast_gpu = HardwareProfile("toy", "gpu", 1e6, 1e6, 64, layer_ms=0.5, forward_ms=1.0)
+    assert fast_gpu.forward_time_ms(s, 1, 100) == pytest.approx(s.layers * 0.5 + 1.0, rel=1e-3)  # host-bound
+    cpu = HardwareProfile("toy", "cpu", 1.0, 1.0, 64, bandwidth_efficiency=1.0, matmul_efficiency=1.0,
+                          layer_ms=0.5, forward_ms=1.0)
+    assert cpu.forward_time_ms(s, 1, 100) == pytest.approx(memory_ms + s.layers * 0.5 + 1.0)  # CPU: both, in turn
+    curve = HardwareProfile("toy", "cpu", 1.0, 1.0, 64, bandwidth_efficiency=1.0, layer_ms=0.0, forward_ms=0.0,
+                            matmul_curve=((1, 10.0), (5, 30.0)))
+    kv_ms = s.kv_bytes_per_token(2) * 100 / 1e9 * 1e3
+    assert curve.forward_time_ms(s, 3, 100) == pytest.approx(20.0 * s.matmul_params / 1e9 + kv_ms)  # interpolated
+    assert curve.forward_time_ms(s, 10, 100) == pytest.approx(60.0 * s.matmul_params / 1e9 + kv_ms)  # ∝ n beyond
     assert bytes_per_param("q4_k_m") == pytest.approx(4.85 / 8)
     with pytest.raises(ConfigError, match="unknown dtype 'int3'"):
         bytes_per_param("int3")

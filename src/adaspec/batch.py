@@ -187,7 +187,7 @@ class BatchEngine:
         if cfg.strict and self.max_batch > 1 and not self.target.rows_independent:
             raise ConfigError(f"strict mode in a batch needs a runtime whose rows do not mix; {self.target.name} "
                               f"({type(self.target).__name__}) changes a row's logits with the other rows: use "
-                              "llama.cpp or PyTorch, or max_batch 1")
+                              "PyTorch, or max_batch 1")
         if cfg.strict is not None and cfg.strict != self.target.batch_invariant:
             raise ConfigError(f"this batch runs strict={self.target.batch_invariant}; a request cannot change it "
                               f"(asked strict={cfg.strict})")

@@ -51,6 +51,11 @@ class LlamaCppBackend(GgufBackend):
     """
 
     runtime = "llama.cpp"
+    # Measured: on an AMD EPYC (AVX2) with llama-cpp-python built here, strict-mode rows of a batch of 2 or 4 (n-gram
+    # drafts, K = 3, rows joining and leaving) diverge from the same requests run alone (the 135M test model, row 1
+    # at its 11th token), while an Intel Xeon (AVX-512) kept them equal. A row's logits can depend on the other rows,
+    # so strict requests are refused in a batch, as on ik_llama.cpp.
+    rows_independent = False
 
     def __init__(self, model_path: str | Path, name: str | None = None, *, max_context: int | None = None,
                  threads: int | None = None, n_batch: int = 512, batch_invariant: bool = False,

@@ -12,9 +12,9 @@ with BW the peak memory bandwidth, P the peak dense matrix throughput at the dty
 that decoding kernels reach. The host must also issue the work: eager PyTorch dispatches every operator from
 Python, which costs a roughly fixed time per decoder layer, so
 
-    T(n, L) = max(t_device(n, L), layers h_layer) + h_forward
-
-(asynchronous launches overlap host and device; the slower of the two sets the pace). On a GPU at batch 1 the
+    T(n, L) = max(t_device(n, L), layers h_layer) + h_forward      (GPU: launches overlap host and device)
+    T(n, L) = t_device(n, L) + layers h_layer + h_forward          (CPU: the same cores do both, in turn)
+ On a GPU at batch 1 the
 weight term dominates and T(K + 1, L) ≈ T(1, L): verification is nearly free, which is where speculation's 2–3×
 lives. On a small CPU the flops term overtakes it after a few tokens (verify(5) ≈ 3 steps with bf16 on AVX2).
 
@@ -64,6 +64,10 @@ class HardwareProfile:
         forward_ms: fixed host time per forward (sampling, synchronisation), ms.
         source: where the numbers come from (spec sheet, or "measured on ...").
         measured: the numbers were measured on the machine at hand.
+        matmul_curve: measured ``(n, ms per 10^9 weights)`` of the framework's linear layer at n tokens, weights
+            streamed from memory (:func:`measure_profile`). Where given it replaces the two-number roofline for the
+            weights: CPU kernels change with the width (a one-token GEMV reaches a fraction of the streaming
+            bandwidth, small GEMMs a width-dependent throughput), which two numbers cannot describe.
     """
 
     name: str
@@ -77,6 +81,7 @@ class HardwareProfile:
     forward_ms: float = 1.0
     source: str = ""
     measured: bool = False
+    matmul_curve: tuple[tuple[int, float], ...] = ()
 
     # The roofline -----------------------------------------------------------------------------------------------
     def forward_time_ms(self, s: ModelShape, n: float, context: float, *, dtype: str = "bfloat16",
@@ -85,11 +90,18 @@ class HardwareProfile:
         cached tokens each, ms (see the module docstring)."""
         b = bytes_per_param(dtype)
         kv = 2.0 if b < 4 else 4.0  # the KV cache is kept in the activation dtype (16-bit for quantised weights)
-        moved = s.weight_bytes(b) + batch * s.kv_bytes_per_token(kv) * context
-        flops = batch * s.flops(n, context)
-        device = max(moved / (self.bandwidth_gbs * 1e9 * self.bandwidth_efficiency),
-                     flops / (self.matmul_tflops * 1e12 * self.matmul_efficiency)) * 1e3
-        return max(device, s.layers * self.layer_ms) + self.forward_ms
+        kv_bytes = batch * s.kv_bytes_per_token(kv) * context
+        if self.matmul_curve:  # measured linear-layer times per width, plus reading the KV cache
+            device = (_interpolate(self.matmul_curve, batch * n) * s.matmul_params / 1e9
+                      + kv_bytes / (self.bandwidth_gbs * 1e9 * self.bandwidth_efficiency) * 1e3)
+        else:
+            moved = s.weight_bytes(b) + kv_bytes
+            flops = batch * s.flops(n, context)
+            device = max(moved / (self.bandwidth_gbs * 1e9 * self.bandwidth_efficiency),
+                         flops / (self.matmul_tflops * 1e12 * self.matmul_efficiency)) * 1e3
+        host = s.layers * self.layer_ms
+        # a GPU runs asynchronously to its host, so the slower of the two sets the pace; a CPU does both in turn
+        return (max(device, host) if self.kind == "gpu" else device + host) + self.forward_ms
 
     def fits(self, s: ModelShape, dtype: str = "bfloat16") -> bool:
         """The weights fit in the device memory (with 10 % left for the KV cache and activations)."""
@@ -123,6 +135,18 @@ class RooflineCostModel(CostModel):
         if drafter in self.drafts:
             return self.profile.forward_time_ms(self.drafts[drafter], 1, context, dtype=self.dtype)
         return super().draft_ms(drafter, context)
+
+
+def _interpolate(curve: tuple[tuple[int, float], ...], n: float) -> float:
+    """Linear interpolation in n over a measured ``(n, value)`` curve; beyond its ends, proportional to n (the
+    compute-bound limit) above and flat below."""
+    pts = sorted(curve)
+    if n <= pts[0][0]:
+        return pts[0][1]
+    for (n0, v0), (n1, v1) in zip(pts, pts[1:]):
+        if n <= n1:
+            return v0 + (v1 - v0) * (n - n0) / (n1 - n0)
+    return pts[-1][1] * n / pts[-1][0]
 
 
 def bytes_per_param(dtype: str) -> float:
@@ -188,11 +212,11 @@ def _median_ms(fn, repeats: int, sync) -> float:
 
 
 def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: int | None = None,
-                    hidden: int = 2048, repeats: int = 7) -> tuple[HardwareProfile, dict]:
-    """Measure this machine's roofline numbers with PyTorch: streaming read bandwidth (a reduction over a
-    256 MiB tensor) and matrix throughput at decoding widths (``[n, hidden] @ [hidden, 4 hidden]`` for
-    n = 1, 4, 16 in ``dtype``). The throughput used is the one at n = 16 (where verification turns
-    compute-bound on a CPU); efficiencies are 1 because the numbers are already achieved ones.
+                    hidden: int = 2560, repeats: int = 7) -> tuple[HardwareProfile, dict]:
+    """Measure this machine's numbers with PyTorch: streaming read bandwidth (a reduction over a 256 MiB tensor)
+    and the linear layer a model runs (``F.linear`` of ``[n, hidden]`` by ``[4 hidden, hidden]`` weights, larger
+    than the caches, in ``dtype``) at n = 1, 2, 3, 5, 9, 17 tokens, kept as the profile's ``matmul_curve`` (ms per
+    10^9 weights); ``matmul_tflops`` is the throughput at n = 17. Efficiencies are 1: the numbers are achieved ones.
 
     Returns:
         ``(profile, raw)``: the profile (``measured=True``, ``layer_ms`` from :func:`measure_dispatch_ms`) and
@@ -209,12 +233,14 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
     big = torch.ones(256 * 2**20 // 4, dtype=torch.float32, device=device)
     read_ms = _median_ms(lambda: big.sum(), repeats, sync)
     bandwidth = big.numel() * 4 / (read_ms / 1e3) / 1e9
-    w = torch.randn(hidden, 4 * hidden, dtype=dt, device=device)
+    w = torch.randn(4 * hidden, hidden, dtype=dt, device=device)
     raw = {"read_ms": read_ms, "bandwidth_gbs": bandwidth, "matmul": {}}
-    for n in (1, 4, 16):
-        x = torch.randn(n, hidden, dtype=dt, device=device)
-        ms = _median_ms(lambda x=x: x @ w, repeats, sync)
-        raw["matmul"][n] = {"ms": ms, "tflops": 2 * n * hidden * 4 * hidden / (ms / 1e3) / 1e12}
+    with torch.inference_mode():
+        for n in (1, 2, 3, 5, 9, 17):
+            x = torch.randn(n, hidden, dtype=dt, device=device)
+            ms = _median_ms(lambda x=x: torch.nn.functional.linear(x, w), repeats, sync)
+            raw["matmul"][n] = {"ms": ms, "tflops": 2 * n * w.numel() / (ms / 1e3) / 1e12,
+                                "ms_per_gparam": ms / (w.numel() / 1e9)}
     layer_ms = measure_dispatch_ms(device=device, repeats=repeats)
     raw["layer_ms"] = layer_ms
     from adaspec.backends.select import cpu_label
@@ -222,10 +248,11 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
     name = "this-cpu" if device == "cpu" else "this-gpu"
     label = cpu_label() if device == "cpu" else torch.cuda.get_device_name()
     memory = (torch.cuda.get_device_properties(0).total_memory if device == "cuda" else _ram_bytes()) / 2**30
-    prof = HardwareProfile(name, "cpu" if device == "cpu" else "gpu", bandwidth, raw["matmul"][16]["tflops"],
+    prof = HardwareProfile(name, "cpu" if device == "cpu" else "gpu", bandwidth, raw["matmul"][17]["tflops"],
                            memory, bandwidth_efficiency=1.0, matmul_efficiency=1.0, layer_ms=layer_ms,
                            forward_ms=0.0, source=f"measured on {label} ({dtype}, {torch.get_num_threads()} threads)",
-                           measured=True)
+                           measured=True,
+                           matmul_curve=tuple((n, v["ms_per_gparam"]) for n, v in raw["matmul"].items()))
     return prof, raw
 
 

@@ -174,8 +174,8 @@ class ModelHost:
         if max_batch > 1:
             if strict and not tgt.backend.rows_independent:
                 raise ConfigError(f"--strict with --max-batch {max_batch}: {tgt.name} changes a row's logits with the "
-                                  "other rows, so strict mode cannot hold in a batch; use --backend llamacpp or "
-                                  "torch, or --max-batch 1")
+                                  "other rows, so strict mode cannot hold in a batch; use --backend torch, or "
+                                  "--max-batch 1")
             if strict and not tgt.backend.supports_batch_invariance:
                 raise ConfigError(f"strict mode needs a batch-invariant backend; {tgt.name} has none")
             tgt.backend.batch_invariant = strict
