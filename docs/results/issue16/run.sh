@@ -22,7 +22,7 @@ date
 # 3b. (2026-12-01) the same command continued with --time-limit 75 (log-3b.txt); it was stopped at 51 questions
 #     because it shared the 2 cores with other work. Rerun it alone to reach >= 200 questions (~40 s per question).
 # 3c-3d. (2026-12-01, an AMD EPYC with AVX2 this time; rows carry "cpu") the same command with --time-limit 105
-#     (log-3c.txt) and 18 (log-3d.txt); about 32 s per question alone on that machine. Rows 141-161 (questions
+#     (log-3c.txt), 18 (log-3d.txt) and 2.7 (log-3e.txt): 202 questions; about 32 s per question alone on that machine. Rows 141-161 (questions
 #     71-81) ran while a build or another benchmark shared the cores: their speed is not a measurement.
 # 4-5. PyTorch fp32 and bf16: Qwen2.5-Coder-0.5B target, n-gram drafter (a 0.5B pair has no smaller draft model).
 for dt in float32 bfloat16; do
