@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from adaspec.errors import ConfigError
+from adaspec.sampling import sample
 
 MAX_TREE_NODES = 64
 """Largest tree budget (nodes per verification)."""
@@ -140,8 +141,6 @@ def verify_tree_sampling(tokens: Sequence[int], parents: Sequence[int], probs: t
                 break
             p[token] = 0.0
         if accepted is None:
-            from adaspec.sampling import sample
-
             return path, int(sample(p / p.sum() if p.sum() > 0 else probs[node + 1], generator))
         path.append(accepted)
         node = accepted

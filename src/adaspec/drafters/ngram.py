@@ -46,8 +46,12 @@ class NgramDrafter(Drafter):
         # Index every n-gram that ends before the last token, so the sequence's own suffix never matches itself.
         for end in range(max(self._indexed, 1), len(ids)):
             for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
-                self._index[tuple(ids[end - n:end])] = end
+                self._record(tuple(ids[end - n:end]), end)
         self._indexed = max(self._indexed, len(ids))
+
+    def _record(self, key: tuple[int, ...], end: int) -> None:
+        """Index one occurrence of n-gram ``key`` whose continuation starts at ``end`` (the latest one wins)."""
+        self._index[key] = end
 
     def match(self, ids: list[int]) -> tuple[int, int]:
         """Return ``(n, start)``: the longest matching suffix length and where its continuation starts, or (0, -1)."""
@@ -96,13 +100,9 @@ class NgramTreeDrafter(NgramDrafter):
         super().prefill(prompt_ids)
         self._all.clear()
 
-    def _extend_index(self, ids: list[int]) -> None:
-        for end in range(max(self._indexed, 1), len(ids)):
-            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
-                key = tuple(ids[end - n:end])
-                self._index[key] = end
-                self._all.setdefault(key, []).append(end)
-        self._indexed = max(self._indexed, len(ids))
+    def _record(self, key: tuple[int, ...], end: int) -> None:
+        super()._record(key, end)
+        self._all.setdefault(key, []).append(end)  # every occurrence, not only the latest
 
     def propose_tree(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams,
                      generator: torch.Generator | None = None) -> Draft:
