@@ -132,6 +132,49 @@ def test_forward_batch_validates_before_touching_a_cache():
     assert (target.seq_len_of(0), target.seq_len_of(1)) == (3, 2)
 
 
+@pytest.mark.parametrize("arch", ["qwen", "llama"])
+def test_padded_forward_equals_each_sequence_alone(arch):
+    """Rows of different cache lengths and new-token counts in one padded forward: the logits of each row equal
+    that sequence run alone (fp32 kernel tolerance), caches keep exactly the real tokens, rollback works after it,
+    a long row (prefill) runs alone in the same call, and strict mode takes the bit-exact per-row path."""
+    model = tiny_model(arch, seed=3)
+    batched = TorchBackend(model, "t", max_sequences=4, pad_batch_max_tokens=8)
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [], list(range(40, 60))]
+    steps = [[[20, 21], [22], [30, 31, 32, 33], [9]], [[5], [6, 7, 8], [2], [3, 4]]]
+    calls = []
+    original = batched._forward_padded
+    batched._forward_padded = lambda rows: calls.append([r.seq for r in rows]) or original(rows)
+    history = [list(p) for p in prompts]
+    first = [BatchRow(i, p) for i, p in enumerate(prompts) if p]
+    batched.forward_batch(first)
+    assert calls == [[0, 1]]  # the 20-token prompt is over pad_batch_max_tokens: it ran alone
+    alone = TorchBackend(model, "t")
+    for step in steps:
+        rows = [BatchRow(i, s, len(s)) for i, s in enumerate(step)]
+        out = batched.forward_batch(rows)
+        for i, s in enumerate(step):
+            alone.truncate(0)
+            if history[i]:
+                alone.forward(history[i])
+            want = alone.forward(s, len(s))
+            assert out[i].shape == want.shape
+            torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
+            assert out[i].argmax(-1).tolist() == want.argmax(-1).tolist()
+            history[i] += s
+            assert batched.seq_len_of(i) == len(history[i])
+    assert calls[1:] == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    batched.truncate_seq(2, 2)  # rollback after a padded step, then another padded step
+    history[2] = history[2][:2]
+    out = batched.forward_batch([BatchRow(2, [11, 12], 2), BatchRow(0, [13], 1)])
+    alone.truncate(0)
+    alone.forward(history[2])
+    torch.testing.assert_close(out[0], alone.forward([11, 12], 2), atol=1e-5, rtol=1e-5)
+    batched.batch_invariant = True
+    calls.clear()
+    batched.forward_batch([BatchRow(0, [1]), BatchRow(1, [2])])
+    assert calls == []  # strict mode: one row after another
+
+
 def test_pricer_shrinks_k_as_the_batch_grows_on_a_compute_bound_curve():
     # a CPU-like curve: 60 ms for one token, +12 ms per extra token (compute-bound)
     curve = {n: 60.0 + 12.0 * (n - 1) for n in (1, 2, 4, 8, 16, 32, 64, 128)}
@@ -149,6 +192,64 @@ def test_pricer_shrinks_k_as_the_batch_grows_on_a_compute_bound_curve():
     assert pricer.goodput([row], 2) == pytest.approx(expected(0.7, 2) / (10.0 + curve[1] + 24.0))
     assert expected(0.5, 2) == pytest.approx(1.75) and expected(1.0, 3) == 4.0
     assert BatchPricer().cap([row]) == 8  # not calibrated: the rows' own K
+
+
+def test_a_zero_cap_still_probes_so_acceptance_is_measured():
+    """A curve on which the acceptance prior (0.6) says K = 0 for two rows: without probes the rows never draft, so
+    their acceptance (1.0 on these repeating prompts) is never seen; with probe_every = 4 every 4th step drafts. A
+    lone row is not capped at all (its own controller prices its forward)."""
+    curve = {n: 10.0 + 15.0 * (n - 1) for n in (1, 2, 4, 8, 16)}
+    model = tiny_model("qwen", seed=0)
+    prompts = [[3, 4, 5, 6] * 6, [7, 8, 9] * 8]
+    cfg = GenerationConfig(max_new_tokens=24)
+    want = _alone(TorchBackend(model, "t"), None, 0, prompts, cfg)
+    two = [RowEstimate(4, 0.6, 0.0)] * 2
+    assert BatchPricer(curve).cap(two) == 0 and BatchPricer(curve).best_positive(two) >= 1
+    for probe_every, expect_drafts in ((0, False), (4, True)):
+        engine = BatchEngine(TorchBackend(model, "t", max_sequences=2), lambda seq: NgramDrafter(),
+                             lambda: make_controller("fixed", 4), max_batch=2, pricer=BatchPricer(curve),
+                             probe_every=probe_every)
+        rids = [engine.add(p, cfg) for p in prompts]
+        caps, results = [], {}
+        while len(results) < 2:
+            for rid, chunk in engine.step().items():
+                if chunk.result is not None:
+                    results[rid] = chunk.result
+            caps.append(engine.last_cap)
+        assert [results[r].token_ids for r in rids] == want
+        assert all((results[r].stats.draft_tokens > 0) == expect_drafts for r in rids)
+        priced = [c for c in caps if c is not None][:8]
+        assert all((c > 0) == (bool(probe_every) and i % 4 == 3) for i, c in enumerate(priced))
+    lone = BatchEngine(TorchBackend(model, "t", max_sequences=1), lambda seq: NgramDrafter(),
+                       lambda: make_controller("fixed", 4), max_batch=1, pricer=BatchPricer(curve), probe_every=0)
+    rid = lone.add(prompts[0], cfg)
+    result = None
+    while result is None:
+        result = lone.step()[rid].result
+    assert result.token_ids == want[0] and result.stats.draft_tokens > 0 and lone.last_cap is None
+
+
+def test_a_new_rows_goodput_controller_is_seeded_with_the_batch_curve():
+    from adaspec.controllers.goodput import GoodputController
+
+    curve = {1: 20.0, 2: 24.0, 5: 30.0, 9: 40.0}
+    made: list[GoodputController] = []
+
+    def factory():
+        made.append(GoodputController())
+        return made[-1]
+    pricer = BatchPricer(curve)
+    engine = BatchEngine(TorchBackend(tiny_model("qwen", seed=0), "t", max_sequences=2), lambda seq: NgramDrafter(),
+                         factory, max_batch=2, pricer=pricer)
+    engine.add([1, 2, 3, 1, 2, 3], GenerationConfig(max_new_tokens=2))
+    engine.step()
+    row = made[-1]
+    assert row.costs.measured and row.costs.seeded == {next(iter(row.costs.seeded)): curve}
+    uncalibrated = BatchEngine(TorchBackend(tiny_model("qwen", seed=0), "t", max_sequences=2),
+                               lambda seq: NgramDrafter(), factory, max_batch=2)
+    uncalibrated.add([1, 2, 3], GenerationConfig(max_new_tokens=2))
+    uncalibrated.step()
+    assert not made[-1].costs.seeded  # nothing measured: nothing seeded
 
 
 def test_hybrid_drafter_under_goodput_routes_per_row_and_stays_exact():

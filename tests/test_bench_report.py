@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,13 @@ def test_profile_advice_on_tiny_models(tmp_path, monkeypatch):
     assert (rec["k"] == 0) == (advice["enable"] == "no")
     json.dumps(advice)
     assert "expected speedup" in format_advice(advice)
+    if advice["confirmed_speedups"] is not None:  # the model said speculate: measured as it will run
+        assert len(advice["confirmed_speedups"]) == 2 and advice["basis"].startswith("measured")
+        assert advice["expected_speedup"] == pytest.approx(statistics.fmean(advice["confirmed_speedups"]), abs=2e-3)
+    model_only = profile_workload(str(workload), target="tiny-target", drafts=["ngram"], sample=2,
+                                  max_new_tokens=12, loader=tiny_loader, threads=1, bootstrap=200, confirm_tokens=0)
+    assert model_only["confirmed_speedups"] is None and model_only["basis"].startswith("cost model")
+    assert model_only["expected_speedup"] == model_only["model_speedup"]
 
 
 def test_profile_decision_and_reasons():

@@ -93,7 +93,7 @@ def test_greedy_tree_decoding_is_plain_decoding(qwen, budget):
     prompt = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7, 3, 17, 8, 3, 17, 42, 5, 3, 17]
     plain = SpeculativeEngine(TorchBackend(qwen, "p"), None, None).generate(prompt, GenerationConfig(max_new_tokens=40))
     eng = SpeculativeEngine(TorchBackend(qwen, "t"), NgramTreeDrafter(), FixedController(4))
-    out = eng.generate(prompt, GenerationConfig(max_new_tokens=40, tree_budget=budget))
+    out = eng.generate(prompt, GenerationConfig(max_new_tokens=40, tree_budget=budget, tree_choice="always"))
     assert out.token_ids == plain.token_ids
     assert out.stats.tree_fallback == ""
     assert any(s.drafted > s.k for s in out.stats.steps)  # some step verified more nodes than its depth: a tree
@@ -132,9 +132,10 @@ def test_compare_method_syntax_for_trees():
     from adaspec.compare import parse_method
 
     m = parse_method("ngram-tree/fixed:4+tree:12", "d")
-    assert (m.drafter, m.controller, m.k, m.tree_budget) == ("ngram-tree", "fixed", 4, 12)
+    assert (m.drafter, m.controller, m.k, m.tree_budget, m.tree_choice) == ("ngram-tree", "fixed", 4, 12, "goodput")
+    assert parse_method("ngram-tree/fixed:4+tree:12:always", "d").tree_choice == "always"
     for bad, why in [("ngram-tree/fixed:4+tree:99", "tree:N"), ("ngram-tree/fixed:4+tree:x", "tree:N"),
-                     ("plain+tree:4", "needs a drafter")]:
+                     ("ngram-tree/fixed:4+tree:8:sometimes", "unknown choice"), ("plain+tree:4", "needs a drafter")]:
         with pytest.raises(ConfigError, match=why):
             parse_method(bad, "d")
 
@@ -179,3 +180,41 @@ def test_batched_rows_say_they_verify_chains(qwen):
     eng = BatchEngine(TorchBackend(qwen, "t", max_sequences=2), drafter.for_sequence, lambda: FixedController(3))
     outs = eng.generate([[3, 17, 42, 3, 17], [5, 9, 5, 9]], GenerationConfig(max_new_tokens=6, tree_budget=8))
     assert [o.stats.tree_fallback for o in outs] == ["chains: batched rows verify chains"] * 2
+
+
+def test_tree_choice_follows_measured_goodput_and_keeps_exploring():
+    from adaspec.controllers.tree_choice import TreeChoice
+
+    choice = TreeChoice(window=4, explore_every=5, min_samples=2)
+    first = []
+    for _ in range(4):
+        first.append(choice.use_tree())
+        choice.update(first[-1], 2, 10.0)
+    assert first == [True, True, False, False]  # each arm twice before any comparison
+    choice = TreeChoice(window=4, explore_every=5, min_samples=2)
+    for tree, tokens, ms in [(True, 3, 100.0), (True, 3, 100.0), (False, 2, 50.0), (False, 2, 50.0)]:
+        choice.update(tree, tokens, ms)
+    assert choice.goodput("tree") == pytest.approx(0.03) and choice.goodput("chain") == pytest.approx(0.04)
+    picks = [choice.use_tree() for _ in range(10)]
+    assert picks == [False, False, False, False, True, False, False, False, False, True]  # chain; tree every 5th
+    for _ in range(4):  # trees get cheap: the window forgets the old steps and the choice flips
+        choice.update(True, 4, 40.0)
+    assert choice.goodput("tree") == pytest.approx(0.1) and choice.use_tree() is True
+
+
+@pytest.mark.parametrize("tree_choice", ["goodput", "always"])
+def test_tree_choice_is_exact_and_counted(qwen, tree_choice):
+    prompt = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7, 3, 17, 8, 3, 17, 42, 5, 3, 17]
+    plain = SpeculativeEngine(TorchBackend(qwen, "p"), None, None).generate(prompt, GenerationConfig(max_new_tokens=40))
+    eng = SpeculativeEngine(TorchBackend(qwen, "t"), NgramTreeDrafter(), FixedController(4))
+    out = eng.generate(prompt, GenerationConfig(max_new_tokens=40, tree_budget=12, tree_choice=tree_choice))
+    assert out.token_ids == plain.token_ids
+    spec = [s for s in out.stats.steps if s.k > 0]
+    trees = sum(s.tree for s in spec)
+    assert out.stats.summary()["tree_steps"] == trees >= 2
+    if tree_choice == "always":
+        assert trees == len(spec)
+    else:
+        assert 2 <= len(spec) - trees  # the chooser tried chains too
+    with pytest.raises(ConfigError, match="tree_choice"):
+        GenerationConfig(tree_budget=4, tree_choice="never")

@@ -14,7 +14,8 @@ Each step (as in vLLM's scheduler and llama.cpp's server slots):
 
 Each row keeps its own drafter (a model drafter runs on its own sequence of the draft backend), controller, sampler,
 stop conditions and statistics, so a row's output does not depend on the other rows except through the kernels:
-in strict mode (GGUF runtimes) and on PyTorch (rows run on their own caches) it is the output of the request alone.
+in strict mode it is the output of the request alone (PyTorch's strict mode runs the rows one after another; the
+GGUF runtimes refuse strict rows in a batch where their kernels mix rows).
 A request may bring its own drafter and controller (the server's per-request ``speculation``).
 
 A row that fails (its drafter raises, or the runtime rejects its tokens) leaves the batch with the error in its chunk;
@@ -129,7 +130,7 @@ class BatchEngine:
 
     Args:
         target: the target's backend, built with ``max_sequences`` >= ``max_batch`` (a GGUF runtime batches the rows
-            in one ``llama_decode``; PyTorch runs them one after another on their own caches).
+            in one ``llama_decode``; PyTorch in one padded forward over their own caches).
         drafter_for: ``seq -> Drafter | None``, called once per sequence slot (a model drafter wraps
             ``draft_backend.sequence(seq)``); None = plain batched decoding.
         controller_factory: a fresh controller per request (default: fixed K = 0 without a drafter).
@@ -137,6 +138,9 @@ class BatchEngine:
         max_batch: rows decoding at once (default: ``target.max_sequences``); more requests wait in FIFO order.
         pricer: the batch's K cap (default: an uncalibrated one, which keeps the rows' own K until
             :meth:`calibrate`).
+        probe_every: when the pricer's cap is 0 but rows want to draft, every this many steps one step drafts at
+            the best positive cap anyway, so the rows' acceptance keeps being measured (without it a pessimistic
+            acceptance prior keeps speculation off for good; 0 = never probe).
 
     Raises:
         ConfigError: ``max_batch`` above what the target holds, or K > 0 without a drafter.
@@ -145,8 +149,10 @@ class BatchEngine:
     def __init__(self, target: Backend, drafter_for: Callable[[int], Drafter | None] | None = None,
                  controller_factory: Callable[[], Controller] | None = None, *, tokenizer=None,
                  eos_token_ids: Sequence[int] | None = None, max_batch: int | None = None,
-                 pricer: BatchPricer | None = None) -> None:
+                 pricer: BatchPricer | None = None, probe_every: int = 16) -> None:
         self.target = target
+        self.probe_every = probe_every
+        self._priced_steps = 0
         self.max_batch = max_batch or target.max_sequences
         if not 1 <= self.max_batch <= target.max_sequences:
             raise ConfigError(f"max_batch must be in [1, {target.max_sequences}] for {target.name} (built for "
@@ -248,6 +254,8 @@ class BatchEngine:
                 row.drafter = self._drafter(row.drafter_for, row.seq)
                 row.controller = row.controller_factory()
                 row.controller.reset()
+                if self.pricer.curve:  # the batch's measured costs, so a goodput row does not start from priors
+                    row.controller.seed_verify_costs(self.pricer.curve, self.pricer.context_len)
                 row.stop_rule = row.controller.draft_stop()
                 row.start = time.perf_counter()
                 self.target.truncate_seq(row.seq, 0)
@@ -371,7 +379,13 @@ class BatchEngine:
             ks[row.rid] = max(0, min(own, room - 1))
         estimates = [RowEstimate(ks[r.rid], r.alpha, r.draft_ms if r.draft_ms is not None else 0.0)
                      for r in decoding if r.rid in ks]
-        cap = self.pricer.cap(estimates) if estimates else None
+        # One decoding row is the single-request case: its own controller already prices its forward; the batch
+        # pricer (whose acceptance prior would keep a lone row from ever drafting) caps only real batches.
+        cap = self.pricer.cap(estimates) if len(estimates) > 1 else None
+        if cap is not None:
+            self._priced_steps += 1
+            if cap == 0 and self.probe_every and self._priced_steps % self.probe_every == 0:
+                cap = self.pricer.best_positive(estimates)  # a probe: acceptance is only learned by drafting
         self.last_cap = cap
         return {rid: min(k, cap) for rid, k in ks.items()} if cap is not None else ks
 

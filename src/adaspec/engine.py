@@ -19,6 +19,7 @@ import torch
 from adaspec.backends.base import Backend
 from adaspec.controllers.base import Controller
 from adaspec.controllers.fixed import FixedController
+from adaspec.controllers.tree_choice import TreeChoice
 from adaspec.drafters.base import Draft, Drafter, empty_draft
 from adaspec.drafters.multi import cached_prefixes, route
 from adaspec.errors import ConfigError, ContextLengthError
@@ -65,6 +66,10 @@ class GenerationConfig:
             request is exact (no lossy rule), not strict and without logits controls; greedy or sampled (the
             multi-candidate rule of :func:`~adaspec.tree.verify_tree_sampling`); chains otherwise, with the
             reason in :attr:`GenerationStats.tree_fallback`. 0 (default) = chains.
+        tree_choice: with a tree budget, ``"goodput"`` (default) chooses chain or tree before each step from the
+            measured tokens per ms of each (:class:`~adaspec.controllers.tree_choice.TreeChoice`), so a tree that
+            does not pay on this machine and workload gives way to the chain; ``"always"`` verifies a tree every
+            speculative step.
     """
 
     max_new_tokens: int = 128
@@ -86,6 +91,7 @@ class GenerationConfig:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     tree_budget: int = 0
+    tree_choice: str = "goodput"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # OpenAI and HF accept one stop string as a plain str
@@ -99,6 +105,8 @@ class GenerationConfig:
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 raise ConfigError(f"{name} must be in [0, {MAX_LOGPROBS}] (top alternatives per token), got {value}")
         check_budget(self.tree_budget)
+        if self.tree_choice not in ("goodput", "always"):
+            raise ConfigError(f"tree_choice must be 'goodput' or 'always', got {self.tree_choice!r}")
         if self.lossy is not None:
             try:
                 parse_lossy(self.lossy)
@@ -245,6 +253,7 @@ class SpeculativeEngine:
         logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
         controls = cfg.controls
         tree_budget, stats.tree_fallback = self._tree_mode(cfg, params, lossy, controls)
+        chooser = TreeChoice() if tree_budget and cfg.tree_choice == "goodput" else None
         start = time.perf_counter()
         self.target.reset()
         logits = self.target.forward(prompt, len(prompt) if cfg.prompt_logprobs is not None else 1)
@@ -276,7 +285,8 @@ class SpeculativeEngine:
                 break
             route(self.drafter, self.controller, ids)  # per-step drafter choice (MultiDrafter only)
             k = min(self.controller.next_k(), room - 1) if self.drafter is not None else 0
-            if k > 0 and tree_budget:
+            as_tree = bool(k > 0 and tree_budget and (chooser is None or chooser.use_tree()))
+            if as_tree:
                 draft = self.drafter.propose_tree(ids, k, tree_budget, params, generator)
             else:
                 draft = self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft()
@@ -298,9 +308,11 @@ class SpeculativeEngine:
                               context_len=len(ids) - len(new),
                               draft_ms=(draft_end - step_start) * 1e3, verify_ms=(verify_end - draft_end) * 1e3,
                               total_ms=(time.perf_counter() - step_start) * 1e3,
-                              drafter=(draft.source or self.drafter.name) if len(draft) else "")
+                              drafter=(draft.source or self.drafter.name) if len(draft) else "", tree=as_tree)
             stats.record(step)
             self.controller.update(step)
+            if chooser is not None and k > 0:
+                chooser.update(as_tree, step.emitted, step.total_ms)
             if finish is None:
                 yield StreamChunk(new, text.delta() if text else "", logprobs=lp)
             else:

@@ -31,6 +31,7 @@ class StepRecord:
             rollback, and of the whole step, in milliseconds (in a batch, verify_ms is the batch's forward).
         drafter: name of the drafter that proposed ("" for a plain step).
         batch: rows in the target forward of this step (1 outside :class:`~adaspec.batch.BatchEngine`).
+        tree: the step proposed a token tree (:mod:`adaspec.tree`) rather than a chain.
     """
 
     k: int
@@ -43,6 +44,7 @@ class StepRecord:
     total_ms: float
     drafter: str = ""
     batch: int = 1
+    tree: bool = False
 
 
 @dataclass
@@ -142,6 +144,7 @@ class GenerationStats:
             "tokens_per_s": round(self.tokens_per_s, 3),
             "peak_rss_bytes": self.peak_rss_bytes,
             **({"tree_fallback": self.tree_fallback} if self.tree_fallback else {}),
+            **({"tree_steps": sum(s.tree for s in self.steps)} if any(s.tree for s in self.steps) else {}),
         }
 
     def to_dict(self) -> dict:

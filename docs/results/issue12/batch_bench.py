@@ -6,6 +6,13 @@ both with the batch pricer calibrated on this machine. Methods are interleaved p
 result is appended to --out (JSONL) as it is measured; a rerun skips what the file holds.
 
     .venv/bin/python docs/results/issue12/batch_bench.py --out docs/results/issue12/batch.jsonl
+
+PyTorch (``--runtime torch``): the 0.5B model as target (it has no smaller draft model; methods plain and ngram),
+``--pad N`` = TorchBackend's ``pad_batch_max_tokens`` (0: rows one after another, the old path; 32: one padded
+forward per step), so both paths can be interleaved in one file:
+
+    .venv/bin/python docs/results/issue12/batch_bench.py --runtime torch --dtype float32 --methods plain,ngram \
+        --pads 0,32 --batches 1,2,4 --out docs/results/issue12/batch-torch.jsonl
 """
 
 from __future__ import annotations
@@ -38,17 +45,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="docs/results/issue12/batch.jsonl")
+    ap.add_argument("--dtype", default="float32", help="PyTorch dtype (--runtime torch)")
+    ap.add_argument("--pads", default="32", help="PyTorch: pad_batch_max_tokens values to interleave (0 = rows "
+                                                 "one after another)")
     args = ap.parse_args()
     set_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     top = max(batches)
-    tgt = load_model(f"{DEFAULT_TARGET}@{args.runtime}", progress=False, threads=args.threads)
-    drf = load_model(f"{DEFAULT_DRAFT}@{args.runtime}", progress=False, threads=args.threads)
-    cls = type(tgt.backend)
-    target = cls(tgt.backend.path, max_context=2048, threads=args.threads, max_sequences=top)
-    draft = cls(drf.backend.path, max_context=2048, threads=args.threads, max_sequences=top)
-    tgt.backend.close()
-    drf.backend.close()
+    pads = [int(p) for p in args.pads.split(",")] if args.runtime == "torch" else [None]
+    if args.runtime == "torch":
+        from adaspec.backends.torch_backend import TorchBackend
+
+        tgt = load_model(f"{DEFAULT_DRAFT}@torch", dtype=args.dtype, progress=False, threads=args.threads)
+        target = TorchBackend(tgt.backend.model, "target", max_context=2048, max_sequences=top)
+        draft = None
+    else:
+        tgt = load_model(f"{DEFAULT_TARGET}@{args.runtime}", progress=False, threads=args.threads)
+        drf = load_model(f"{DEFAULT_DRAFT}@{args.runtime}", progress=False, threads=args.threads)
+        cls = type(tgt.backend)
+        target = cls(tgt.backend.path, max_context=2048, threads=args.threads, max_sequences=top)
+        draft = cls(drf.backend.path, max_context=2048, threads=args.threads, max_sequences=top)
+        tgt.backend.close()
+        drf.backend.close()
     lm = SpeculativeLM(tgt, None, FixedController(0))
     prompts = [lm.encode(p.text) for p in load_workload("code-edit", limit=top * args.rounds)][:top * args.rounds]
     pricer = BatchPricer()
@@ -60,7 +78,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     done = set()
     if out.exists():
-        done = {(r["batch"], r["method"], r["round"]) for r in map(json.loads, out.read_text().splitlines())}
+        done = {(r["batch"], r["method"], r["round"], r.get("pad")) for r in map(json.loads,
+                                                                                   out.read_text().splitlines())}
     makers = {
         "plain": (None, None),
         "ngram": (lambda seq: NgramDrafter(), lambda: make_controller("goodput", None)),
@@ -69,9 +88,11 @@ def main() -> None:
     cfg = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
     for rnd in range(args.rounds):
         for b in batches:
-            for method in args.methods.split(","):
-                if (b, method, rnd) in done:
+            for method, pad in [(m, p) for m in args.methods.split(",") for p in pads]:
+                if (b, method, rnd, pad) in done:
                     continue
+                if pad is not None:
+                    target.pad_batch_max_tokens = pad
                 drafter_for, controllers = makers[method]
                 engine = BatchEngine(target, drafter_for, controllers, max_batch=b, pricer=pricer)
                 batch = prompts[rnd * top:rnd * top + b]
@@ -89,6 +110,7 @@ def main() -> None:
                 tokens = sum(len(r.token_ids) for r in res)
                 drafted = sum(r.stats.draft_tokens for r in res)
                 row = {"batch": b, "method": method, "round": rnd, "runtime": args.runtime, "threads": args.threads,
+                       "pad": pad, "dtype": args.dtype if pad is not None else None,
                        "new_tokens": args.new_tokens, "tokens": tokens, "wall_s": round(wall, 3),
                        "tokens_per_s": round(tokens / wall, 3),
                        # after every row's prefill (all rows join at the first step): the decoding rate

@@ -130,7 +130,8 @@ def truncated_layers(model: PreTrainedModel, num_layers: int) -> PreTrainedModel
 
 
 class TorchBackend(Backend):
-    """A transformers causal LM behind the :class:`Backend` interface (``max_sequences`` caches, run one at a time).
+    """A transformers causal LM behind the :class:`Backend` interface (``max_sequences`` caches; batched rows run as
+    one padded forward).
 
     Args:
         model: a loaded ``PreTrainedModel`` (any dtype/device), put in eval mode.
@@ -140,7 +141,9 @@ class TorchBackend(Backend):
         batch_invariant: strict mode (see :class:`~adaspec.backends.Backend`).
         invariant_width: the fixed forward width W of strict mode (default 9: K + 1 for the goodput controller's
             largest K, 8, so every verification is one forward).
-        max_sequences: caches kept for :meth:`forward_batch`, whose rows run one after another.
+        max_sequences: caches kept for :meth:`forward_batch` (one per sequence).
+        pad_batch_max_tokens: :meth:`forward_batch` runs rows of at most this many new tokens as one padded forward
+            (longer rows, prompt prefills, run alone: padding every row to a prompt's length would waste the batch).
 
     **Batch invariance.** PyTorch's matrix kernels and its fused attention (SDPA) pick their blocking by the number
     of rows, so a position's logits differ (~2e-5 in fp32, up to ~0.6 in bf16 on a CPU) between a one-token forward
@@ -157,7 +160,7 @@ class TorchBackend(Backend):
 
     def __init__(self, model: PreTrainedModel, name: str = "model", *, max_context: int | None = None,
                  prefill_chunk: int = 2048, batch_invariant: bool = False, invariant_width: int = 9,
-                 max_sequences: int = 1) -> None:
+                 max_sequences: int = 1, pad_batch_max_tokens: int = 32) -> None:
         self.model = model.eval()
         self.name = name
         self.device = next(model.parameters()).device
@@ -173,6 +176,7 @@ class TorchBackend(Backend):
         if max_sequences < 1:
             raise ConfigError(f"max_sequences must be >= 1, got {max_sequences}")
         self.max_sequences = max_sequences
+        self.pad_batch_max_tokens = pad_batch_max_tokens
         self._parked: dict[int, tuple[DynamicCache, int]] = {}  # the other sequences' (cache, length)
         self._current = 0  # the sequence whose cache is in self._cache
         if invariant_width < 1:
@@ -202,7 +206,7 @@ class TorchBackend(Backend):
     def seq_len(self) -> int:
         return self.seq_len_of(0)
 
-    # Several sequences: one cache each, run one after another (no padded batch yet) ------------------------------
+    # Several sequences: one cache each; decoding rows run as one padded forward -----------------------------------
     def _use(self, seq: int) -> None:
         """Make ``seq``'s cache the current one (the others are parked)."""
         if seq == self._current:
@@ -221,14 +225,87 @@ class TorchBackend(Backend):
         self._truncate(length)
 
     def forward_batch(self, rows) -> list[torch.Tensor]:
-        """Each row on its own cache, one forward after another: correct, and exactly what each sequence alone
-        computes, but without a batched kernel's speedup (a padded batched forward is future work)."""
+        """Rows of at most ``pad_batch_max_tokens`` new tokens run as ONE padded forward (:meth:`_forward_padded`);
+        longer rows (prompt prefills), strict mode and attention :func:`invariant_attention` does not cover (sliding
+        windows, soft-capping, sinks) run one after another on their own caches, which is exactly what each sequence
+        alone computes. A padded row's logits equal the row alone up to the kernels' blocking (~1e-6 in fp32; strict
+        mode is the bit-exact path)."""
         self.check_rows(rows)
-        out = []
-        for r in rows:
-            self._use(r.seq)
-            out.append(self._forward(r.input_ids, r.num_logits))
+        out: list[torch.Tensor | None] = [None] * len(rows)
+        padded = [i for i, r in enumerate(rows) if len(r.input_ids) <= self.pad_batch_max_tokens]
+        if self._invariant or len(padded) < 2 or strict_unsupported(self.model.config.get_text_config()):
+            padded = []
+        for i, r in enumerate(rows):
+            if i not in padded:
+                self._use(r.seq)
+                out[i] = self._forward(r.input_ids, r.num_logits)
+        if padded:
+            for i, logits in zip(padded, self._forward_padded([rows[i] for i in padded])):
+                out[i] = logits
         return out
+
+    def _row_cache(self, seq: int) -> tuple[DynamicCache, int]:
+        if seq == self._current:
+            return self._cache, self._len
+        return self._parked.get(seq) or (DynamicCache(config=self.model.config), 0)
+
+    def _set_row_cache(self, seq: int, cache: DynamicCache, length: int) -> None:
+        if seq == self._current:
+            self._cache, self._len = cache, length
+        else:
+            self._parked[seq] = (cache, length)
+
+    @torch.inference_mode()
+    def _forward_padded(self, rows) -> list[torch.Tensor]:
+        """One forward over B rows of different cache lengths L_i and new-token counts n_i.
+
+        The rows' caches are stacked left-padded to max L into a temporary batched cache ``[B, H_kv, max L, D]``
+        per layer; the new tokens are right-padded to max n; a 4-D additive mask lets row i's query j see its own
+        L_i cached keys and its new keys up to j (a padding query sees itself only); position ids are L_i + j. After
+        the forward each row's real new key/value entries are appended to its own cache and its logits returned
+        (``[num_logits, V]`` per row). Cost beyond the forward: one copy of the rows' caches per step.
+        """
+        caches = [self._row_cache(r.seq) for r in rows]
+        lens = [length for _, length in caches]
+        n = [len(r.input_ids) for r in rows]
+        lmax, nmax, b = max(lens), max(n), len(rows)
+        batched = DynamicCache(config=self.model.config)
+        if lmax > 0:
+            ref = next(c for c, length in caches if length > 0)
+            for layer in range(len(ref.layers)):
+                shape = ref.layers[layer].keys.shape
+                ks, vs = [], []
+                for cache, length in caches:
+                    pad = shape[:2] + (lmax - length, shape[-1])
+                    zeros = torch.zeros(pad, dtype=self.dtype, device=self.device)
+                    if length:
+                        ks.append(torch.cat([zeros, cache.layers[layer].keys], dim=-2))
+                        vs.append(torch.cat([zeros, cache.layers[layer].values], dim=-2))
+                    else:
+                        ks.append(zeros)
+                        vs.append(zeros.clone())
+                batched.update(torch.cat(ks), torch.cat(vs), layer)
+        ids = torch.tensor([list(r.input_ids) + [r.input_ids[-1]] * (nmax - len(r.input_ids)) for r in rows],
+                           dtype=torch.long, device=self.device)
+        positions = torch.tensor([[length + j for j in range(nmax)] for length in lens], device=self.device)
+        allowed = torch.zeros(b, 1, nmax, lmax + nmax, dtype=torch.bool, device=self.device)
+        causal = torch.ones(nmax, nmax, dtype=torch.bool, device=self.device).tril()
+        for i, (length, ni) in enumerate(zip(lens, n)):
+            allowed[i, 0, :, lmax - length:lmax] = True
+            allowed[i, 0, :, lmax:lmax + ni] = causal[:, :ni]
+            for j in range(ni, nmax):
+                allowed[i, 0, j, lmax + j] = True
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                         logits_to_keep=nmax, **{self._cache_kwarg: batched})
+        logits = []
+        for i, (r, (cache, length), ni) in enumerate(zip(rows, caches, n)):
+            for layer, entry in enumerate(batched.layers):
+                cache.update(entry.keys[i:i + 1, :, lmax:lmax + ni], entry.values[i:i + 1, :, lmax:lmax + ni], layer)
+            self._set_row_cache(r.seq, cache, length + ni)
+            logits.append(out.logits[i, ni - r.num_logits:ni])
+        return logits
 
     def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
         self._use(0)

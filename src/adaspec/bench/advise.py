@@ -10,6 +10,14 @@
    covers the cost model's own error); do not when it is below 1 or no K beats plain decoding; otherwise speculate
    with the goodput controller, which falls back to plain decoding when speculation stops paying. A "no" names,
    for every candidate, the acceptance it would need at K = 1 or why none would do.
+5. Confirm (``confirm_tokens`` > 0): run the recommended configuration as it will run (its controller, the
+   workload's answer length ``confirm_tokens``, stopping at EOS) on the sampled prompts, each interleaved with
+   plain decoding, as ``adaspec compare`` does. The expected speedup and its 95 % interval are then the measured
+   per-prompt decode speedups (mean, bootstrap over prompts), and the decision is taken again on them; the cost
+   model's prediction stays in the output (``model_speedup``). Why this step exists: the probe of step 2 runs a
+   fixed K = 4 for ``max_new_tokens`` (48) tokens and the cost model extrapolates it, which predicted 1.55× where
+   ``compare`` at 128 tokens measured 1.17× (issue 17): short probes see the start of an answer (prompt lookup
+   matches the restated code there), ignore EOS and the controller's own exploration.
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ def _load_drafter(spec: str, target, dtype: str | None, loader: Callable | None,
 def profile_workload(workload: str, *, target: str, drafts: list[str], sample: int = 3, max_new_tokens: int = 48,
                      temperature: float = 0.0, dtype: str | None = None, threads: int | None = None, seed: int = 0,
                      loader: Callable | None = None, bootstrap: int = 2000, backend: str = "auto",
-                     device: str = "auto") -> dict:
+                     device: str = "auto", confirm_tokens: int = 128) -> dict:
     """Measure and advise (see the module docstring). Returns a JSON-ready dict. ``backend``/``device``/``dtype``
     choose where the models run as in :func:`adaspec.api.load`.
 
@@ -159,11 +167,26 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
         reason = (f"acceptance {best['alpha']:.2f} on {category}; verify({k + 1}) costs "
                   f"{model.verify_ms(k + 1, context) / model.verify_ms(1, context):.2f}× a single step here; a draft "
                   f"token costs {best['draft_ms_per_token'] / plain_ms:.2f} steps")
+    expected, ci, confirmed = best["predicted_speedup"], best["ci95"], None
+    if enable != "no" and confirm_tokens > 0:
+        controller_obj = (lambda: make_controller("goodput", None)) if controller == "goodput" else (
+            lambda: make_controller("fixed", k))
+        curve = {r["n"]: r["ms"] for r in micro if r["measure"] == "forward" and r["context"] == context}
+        confirmed = _confirm(plain, target_backend, drafters[best["drafter"]], controller_obj, encoded, tok,
+                             GenerationConfig(max_new_tokens=confirm_tokens, temperature=temperature, seed=seed),
+                             curve, context)
+        expected = round(statistics.fmean(confirmed), 3)
+        ci = _bootstrap_mean(confirmed, bootstrap, seed)
+        enable = decide(k, ci)
     return {
         "workload": workload, "sample": len(prompts), "context_tokens": context, "max_new_tokens": max_new_tokens,
         "temperature": temperature, "target": tgt.name,
         "dtype": "gguf" if isinstance(tgt.backend, GgufBackend) else dtype or "bfloat16", "threads": n_threads,
-        "enable": enable, "expected_speedup": best["predicted_speedup"], "ci95": best["ci95"],
+        "enable": enable, "expected_speedup": expected, "ci95": ci,
+        "basis": (f"measured: the recommended configuration, {confirm_tokens} tokens, per-prompt decode speedups"
+                  if confirmed else "cost model (probe at K = 4)"),
+        "model_speedup": best["predicted_speedup"], "model_ci95": best["ci95"],
+        "confirmed_speedups": [round(x, 3) for x in confirmed] if confirmed else None,
         "recommended": {"drafter": best["drafter"] if enable != "no" else "none",
                         "controller": controller if enable != "no" else "fixed", "k": k if enable != "no" else 0},
         "reason": reason,
@@ -172,6 +195,40 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
                                    for n in widths}},
         "candidates": candidates,
     }
+
+
+def _confirm(plain, target_backend, drafter, controller, encoded: list[list[int]], tok, cfg, curve: dict,
+             context: int) -> list[float]:
+    """Per prompt: plain decoding, then the recommended configuration on the same prompt cache; the ratio of
+    their decode times per token (the draft model's prompt prefill counted, as in ``adaspec compare``). Each fresh
+    controller gets the verification curve measured in step 1, as an engine's warm-up calibration gives it."""
+    from adaspec.engine import SpeculativeEngine
+
+    out = []
+    for ids in encoded:
+        base = plain.generate(ids, cfg).stats
+        ctrl = controller()
+        if curve:
+            ctrl.seed_verify_costs(curve, context)
+        spec = SpeculativeEngine(target_backend, drafter, ctrl, tokenizer=tok).generate(ids, cfg).stats
+        b, t = _decode_ms_per_token(base), _decode_ms_per_token(spec)
+        if b and t:
+            out.append(b / t)
+    return out
+
+
+def _decode_ms_per_token(stats) -> float | None:
+    """(total − TTFT) / (tokens − 1) in ms: the decoding phase, drafter prefill included."""
+    return (stats.total_ms - stats.ttft_ms) / (stats.new_tokens - 1) if stats.new_tokens > 1 else None
+
+
+def _bootstrap_mean(values: list[float], n: int, seed: int) -> list[float]:
+    """95 % percentile-bootstrap interval of the mean of ``values``."""
+    if not values:
+        return [0.0, 0.0]
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(n))
+    return [round(means[int(0.025 * (n - 1))], 3), round(means[int(0.975 * (n - 1))], 3)]
 
 
 def decide(best_k: int, ci95: Sequence[float]) -> str:
@@ -228,7 +285,8 @@ def format_advice(a: dict) -> str:
     lines = [
         f"workload {a['workload']}: {a['sample']} prompts, ~{a['context_tokens']} tokens of context, "
         f"{a['target']} {a['dtype']}, {a['threads']} threads, temperature {a['temperature']:g}",
-        f"expected speedup  {a['expected_speedup']:.2f}x  (95% CI {a['ci95'][0]:.2f}-{a['ci95'][1]:.2f})",
+        f"expected speedup  {a['expected_speedup']:.2f}x  (95% CI {a['ci95'][0]:.2f}-{a['ci95'][1]:.2f}; "
+        f"{a.get('basis', 'cost model')})",
         f"advice            {verdict}",
         f"recommended       drafter {rec['drafter']}, controller {rec['controller']}, K = {rec['k']}",
         f"reason            {a['reason']}",

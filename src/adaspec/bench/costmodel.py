@@ -57,6 +57,22 @@ def expected_tokens(alpha: float, k: float) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def alpha_for_tau(tau: float, k: float) -> float:
+    """The i.i.d. acceptance α whose :func:`expected_tokens` at draft length ``k`` equals ``tau`` (bisection; 0 when
+    ``tau`` <= 1, 1 when ``tau`` >= k + 1). Serving engines report τ and the mean K; their own α = accepted / drafted
+    also counts the drafted tokens after a step's first rejection, which can never be accepted, so it is lower than
+    the per-token acceptance probability the cost model needs; this is that probability."""
+    if k <= 0 or tau <= 1.0:
+        return 0.0
+    if tau >= k + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < tau else (lo, mid)
+    return (lo + hi) / 2
+
+
 def _non_decreasing(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     """A line that does not fall with context (a cost never does; a negative fitted slope is noise)."""
     a, b = fit_line(x, y)

@@ -35,9 +35,9 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 
-from adaspec.bench.costmodel import CostModel, expected_tokens
+from adaspec.bench.costmodel import CostModel
 from adaspec.errors import ConfigError
-from adaspec.models.synthetic import SHAPES, ModelShape, shape
+from adaspec.models.synthetic import SHAPES, ModelShape
 
 BYTES_PER_PARAM = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0, "q4_k_m": 4.85 / 8, "q8_0": 8.5 / 8}
 """Bytes per weight by dtype (GGUF quantisations: bits per weight / 8, block scales included)."""
@@ -344,19 +344,6 @@ def validate_published(points=PUBLISHED, **overrides) -> list[dict]:
         pred = predict_published(p, profile(p.hardware, **overrides))
         out.append({**asdict(p), "predicted": pred, "error": (pred - p.speedup) / p.speedup})
     return out
-
-
-def predicted_alpha_for(tau: float, k: int) -> float:
-    """The i.i.d. α whose expected tokens per step (1 - α^(K+1)) / (1 - α) equal ``tau`` (bisection)."""
-    if tau <= 1.0:
-        return 0.0
-    if tau >= k + 1:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if expected_tokens(mid, k) < tau else (lo, mid)
-    return (lo + hi) / 2
 
 
 def median_abs_error(rows: list[dict]) -> float:

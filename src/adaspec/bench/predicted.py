@@ -187,8 +187,8 @@ def _markdown(prof, target, dtype, names, cost, figs, published, base: Path) -> 
              f"- Hardware: {prof.name} ({prof.kind}): {prof.bandwidth_gbs:g} GB/s × η {prof.bandwidth_efficiency:g}, "
              f"{prof.matmul_tflops:g} TFLOP/s × η {prof.matmul_efficiency:g}, host {prof.layer_ms:g} ms per layer + "
              f"{prof.forward_ms:g} ms per forward. Source: {prof.source}.",
-             *([f"- Measured linear-layer time per 10^9 weights by tokens n (replaces the two-number roofline for "
-                f"the weights): " + ", ".join(f"n={n}: {v:.1f} ms" for n, v in prof.matmul_curve) + "."]
+             *(["- Measured linear-layer time per 10^9 weights by tokens n (replaces the two-number roofline for "
+                "the weights): " + ", ".join(f"n={n}: {v:.1f} ms" for n, v in prof.matmul_curve) + "."]
                if prof.matmul_curve else []),
              f"- Target: {target}: {t.total_params / 1e9:.2f} B parameters, {t.layers} layers; "
              f"predicted plain step {cost.plain_step_ms(CONTEXTS[0]):.2f} ms at {CONTEXTS[0]} tokens, "

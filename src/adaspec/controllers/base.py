@@ -36,3 +36,8 @@ class Controller(ABC):
     def set_synced(self, synced: Mapping[str, int]) -> None:
         """After ``reset`` and the drafter's prefill: per drafter name, how many leading tokens of the sequence it
         already holds (see :func:`~adaspec.drafters.multi.cached_prefixes`). Default: ignored."""
+
+    def seed_verify_costs(self, curve: Mapping[int, float], context_len: int) -> None:
+        """A measured verification cost curve (``{tokens in the forward: ms}`` at ``context_len``) for controllers
+        that price steps (goodput), so a fresh controller does not start from priors; e.g. a batched request's own
+        controller, seeded from the batch's calibration. Default: ignored."""

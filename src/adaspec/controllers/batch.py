@@ -45,6 +45,7 @@ class BatchPricer:
     def __init__(self, curve: Mapping[int, float] | None = None, k_max: int = 8) -> None:
         self.curve = dict(curve) if curve else None
         self.k_max = k_max
+        self.context_len = 64  # the context the curve was measured at
 
     def calibrate(self, backend: Backend, max_batch: int, context_len: int = 64, repeats: int = 2) -> dict[int, float]:
         """Measure ``t_v(n)`` on ``backend``'s sequence 0 for n from 1 to ``max_batch · (k_max + 1)`` (a dozen widths,
@@ -53,8 +54,8 @@ class BatchPricer:
         widths = sorted({n for n in (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
                          if n <= top} | {max_batch, top})
         backend.reset()
-        self.curve = measure_verify_curve(backend, widths, context_len=min(context_len, backend.max_context - top),
-                                          repeats=repeats)
+        self.context_len = min(context_len, backend.max_context - top)
+        self.curve = measure_verify_curve(backend, widths, context_len=self.context_len, repeats=repeats)
         backend.reset()
         return self.curve
 
@@ -81,6 +82,15 @@ class BatchPricer:
             if rate > best_rate * 1.0001:
                 best, best_rate = cap, rate
         return best
+
+
+    def best_positive(self, rows: Sequence[RowEstimate]) -> int:
+        """The cap in ``1..max(k_i)`` with the best batch goodput (0 when no row wants to draft): what a probe step
+        runs when :meth:`cap` says 0, so the rows' acceptance keeps being measured."""
+        top = min(max((r.k for r in rows), default=0), self.k_max)
+        if top == 0 or self.curve is None:
+            return top
+        return max(range(1, top + 1), key=lambda cap: self.goodput(rows, cap))
 
 
 def expected(alpha: float, k: int) -> float:

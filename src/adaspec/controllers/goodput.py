@@ -325,6 +325,9 @@ class GoodputController(Controller):
         keeps its cache across requests that share a prefix), so its catch-up counts only the tokens it lacks."""
         self.synced.update(synced)
 
+    def seed_verify_costs(self, curve: Mapping[int, float], context_len: int) -> None:
+        self.costs.seed_verify(dict(curve), context_len)
+
     def calibrate(self, backend: Backend, context_len: int = 0, widths: Sequence[int] = DEFAULT_WIDTHS,
                   repeats: int = 3) -> dict[int, float]:
         """Measure the target's verification curve on ``backend`` (see

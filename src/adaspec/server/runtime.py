@@ -89,6 +89,9 @@ class ObservedController(Controller):
     def reset(self) -> None:
         self.inner.reset()
 
+    def seed_verify_costs(self, curve, context_len: int) -> None:
+        self.inner.seed_verify_costs(curve, context_len)
+
 
 @dataclass
 class EngineHandle:

@@ -1,0 +1,236 @@
+"""``adaspec advise --for vllm|sglang|llamacpp RESULTS``: a speculative configuration for a serving engine, from
+endpoint measurements (``adaspec bench --endpoint`` with a baseline arm).
+
+At each measured concurrency the speculative arm gives a decode speedup S over the baseline (per-request decode
+rates; throughput when they are missing), a mean acceptance length τ and a mean draft length K̄ (server counters). Under the i.i.d. acceptance model of Leviathan et al. 2023 (Eq. 1 and
+Theorem 3.8: speedup = (1 − α^(K+1)) / ((1 − α)(1 + cK))), one measured point fixes both unknowns: α from τ and K̄
+(:func:`adaspec.bench.costmodel.alpha_for_tau`), and the cost c of each drafted token relative to one plain
+decoding step from c = (τ / S − 1) / K̄. The best K at that concurrency maximises the formula (K = 0: speculation
+off); the advice is a K per batch-size range, written in each engine's own configuration syntax. Without
+acceptance counters (a server without ``/metrics``) the advice is on/off per concurrency from S alone, at the K
+that was measured.
+
+Engine syntax sources: vLLM `docs/features/speculative_decoding/` (``--speculative-config`` with
+``num_speculative_tokens_per_batch_size`` from "Dynamic Speculative Decoding"); SGLang server arguments
+(``--speculative-algorithm``, ``--speculative-num-steps``, ``--speculative-eagle-topk``,
+``--speculative-num-draft-tokens``); llama.cpp `docs/speculative.md` (``llama-server --draft-max``, ``-md``,
+``--spec-type``) and llama-cpp-python's server settings (``draft_model``, ``draft_model_num_pred_tokens``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+
+from adaspec.bench.endpoint import read_rows
+from adaspec.bench.endpoint_report import levels
+from adaspec.bench.costmodel import alpha_for_tau, expected_tokens
+from adaspec.errors import AdaspecError
+
+ENGINES = ("vllm", "sglang", "llamacpp")
+MARGIN = 1.03  # a measured speedup must clear the 2-core VM's run-to-run noise to count as a gain
+
+
+def predicted_speedup(alpha: float, cost: float, k: int) -> float:
+    """Leviathan et al. 2023, Theorem 3.8, with ``cost`` per drafted token relative to a plain step."""
+    return expected_tokens(alpha, k) / (1 + cost * k)
+
+
+def fit_level(speedup: float, tau: float, k_bar: float) -> tuple[float, float]:
+    """(α, c) that reproduce a measured speedup S at mean acceptance length τ and mean draft length K̄."""
+    alpha = alpha_for_tau(tau, k_bar)
+    cost = max((tau / speedup - 1) / k_bar, 0.0) if k_bar > 0 else 0.0
+    return alpha, cost
+
+
+def advise(rows: list[dict], *, max_k: int = 8) -> dict:
+    """Per measured concurrency: measured S, τ, K̄, fitted α and c, the best K and its predicted speedup.
+
+    Raises:
+        AdaspecError: no closed-loop level has both arms (the advice needs a baseline).
+    """
+    out = []
+    for lv in levels(rows):
+        if lv.load != "closed" or "speculative" not in lv.rows or "baseline" not in lv.rows:
+            continue
+        throughput = lv.ratio(lambda r: r.get("throughput_tok_s"))
+        s = lv.ratio(lambda r: r.get("decode_tok_s")) or throughput  # per-token decoding: Leviathan's quantity
+        if s is None or lv.failures:
+            continue  # a level with failed requests measured the failures, not speculation
+        spec = lv.rows["speculative"][-1].get("spec") or {}
+        tau, k_bar = spec.get("mean_acceptance_length"), spec.get("mean_draft_length")
+        entry = {"concurrency": int(lv.level), "speedup": round(s, 3),
+                 "throughput_speedup": round(throughput, 3) if throughput else None, "tau": tau, "k_measured": k_bar,
+                 "acceptance_rate": spec.get("acceptance_rate")}
+        if tau and k_bar:
+            alpha, cost = fit_level(s, tau, k_bar)
+            best = max(range(max_k + 1), key=lambda k: predicted_speedup(alpha, cost, k))
+            if predicted_speedup(alpha, cost, best) < MARGIN:
+                best = 0
+            entry.update(alpha=round(alpha, 4), cost=round(cost, 4), k=best,
+                         predicted=round(predicted_speedup(alpha, cost, best), 3), basis="fitted")
+        else:
+            entry.update(k=None if s >= MARGIN else 0, predicted=round(s, 3), basis="measured speedup only",
+                         note=spec.get("note", "no acceptance counters"))
+        out.append(entry)
+    if not out:
+        raise AdaspecError("the results have no closed-loop level measured with both arms and without failed "
+                           "requests: run adaspec bench "
+                           "--endpoint URL --baseline URL (or --baseline-body) --concurrency 1,4,...")
+    return {"levels": out}
+
+
+def ranges(levels_: list[dict], k_default: int) -> list[list[int]]:
+    """``[start_bs, end_bs, K]`` ranges (vLLM's ``num_speculative_tokens_per_batch_size``) from per-concurrency Ks:
+    each measured concurrency's K holds up to the next measured one; past the last, only K = 0 is extended."""
+    out: list[list[int]] = []
+    for i, lv in enumerate(levels_):
+        k = k_default if lv["k"] is None else lv["k"]
+        start = 1 if i == 0 else lv["concurrency"]
+        end = levels_[i + 1]["concurrency"] - 1 if i + 1 < len(levels_) else (512 if k == 0 else lv["concurrency"])
+        if out and out[-1][2] == k:
+            out[-1][1] = end
+        else:
+            out.append([start, end, k])
+    return out
+
+
+def engine_config(engine: str, advice: dict, *, model: str = "MODEL", method: str = "ngram",
+                  draft: str | None = None) -> dict:
+    """The engine's command line for the advice: ``{"command": str, "notes": [str]}``.
+
+    Raises:
+        AdaspecError: an unknown engine or method.
+    """
+    if engine not in ENGINES:
+        raise AdaspecError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if method not in ("ngram", "draft"):
+        raise AdaspecError(f"unknown method {method!r}: ngram (prompt lookup) or draft (a draft model)")
+    model = model.rsplit("@", 1)[0] if model.endswith(("@ik", "@llamacpp", "@torch")) else model
+    lv = advice["levels"]
+    ks = [e["k"] for e in lv if e["k"] is not None]
+    measured = [round(e["k_measured"]) for e in lv if e.get("k_measured")]
+    k_default = measured[0] if measured else 4
+    k_max = max(ks + [0]) or (k_default if any(e["k"] is None for e in lv) else 0)
+    table = ranges(lv, k_default)
+    draft_name = draft or "DRAFT_MODEL"
+    notes = []
+    if k_max == 0:
+        notes.append("Speculation did not pay at any measured concurrency: serve without it.")
+    if table[-1][1] != 512:
+        notes.append(f"Concurrency above {table[-1][1]} was not measured; measure it before relying on K there.")
+    if engine == "vllm":
+        conf = ({"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4} if method == "ngram"
+                else {"method": "draft_model", "model": draft_name})
+        conf["num_speculative_tokens"] = max(k_max, 1)
+        if len({r[2] for r in table}) > 1:
+            conf["num_speculative_tokens_per_batch_size"] = table
+        command = f"vllm serve {model} --speculative-config '{json.dumps(conf)}'"
+        if k_max == 0:
+            command = f"vllm serve {model}"
+    elif engine == "sglang":
+        k = max(k_max, 1)
+        algo = "NGRAM" if method == "ngram" else "STANDALONE"
+        command = (f"python -m sglang.launch_server --model-path {model} --speculative-algorithm {algo}"
+                   + (f" --speculative-draft-model-path {draft_name}" if method == "draft" else "")
+                   + f" --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
+        if k_max == 0:
+            command = f"python -m sglang.launch_server --model-path {model}"
+        off = [r for r in table if r[2] == 0]
+        if off and k_max > 0:
+            notes.append(f"SGLang takes one draft length for all batch sizes: speculation stopped paying from "
+                         f"{off[0][0]} concurrent requests here, so run a second instance without it for such load.")
+    else:
+        k = max(k_max, 1)
+        gguf = model if model.endswith(".gguf") else f"{model}.gguf"
+        draft_gguf = draft_name if draft_name.endswith(".gguf") else f"{draft_name}.gguf"
+        spec = f"-md {draft_gguf}" if method == "draft" else "--spec-type ngram-simple"
+        command = f"llama-server -m {gguf} {spec} --draft-max {k} --draft-min 0"
+        notes.append(f"llama-cpp-python's server: python -m llama_cpp.server --model {gguf} "
+                     + ("--draft_model prompt-lookup-decoding " if method == "ngram" else "")
+                     + f"--draft_model_num_pred_tokens {k} (prompt lookup only).")
+        if k_max == 0:
+            command = f"llama-server -m {gguf}"
+        notes.append("llama.cpp speculates per slot with one --draft-max; K per batch size is not configurable.")
+    return {"command": command, "notes": notes, "ranges": table}
+
+
+def format_advice(engine: str, advice: dict, config: dict) -> str:
+    lines = [f"Advice for {engine} from {len(advice['levels'])} measured concurrency level(s):", "",
+             "| clients | decode speedup (throughput) | τ | K̄ measured | fitted α | cost c per draft token | best K | "
+             "predicted at best K |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for e in advice["levels"]:
+        def f(x, fmt=".2f"):
+            return "–" if x is None else f"{x:{fmt}}"
+        lines.append(f"| {e['concurrency']} | {e['speedup']:.2f}× ({f(e.get('throughput_speedup'))}×) | "
+                     f"{f(e['tau'])} | {f(e['k_measured'])} | "
+                     f"{f(e.get('alpha'), '.3f')} | {f(e.get('cost'), '.3f')} | "
+                     f"{'as measured' if e['k'] is None else e['k']} | {e['predicted']:.2f}× ({e['basis']}) |")
+    lines += ["", "Configuration:", "", "    " + config["command"], ""]
+    lines += [f"- {n}" for n in config["notes"]]
+    lines += ["", "Predicted speedups extrapolate the measured point with Leviathan et al.'s i.i.d. model; only the "
+                  "measured K is a measurement."]
+    return "\n".join(lines)
+
+
+def advise_files(paths: list[Path], engine: str, *, method: str = "ngram", draft: str | None = None,
+                 model: str | None = None, max_k: int = 8) -> dict:
+    """:func:`advise` and :func:`engine_config` over endpoint results files."""
+    rows = read_rows(paths)
+    advice = advise(rows, max_k=max_k)
+    models = [r.get("model") for r in rows if r.get("kind") == "endpoint" and r.get("arm") == "speculative"]
+    config = engine_config(engine, advice, model=model or (models[0] if models else "MODEL"), method=method,
+                           draft=draft)
+    return {"engine": engine, **advice, "config": config}
+
+
+def paired_speedups(rows: list[dict]) -> list[float]:
+    """Per prompt: the speculative arm's decode rate over the baseline's ((tokens − 1) / (e2e − TTFT), each prompt's
+    requests pooled), for prompts both arms completed with more than one token."""
+    rates: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        if r.get("kind") != "endpoint":
+            continue
+        for pid, ok, tokens, ttft, e2e in r.get("requests_detail", []):
+            if ok and tokens > 1 and e2e > ttft:
+                rates.setdefault(pid, {}).setdefault(r["arm"], []).append((tokens - 1) / (e2e - ttft))
+    return [statistics.fmean(v["speculative"]) / statistics.fmean(v["baseline"]) for v in rates.values()
+            if v.get("speculative") and v.get("baseline")]
+
+
+def profile_endpoint(rows: list[dict], *, bootstrap: int = 2000, seed: int = 0) -> dict:
+    """``adaspec profile --endpoint``: enable speculation on this endpoint for this workload? The mean of the
+    per-prompt paired speedups with a bootstrap 95 % interval over prompts, decided as
+    :func:`adaspec.bench.advise.decide` does (yes when the interval clears 1 + its margin).
+
+    Raises:
+        AdaspecError: no prompt was completed by both arms.
+    """
+    from adaspec.bench.advise import decide
+
+    ratios = paired_speedups(rows)
+    if not ratios:
+        raise AdaspecError("no prompt was answered by both arms with more than one token: nothing to compare")
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(ratios, k=len(ratios))) for _ in range(bootstrap))
+    ci = [round(means[int(0.025 * (bootstrap - 1))], 3), round(means[int(0.975 * (bootstrap - 1))], 3)]
+    spec = next((r.get("spec") or {} for r in reversed(rows) if r.get("kind") == "endpoint"
+                 and r.get("arm") == "speculative"), {})
+    return {"prompts": len(ratios), "speedup": round(statistics.fmean(ratios), 3), "ci95": ci,
+            "enable": decide(1, ci), "acceptance_rate": spec.get("acceptance_rate"),
+            "mean_acceptance_length": spec.get("mean_acceptance_length"), "spec_note": spec.get("note")}
+
+
+def format_profile(p: dict, out: Path) -> str:
+    verdict = {"yes": "enable speculation on this endpoint", "no": "serve without speculation",
+               "marginal": "marginal: the gain is within noise; measure more prompts"}[p["enable"]]
+    alpha = p.get("acceptance_rate")
+    return "\n".join([
+        f"decode speedup    {p['speedup']:.2f}x  (95% CI {p['ci95'][0]:.2f}-{p['ci95'][1]:.2f}, "
+        f"{p['prompts']} prompts paired)",
+        f"advice            {verdict}",
+        "acceptance        " + (f"α {alpha:.3f}, τ {p['mean_acceptance_length'] or float('nan'):.2f}"
+                                if alpha is not None else p.get("spec_note") or "not reported by the server"),
+        f"results           {out} (adaspec map {out}; adaspec advise --for vllm|sglang|llamacpp {out})"])

@@ -1,0 +1,444 @@
+"""``adaspec bench --endpoint``, ``adaspec map`` on endpoint results and ``adaspec advise --for``.
+
+Live servers on 127.0.0.1 only: ``adaspec serve`` with the tiny random Llama of test_server.py (its own draft model,
+so every draft token is accepted and the counters can be checked exactly), small FastAPI fakes for servers that are
+not OpenAI-compatible or have no ``/metrics``, and (slow) llama-cpp-python's own OpenAI server with the zoo's
+smollm2-135m-instruct GGUF, prompt lookup on vs off. vLLM's and SGLang's ``/metrics`` formats are fixtures written
+from their documentation and source (cited at each fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+
+import httpx  # noqa: E402
+from fastapi import FastAPI  # noqa: E402
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse  # noqa: E402
+from test_server import LiveServer, build_tiny_model, live, make_host  # noqa: E402
+
+from adaspec.bench import engine_metrics  # noqa: E402
+from adaspec.bench.costmodel import alpha_for_tau  # noqa: E402
+from adaspec.bench.endpoint import (EndpointConfig, EndpointError, RequestResult, open_loop,  # noqa: E402
+                                    run_endpoint_bench, summarise)
+from adaspec.bench.endpoint_report import make_endpoint_report  # noqa: E402
+from adaspec.bench.engine_advice import (advise_files, engine_config, fit_level, predicted_speedup,  # noqa: E402
+                                         ranges)
+from adaspec.cli import main as cli_main  # noqa: E402
+from adaspec.errors import ConfigError  # noqa: E402
+
+PROMPTS = ["Write a Python function that reverses a string.", "Write a Python function that adds two numbers.",
+           "Write a Python function that checks for palindromes."]
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("wl") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """``adaspec serve`` on the tiny model, its own draft (K = 4, fixed controller)."""
+    host = make_host(str(build_tiny_model(tmp_path_factory.mktemp("tiny"))))
+    with live(host, max_queue=64) as srv:
+        yield srv
+    host.shutdown()
+
+
+def _cfg(url: str, workload: str, **kw) -> EndpointConfig:
+    return EndpointConfig(url=url, baseline_body={"speculation": {"drafter": "none"}}, workload=workload, prompts=3,
+                          max_tokens=12, **kw)
+
+
+def _rows(path: Path, kind: str = "endpoint") -> list[dict]:
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == kind]
+
+
+def test_adaspec_serve_on_vs_off_with_exact_counters(served, workload, tmp_path):
+    out = tmp_path / "ep.jsonl"
+    result = run_endpoint_bench(_cfg(served.url, workload, concurrency=[1, 2]), out, log=lambda m: None)
+    assert (result["run"], result["done"], result["stopped"]) == (4, 0, False)
+    rows = _rows(out)
+    assert sorted((r["arm"], r["concurrency"]) for r in rows) == [("baseline", 1), ("baseline", 2),
+                                                                   ("speculative", 1), ("speculative", 2)]
+    for r in rows:
+        assert r["completed"] == r["requests"] == {1: 3, 2: 4}[r["concurrency"]] and r["failed"] == 0
+        assert r["tokens_counted"] == "usage"
+        assert r["output_tokens"] == sum(d[2] for d in r["requests_detail"])
+        assert r["throughput_tok_s"] == pytest.approx(r["output_tokens"] / r["wall_s"], rel=1e-3)
+        assert 0 < r["ttft_ms"]["p50"] <= r["e2e_ms"]["p50"]
+        spec = r["spec"]
+        assert spec["source"] == "counters" and spec["engine"] == "adaspec"
+        if r["arm"] == "baseline":  # speculation off per request: the counters do not move
+            assert spec["draft_tokens"] == 0 and "no draft tokens" in spec["note"]
+        else:  # the tiny model drafts for itself: every draft token is accepted
+            assert spec["draft_tokens"] > 0 and spec["accepted"] == spec["draft_tokens"]
+            assert spec["acceptance_rate"] == 1.0
+            assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["mean_draft_length"])
+            assert 1 < spec["mean_draft_length"] <= 4
+            assert sum(spec["acceptance_per_pos"]) * spec["drafts"] == pytest.approx(spec["accepted"])
+    # resumes: nothing left to measure; a line cut by a kill is measured again
+    again = run_endpoint_bench(_cfg(served.url, workload, concurrency=[1, 2]), out, log=lambda m: None)
+    assert (again["run"], again["done"], again["key"]) == (0, 4, result["key"])
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:40] + "\n")
+    assert run_endpoint_bench(_cfg(served.url, workload, concurrency=[1, 2]), out,
+                              log=lambda m: None)["run"] == 1
+
+    report = make_endpoint_report([out], tmp_path / "endpoint.md")
+    text = report["report"].read_text()
+    assert "## Speculation on vs off" in text and "| 2 clients |" in text and "1.000" in text
+    assert set(report["figures"]) == {"speedup-closed", "throughput-latency", "acceptance-per-position"}
+    assert all(p.stat().st_size > 5000 for p in report["figures"].values())
+
+    advice = advise_files([out], "vllm")
+    assert [lv["concurrency"] for lv in advice["levels"]] == [1, 2]
+    assert all(lv["alpha"] == 1.0 for lv in advice["levels"])
+    conf = json.loads(advice["config"]["command"].split("--speculative-config ", 1)[1].strip("'"))
+    assert conf["method"] == "ngram"
+
+
+def test_cli_bench_endpoint_then_map_and_advise(served, workload, tmp_path, capsys):
+    out = tmp_path / "cli.jsonl"
+    assert cli_main(["bench", "--endpoint", served.url + "/v1",
+                     "--baseline-body", '{"speculation": {"drafter": "none"}}',
+                     "--workload", workload, "--prompts", "2", "--max-tokens", "8", "--out", str(out)]) == 0
+    assert "2 configurations measured" in capsys.readouterr().out
+    meta = _rows(out, "meta")[0]
+    assert "--baseline-body" in meta["argv"] and meta["models"]["speculative"]
+    assert cli_main(["map", str(out), "--report", str(tmp_path / "r.md")]) == 0
+    assert "Produced by" in (tmp_path / "r.md").read_text()
+    assert cli_main(["advise", str(out), "--for", "llamacpp"]) == 0
+    assert "llama-server -m" in capsys.readouterr().out
+    prof = tmp_path / "profile.jsonl"
+    assert cli_main(["profile", workload, "--endpoint", served.url, "--baseline-body",
+                     '{"speculation": {"drafter": "none"}}', "--sample", "3", "--max-new-tokens", "8", "--out",
+                     str(prof), "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["prompts"] == 3 and p["acceptance_rate"] == 1.0 and p["enable"] in ("yes", "no", "marginal")
+    assert p["ci95"][0] <= p["speedup"] <= p["ci95"][1]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Servers that are not adaspec: fakes for the fault paths, llama-cpp-python's server (slow)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def fake_app(*, metrics: bool = False, html: bool = False, models: bool = True, delay_s: float = 0.0,
+             no_stream_options: bool = False) -> FastAPI:
+    """A minimal OpenAI-style streaming server: 4 chunks of one word each, optionally llama-server timings."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    def _models():
+        return {"object": "list", "data": [{"id": "fake", "object": "model"}]} if models else HTMLResponse("no", 404)
+
+    @app.post("/v1/chat/completions")
+    def _chat(body: dict):
+        if html:
+            return HTMLResponse("<html>hello</html>")
+        if no_stream_options and "stream_options" in body:
+            return JSONResponse({"error": {"message": "unknown field stream_options"}}, status_code=400)
+
+        def gen():
+            for i in range(4):
+                time.sleep(delay_s)
+                chunk = {"choices": [{"index": 0, "delta": {"content": f"w{i} "}, "finish_reason": None}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+                                         "timings": {"draft_n": 6, "draft_n_accepted": 3}}) + "\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    if metrics:
+        @app.get("/metrics")
+        def _metrics():
+            return HTMLResponse("this is { not prometheus", media_type="text/plain")
+    return app
+
+
+def test_server_without_metrics_gives_a_labelled_partial_result(workload, tmp_path):
+    with LiveServer(fake_app()) as srv:
+        out = tmp_path / "fake.jsonl"
+        run_endpoint_bench(EndpointConfig(url=srv.url, workload=workload, prompts=2, max_tokens=4), out,
+                           log=lambda m: None)
+    (row,) = _rows(out)
+    assert row["completed"] == 2 and row["tokens_counted"] == "chunks" and row["output_tokens"] == 8
+    assert row["itl_ms"] is not None and row["tpot_ms"]["p50"] >= 0
+    # no /metrics: acceptance comes from the responses' llama-server timings, labelled as such
+    assert row["spec"]["source"] == "responses" and row["spec"]["acceptance_rate"] == 0.5
+    assert row["spec"]["draft_tokens"] == 12 and "no /metrics (HTTP 404)" in row["spec"]["note"]
+
+
+def test_a_server_refusing_stream_options_is_measured_without_them(workload, tmp_path):
+    with LiveServer(fake_app(no_stream_options=True)) as srv:
+        out = tmp_path / "old.jsonl"
+        run_endpoint_bench(EndpointConfig(url=srv.url, workload=workload, prompts=1, requests=2), out,
+                           log=lambda m: None)
+    (row,) = _rows(out)
+    assert row["completed"] == 2 and row["failed"] == 0 and row["tokens_counted"] == "chunks"
+    assert _rows(out, "meta")[0]["config"]["stream_usage"] is False
+
+
+def test_unparsable_metrics_are_a_note_not_a_crash(workload, tmp_path):
+    with LiveServer(fake_app(metrics=True)) as srv:
+        out = tmp_path / "bad-metrics.jsonl"
+        run_endpoint_bench(EndpointConfig(url=srv.url, workload=workload, prompts=1, max_tokens=4, requests=1), out,
+                           log=lambda m: None)
+    (row,) = _rows(out)
+    assert row["completed"] == 1 and "not Prometheus text format" in row["spec"]["note"]
+
+
+def test_non_openai_and_unreachable_servers_are_clear_errors(workload, tmp_path):
+    with LiveServer(fake_app(html=True)) as srv:
+        with pytest.raises(EndpointError, match="failed a one-request check: .*not an OpenAI response|no OpenAI"):
+            run_endpoint_bench(EndpointConfig(url=srv.url, workload=workload), tmp_path / "x.jsonl")
+    with LiveServer(fake_app(models=False)) as srv:
+        with pytest.raises(EndpointError, match="not an OpenAI-compatible server.*give --model"):
+            run_endpoint_bench(EndpointConfig(url=srv.url, workload=workload), tmp_path / "x.jsonl")
+        out = tmp_path / "named.jsonl"  # with --model it needs no model list
+        run_endpoint_bench(EndpointConfig(url=srv.url, workload=workload, model="fake", prompts=1, requests=1), out)
+        assert _rows(out)[0]["completed"] == 1
+    with pytest.raises(EndpointError, match="cannot reach http://127.0.0.1:9 .*ConnectError"):
+        run_endpoint_bench(EndpointConfig(url="http://127.0.0.1:9", workload=workload), tmp_path / "x.jsonl")
+    assert not (tmp_path / "x.jsonl").exists()  # nothing measured, nothing written
+    with pytest.raises(ConfigError, match="not an http"):
+        run_endpoint_bench(EndpointConfig(url="ftp://x", workload=workload), tmp_path / "x.jsonl")
+    with pytest.raises(ConfigError, match="--concurrency"):
+        EndpointConfig(url="http://x", concurrency=[0]).validate()
+    with pytest.raises(ConfigError, match="--rate"):
+        EndpointConfig(url="http://x", rates=[-1.0]).validate()
+
+
+def test_open_loop_poisson_arrivals_and_time_limit(workload, tmp_path):
+    calls: list[float] = []
+
+    def call(i: int) -> RequestResult:
+        calls.append(time.monotonic())
+        return RequestResult(str(i), ok=True, ttft_s=0.001, e2e_s=0.002, tokens=2, chunks=[0.001, 0.002])
+
+    t0 = time.monotonic()
+    results = open_loop(call, 12, rate=40.0, seed=3, deadline=t0 + 30, max_inflight=4)
+    assert len(results) == 12 and all(r.late_s >= 0 for r in results)
+    # seeded exponential gaps: the 12th arrival is at the seed's cumulative sum (mean 12 / 40 s)
+    import random
+    rng = random.Random(3)
+    last = sum(rng.expovariate(40.0) for _ in range(12))
+    assert max(calls) - t0 == pytest.approx(last, abs=0.05)
+    short = open_loop(call, 1000, rate=40.0, seed=3, deadline=time.monotonic() + 0.3, max_inflight=4)
+    assert 3 <= len(short) <= 30  # bounded by the deadline, not the count
+
+    with LiveServer(fake_app(delay_s=0.002)) as srv:
+        out = tmp_path / "open.jsonl"
+        run_endpoint_bench(EndpointConfig(url=srv.url, workload=workload, prompts=3, concurrency=[], rates=[20.0],
+                                          requests=6), out, log=lambda m: None)
+    (row,) = _rows(out)
+    assert row["load"] == "open" and row["rate"] == 20.0 and row["completed"] == 6 and row["late_ms"] is not None
+
+
+def test_summarise_goodput_and_percentiles():
+    rs = [RequestResult(str(i), ok=True, ttft_s=t, e2e_s=t + 0.09, tokens=10, tokens_from_usage=True,
+                        chunks=[t + 0.01 * j for j in range(10)]) for i, t in enumerate([0.1, 0.2, 0.3, 0.4])]
+    rs.append(RequestResult("bad", error="HTTP 500: boom"))
+    s = summarise(rs, wall_s=2.0, slo_ttft_ms=250, slo_tpot_ms=10.0 + 1e-6)
+    assert s["completed"] == 4 and s["failed"] == 1 and s["errors"] == {"HTTP 500: boom": 1}
+    assert s["throughput_tok_s"] == 20.0 and s["request_rate"] == 2.0
+    assert s["tpot_ms"]["p50"] == pytest.approx(10.0) and s["itl_ms"]["p50"] == pytest.approx(10.0)
+    assert s["decode_tok_s"] == pytest.approx(36 / 0.36, rel=1e-3)
+    assert s["ttft_ms"]["p50"] in (200.0, 300.0) and s["ttft_ms"]["p95"] == 400.0
+    assert s["goodput"]["requests"] == 2 and s["goodput"]["req_s"] == 1.0
+
+
+def _free_port_url() -> tuple[str, int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}", port
+
+
+@pytest.mark.slow
+def test_llama_cpp_python_server_prompt_lookup_on_vs_off(workload, tmp_path):
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("sse_starlette", reason="llama-cpp-python's server extra is not installed")
+    from adaspec.models.resolve import resolve_gguf
+
+    _, gguf, _ = resolve_gguf("smollm2-135m-instruct", progress=False)
+    procs, urls = [], []
+    try:
+        for extra in ([], ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", "4"]):
+            url, port = _free_port_url()
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port",
+                 str(port), "--n_ctx", "1024", "--n_threads", "1", "--verbose", "false", *extra],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+            urls.append(url)
+        for proc, url in zip(procs, urls):
+            deadline = time.monotonic() + 120
+            while True:
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                try:
+                    if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "llama_cpp.server did not start"
+                time.sleep(0.5)
+        out = tmp_path / "llamacpp.jsonl"
+        run_endpoint_bench(EndpointConfig(url=urls[1], baseline=urls[0], workload=workload, prompts=2,
+                                          max_tokens=12), out, log=lambda m: None)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+    rows = {r["arm"]: r for r in _rows(out)}
+    assert set(rows) == {"speculative", "baseline"}
+    for r in rows.values():
+        assert r["completed"] == 2 and r["failed"] == 0 and r["output_tokens"] > 6
+        assert r["spec"]["source"] == "none" and "no /metrics (HTTP 404)" in r["spec"]["note"]
+    report = make_endpoint_report([out], tmp_path / "llamacpp.md")
+    assert "no /metrics" in report["report"].read_text() and report["figures"]["throughput-latency"].exists()
+    advice = advise_files([out], "llamacpp")
+    assert advice["levels"][0]["basis"] == "measured speedup only"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# /metrics formats of other engines (fixtures written from their documentation and source)
+# ----------------------------------------------------------------------------------------------------------------
+
+# vLLM V1 (docs.vllm.ai/en/stable/usage/metrics.html; vllm/v1/spec_decode/metrics.py, SpecDecodingProm): counters
+# with the engine label, per-position counter labelled "position"; prometheus-client adds _total and _created.
+VLLM_BEFORE = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="llama-8b"} 100.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="llama-8b"} 1.7e+09
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="llama-8b"} 300.0
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="llama-8b"} 150.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="llama-8b",position="0"} 80.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="llama-8b",position="1"} 45.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="llama-8b",position="2"} 25.0
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="llama-8b"} 400.0
+"""
+
+
+def _vllm_after() -> str:
+    text = VLLM_BEFORE
+    for old, new in (("} 100.0", "} 140.0"), ("} 300.0", "} 420.0"), ("} 150.0", "} 210.0"), ("} 80.0", "} 112.0"),
+                     ("} 45.0", "} 63.0"), ("} 25.0", "} 35.0")):
+        text = text.replace(old, new)
+    return text
+
+
+def test_vllm_counters_give_alpha_tau_and_per_position():
+    before, after = engine_metrics.parse(VLLM_BEFORE), engine_metrics.parse(_vllm_after())
+    assert before.engine == "vllm" and before.counters == {"drafts": 100, "draft_tokens": 300, "accepted": 150}
+    assert before.per_pos == {0: 80, 1: 45, 2: 25} and before.generation_tokens == 400
+    s = engine_metrics.spec_stats(before, after)
+    assert (s["drafts"], s["draft_tokens"], s["accepted"]) == (40, 120, 60)
+    assert s["acceptance_rate"] == 0.5 and s["mean_acceptance_length"] == 2.5 and s["mean_draft_length"] == 3.0
+    assert s["acceptance_per_pos"] == [0.8, 0.45, 0.25]
+    assert engine_metrics.spec_stats(after, before)["note"].startswith("the counters went down")
+
+
+# SGLang (python/sglang/srt/metrics/collector.py, SchedulerMetricsCollector): gauges per TP/DP rank.
+SGLANG = """# HELP sglang:spec_accept_length The average acceptance length of speculative decoding.
+# TYPE sglang:spec_accept_length gauge
+sglang:spec_accept_length{dp_rank="0",engine_type="unified",model_name="qwen",tp_rank="0"} 2.5
+sglang:spec_accept_length{dp_rank="1",engine_type="unified",model_name="qwen",tp_rank="0"} 3.5
+# TYPE sglang:spec_accept_rate gauge
+sglang:spec_accept_rate{dp_rank="0",engine_type="unified",model_name="qwen",tp_rank="0"} 0.4
+sglang:spec_accept_rate{dp_rank="1",engine_type="unified",model_name="qwen",tp_rank="0"} 0.6
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="qwen"} 3.0
+"""
+
+
+def test_sglang_gauges_are_read_as_a_labelled_window():
+    s = engine_metrics.spec_stats(engine_metrics.parse(SGLANG), engine_metrics.parse(SGLANG))
+    assert s["source"] == "window" and s["engine"] == "sglang"
+    assert s["mean_acceptance_length"] == 3.0 and s["acceptance_rate"] == pytest.approx(0.5)
+    assert "not differenced" in s["note"]
+
+
+def test_metrics_without_spec_series_and_garbage():
+    plain = "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 12\n"
+    assert engine_metrics.spec_stats(None, engine_metrics.parse(plain))["note"].startswith("the server's /metrics")
+    with pytest.raises(engine_metrics.MetricsFormatError):
+        engine_metrics.parse("metric{label=unquoted} x y z")
+
+
+def test_alpha_from_tau_inverts_leviathan_eq1():
+    for alpha in (0.0, 0.3, 0.7, 0.95):
+        for k in (1, 3, 6):
+            tau = (1 - alpha ** (k + 1)) / (1 - alpha)
+            assert alpha_for_tau(tau, k) == pytest.approx(alpha, abs=1e-6)
+    assert alpha_for_tau(5.0, 4) == 1.0 and alpha_for_tau(1.0, 4) == 0.0
+
+
+def test_advice_fit_reproduces_the_measured_point_and_picks_k():
+    alpha, cost = fit_level(speedup=1.5, tau=2.8, k_bar=4)
+    assert predicted_speedup(alpha, cost, 4) == pytest.approx(1.5)
+    assert cost == pytest.approx((2.8 / 1.5 - 1) / 4)
+    # cheap drafts and high α favour longer drafts than expensive ones
+    best = {c: max(range(9), key=lambda k: predicted_speedup(0.8, c, k)) for c in (0.02, 0.3)}
+    assert best[0.02] > best[0.3] >= 1
+    lv = [{"concurrency": 1, "k": 5}, {"concurrency": 4, "k": 3}, {"concurrency": 8, "k": 3},
+          {"concurrency": 16, "k": 0}]
+    assert ranges(lv, 4) == [[1, 3, 5], [4, 15, 3], [16, 512, 0]]
+    conf = engine_config("vllm", {"levels": [dict(e, k_measured=4.0) for e in lv]}, model="m", method="draft",
+                         draft="d")
+    spec = json.loads(conf["command"].split("--speculative-config ", 1)[1].strip("'"))
+    assert spec == {"method": "draft_model", "model": "d", "num_speculative_tokens": 5,
+                    "num_speculative_tokens_per_batch_size": [[1, 3, 5], [4, 15, 3], [16, 512, 0]]}
+    sg = engine_config("sglang", {"levels": [dict(e, k_measured=4.0) for e in lv]}, model="m")
+    assert "--speculative-num-steps 5" in sg["command"] and any("16 concurrent" in n for n in sg["notes"])
+    off = engine_config("llamacpp", {"levels": [{"concurrency": 1, "k": 0, "k_measured": 3.0}]}, model="m")
+    assert off["command"] == "llama-server -m m.gguf"
+
+
+def test_profile_endpoint_pairs_prompts_across_arms():
+    from adaspec.bench.engine_advice import paired_speedups, profile_endpoint
+
+    rows = [{"kind": "endpoint", "arm": "speculative", "spec": {"acceptance_rate": 0.5},
+             "requests_detail": [["a", True, 11, 100, 1100], ["b", True, 11, 100, 600], ["c", False, 0, None, None]]},
+            {"kind": "endpoint", "arm": "baseline",
+             "requests_detail": [["a", True, 11, 100, 2100], ["b", True, 11, 100, 2100], ["c", True, 5, 10, 50]]}]
+    assert sorted(paired_speedups(rows)) == [2.0, 4.0]  # prompt c: the speculative arm failed it, not paired
+    p = profile_endpoint(rows)
+    assert p["prompts"] == 2 and p["speedup"] == 3.0 and p["ci95"][0] >= 2.0 and p["ci95"][1] <= 4.0
+    assert p["enable"] == "yes" and p["acceptance_rate"] == 0.5
+    slower = [dict(rows[0], arm="baseline"), dict(rows[1], arm="speculative")]
+    assert profile_endpoint(slower)["enable"] == "no"
+
+
+def test_levels_with_failed_requests_give_no_advice_and_are_flagged(tmp_path):
+    from adaspec.bench.engine_advice import advise
+    from adaspec.errors import AdaspecError
+
+    def row(arm, failed):
+        return {"kind": "endpoint", "arm": arm, "load": "closed", "concurrency": 2, "rate": None, "round": 0,
+                "throughput_tok_s": 10.0 if arm == "speculative" else 5.0, "completed": 4 - failed,
+                "failed": failed, "errors": {"boom": failed} if failed else {}, "spec": {"note": "no /metrics"},
+                "url": "http://x", "model": "m"}
+    with pytest.raises(AdaspecError, match="without failed requests"):
+        advise([row("speculative", 0), row("baseline", 3)])
+    path = tmp_path / "f.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [row("speculative", 0), row("baseline", 3)]) + "\n")
+    text = make_endpoint_report([path], tmp_path / "f.md")["report"].read_text()
+    assert "| 2 clients (3 failed requests) | 2.00× |" in text and "boom ×3" in text
+    assert "- baseline: no /metrics" in text
