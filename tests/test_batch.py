@@ -175,6 +175,22 @@ def test_padded_forward_equals_each_sequence_alone(arch):
     assert calls == []  # strict mode: one row after another
 
 
+def test_padded_forward_at_the_end_of_a_learned_position_table():
+    """GPT-2 has a learned position table of max_context rows: a padding query must not ask for a position past a
+    row's last real one (row 0 ends at 31 of 32; row 1's 5 tokens pad row 0's single token to 5)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)).eval()
+    batched = TorchBackend(model, "g", max_sequences=2)
+    batched.forward_batch([BatchRow(0, list(range(1, 31))), BatchRow(1, [1, 2])])
+    out = batched.forward_batch([BatchRow(0, [5]), BatchRow(1, [1, 2, 3, 4, 5])])
+    alone = TorchBackend(model, "a")
+    alone.forward(list(range(1, 31)))
+    torch.testing.assert_close(out[0], alone.forward([5]), atol=1e-5, rtol=1e-5)
+    assert (batched.seq_len_of(0), batched.seq_len_of(1)) == (31, 7)
+
+
 def test_pricer_shrinks_k_as_the_batch_grows_on_a_compute_bound_curve():
     # a CPU-like curve: 60 ms for one token, +12 ms per extra token (compute-bound)
     curve = {n: 60.0 + 12.0 * (n - 1) for n in (1, 2, 4, 8, 16, 32, 64, 128)}

@@ -137,7 +137,7 @@ def test_cli_bench_endpoint_then_map_and_advise(served, workload, tmp_path, caps
 
 
 def fake_app(*, metrics: bool = False, html: bool = False, models: bool = True, delay_s: float = 0.0,
-             no_stream_options: bool = False) -> FastAPI:
+             no_stream_options: bool = False, chunk: dict | None = None) -> FastAPI:
     """A minimal OpenAI-style streaming server: 4 chunks of one word each, optionally llama-server timings."""
     app = FastAPI()
 
@@ -155,8 +155,8 @@ def fake_app(*, metrics: bool = False, html: bool = False, models: bool = True, 
         def gen():
             for i in range(4):
                 time.sleep(delay_s)
-                chunk = {"choices": [{"index": 0, "delta": {"content": f"w{i} "}, "finish_reason": None}]}
-                yield f"data: {json.dumps(chunk)}\n\n"
+                piece = chunk or {"choices": [{"index": 0, "delta": {"content": f"w{i} "}, "finish_reason": None}]}
+                yield f"data: {json.dumps(piece)}\n\n"
             yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
                                          "timings": {"draft_n": 6, "draft_n_accepted": 3}}) + "\n\n"
             yield "data: [DONE]\n\n"
@@ -192,6 +192,34 @@ def test_a_server_refusing_stream_options_is_measured_without_them(workload, tmp
     assert _rows(out, "meta")[0]["config"]["stream_usage"] is False
 
 
+def test_odd_replies_are_failed_requests_and_reasoning_counts_as_output(workload, tmp_path):
+    with LiveServer(fake_app(chunk={"choices": 5, "timings": {"draft_n": [1]}})) as srv:
+        out = tmp_path / "odd.jsonl"  # malformed chunks are skipped, not fatal; the final chunk ends an empty answer
+        run_endpoint_bench(EndpointConfig(url=srv.url, workload=workload, requests=2), out, log=lambda m: None)
+    (row,) = _rows(out)
+    assert (row["completed"], row["failed"], row["output_tokens"]) == (2, 0, 0)
+    assert row["response_timings"]["draft_tokens"] == 12  # the final chunks' counts; the lists were not read
+    reasoning = {"choices": [{"index": 0, "delta": {"reasoning_content": "hmm "}, "finish_reason": None}]}
+    with LiveServer(fake_app(chunk=reasoning, delay_s=0.01)) as srv:
+        out = tmp_path / "reasoning.jsonl"
+        run_endpoint_bench(EndpointConfig(url=srv.url, workload=workload, requests=2), out, log=lambda m: None)
+    (row,) = _rows(out)
+    assert row["completed"] == 2 and row["output_tokens"] == 8  # 4 reasoning chunks per answer are its output
+    assert row["itl_ms"] is not None and row["decode_tok_s"] is not None
+
+
+def test_a_configuration_cut_by_the_time_limit_is_kept_but_measured_again(workload, tmp_path):
+    out = tmp_path / "cut.jsonl"
+    with LiveServer(fake_app(delay_s=0.05)) as srv:
+        cfg = EndpointConfig(url=srv.url, workload=workload, prompts=1, requests=20)
+        first = run_endpoint_bench(cfg, out, log=lambda m: None, time_limit_s=1.0)
+        assert first["stopped"] and first["run"] == 0
+        partial = _rows(out, "endpoint_partial")
+        assert len(partial) == 1 and 0 < partial[0]["completed"] < 20 and not _rows(out)
+        again = run_endpoint_bench(cfg, out, log=lambda m: None)
+    assert (again["run"], again["stopped"]) == (1, False) and _rows(out)[0]["completed"] == 20
+
+
 def test_unparsable_metrics_are_a_note_not_a_crash(workload, tmp_path):
     with LiveServer(fake_app(metrics=True)) as srv:
         out = tmp_path / "bad-metrics.jsonl"
@@ -216,6 +244,17 @@ def test_non_openai_and_unreachable_servers_are_clear_errors(workload, tmp_path)
     assert not (tmp_path / "x.jsonl").exists()  # nothing measured, nothing written
     with pytest.raises(ConfigError, match="not an http"):
         run_endpoint_bench(EndpointConfig(url="ftp://x", workload=workload), tmp_path / "x.jsonl")
+    for bad in ("http://127.0.0.1:80a", "http://[::1"):
+        with pytest.raises(ConfigError, match="not a valid URL"):
+            run_endpoint_bench(EndpointConfig(url=bad, workload=workload), tmp_path / "x.jsonl")
+    for bad, what in (([1.5], "--concurrency"), ([0], "--concurrency")):
+        with pytest.raises(ConfigError, match=what):
+            EndpointConfig(url="http://x", concurrency=bad).validate()
+    with pytest.raises(ConfigError, match="finite"):
+        EndpointConfig(url="http://x", rates=[float("nan")]).validate()
+    twice = EndpointConfig(url="http://x", concurrency=[2, 2, 1])
+    twice.validate()
+    assert twice.concurrency == [2, 1]
     with pytest.raises(ConfigError, match="--concurrency"):
         EndpointConfig(url="http://x", concurrency=[0]).validate()
     with pytest.raises(ConfigError, match="--rate"):
@@ -380,6 +419,12 @@ def test_metrics_without_spec_series_and_garbage():
     assert engine_metrics.spec_stats(None, engine_metrics.parse(plain))["note"].startswith("the server's /metrics")
     with pytest.raises(engine_metrics.MetricsFormatError):
         engine_metrics.parse("metric{label=unquoted} x y z")
+    # no scrape before the run: the counters since the server started are not the run's
+    assert "no /metrics scrape before" in engine_metrics.spec_stats(None, engine_metrics.parse(VLLM_BEFORE))["note"]
+    odd = VLLM_BEFORE.replace('position="2"', 'position="a"')
+    assert engine_metrics.parse(odd).per_pos == {0: 80, 1: 45}  # an unreadable position label is skipped
+    nan = engine_metrics.parse(_vllm_after().replace("} 420.0", "} NaN"))
+    assert engine_metrics.spec_stats(engine_metrics.parse(VLLM_BEFORE), nan)["note"] == "the counters are not finite numbers"
 
 
 def test_alpha_from_tau_inverts_leviathan_eq1():
@@ -400,6 +445,8 @@ def test_advice_fit_reproduces_the_measured_point_and_picks_k():
     lv = [{"concurrency": 1, "k": 5}, {"concurrency": 4, "k": 3}, {"concurrency": 8, "k": 3},
           {"concurrency": 16, "k": 0}]
     assert ranges(lv, 4) == [[1, 3, 5], [4, 15, 3], [16, 512, 0]]
+    assert ranges([{"concurrency": 1, "k": 4}, {"concurrency": 1024, "k": 0}], 4) == [[1, 1023, 4], [1024, 1024, 0]]
+    assert ranges([{"concurrency": 600, "k": 0}], 4) == [[1, 600, 0]]
     conf = engine_config("vllm", {"levels": [dict(e, k_measured=4.0) for e in lv]}, model="m", method="draft",
                          draft="d")
     spec = json.loads(conf["command"].split("--speculative-config ", 1)[1].strip("'"))

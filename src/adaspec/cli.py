@@ -490,7 +490,11 @@ def cmd_bench_endpoint(args: argparse.Namespace) -> int:
     from adaspec.bench.endpoint import EndpointConfig, run_endpoint_bench
 
     rates = _floats(args.rate, "--rate")
-    concurrency = [int(c) for c in _floats(args.concurrency, "--concurrency")] or ([] if rates else [1])
+    try:
+        concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()] if args.concurrency else []
+    except ValueError:
+        raise ConfigError(f"--concurrency must be comma-separated whole numbers, not {args.concurrency!r}") from None
+    concurrency = concurrency or ([] if rates else [1])
     cfg = EndpointConfig(url=args.endpoint, baseline=args.baseline, body=_json_object(args.body, "--body") or {},
                          baseline_body=_json_object(args.baseline_body, "--baseline-body"), model=args.model,
                          api=args.api, workload=args.workload, prompts=args.prompts, max_tokens=args.max_tokens,

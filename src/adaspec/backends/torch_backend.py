@@ -261,9 +261,10 @@ class TorchBackend(Backend):
 
         The rows' caches are stacked left-padded to max L into a temporary batched cache ``[B, H_kv, max L, D]``
         per layer; the new tokens are right-padded to max n; a 4-D additive mask lets row i's query j see its own
-        L_i cached keys and its new keys up to j (a padding query sees itself only); position ids are L_i + j. After
-        the forward each row's real new key/value entries are appended to its own cache and its logits returned
-        (``[num_logits, V]`` per row). Cost beyond the forward: one copy of the rows' caches per step.
+        L_i cached keys and its new keys up to j (a padding query sees itself only); position ids are L_i + j (a
+        padding query repeats its row's last). After the forward each row's real new key/value entries are appended
+        to its own cache and its logits returned (``[num_logits, V]`` per row). Cost beyond the forward: one copy of
+        the rows' caches per step.
         """
         caches = [self._row_cache(r.seq) for r in rows]
         lens = [length for _, length in caches]
@@ -287,7 +288,9 @@ class TorchBackend(Backend):
                 batched.update(torch.cat(ks), torch.cat(vs), layer)
         ids = torch.tensor([list(r.input_ids) + [r.input_ids[-1]] * (nmax - len(r.input_ids)) for r in rows],
                            dtype=torch.long, device=self.device)
-        positions = torch.tensor([[length + j for j in range(nmax)] for length in lens], device=self.device)
+        # a padding query repeats its row's last real position (learned position tables end at max_context)
+        positions = torch.tensor([[length + min(j, ni - 1) for j in range(nmax)] for length, ni in zip(lens, n)],
+                                 device=self.device)
         allowed = torch.zeros(b, 1, nmax, lmax + nmax, dtype=torch.bool, device=self.device)
         causal = torch.ones(nmax, nmax, dtype=torch.bool, device=self.device).tril()
         for i, (length, ni) in enumerate(zip(lens, n)):

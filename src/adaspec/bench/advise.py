@@ -141,7 +141,8 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
         boots = []
         for _ in range(bootstrap):
             a, ke, pp = _pool([rng.choice(runs) for _ in runs])
-            boots.append(model.speedup(a, min(best_k, ke) if name == "ngram" else best_k, context, cost, pp))
+            kk = min(best_k, ke * best_k / PROBE_K) if cost is None else best_k  # as _best computes the point
+            boots.append(model.speedup(a, kk, context, cost, pp))
         boots.sort()
         candidates.append({
             "drafter": name, "alpha": round(alpha, 4),
@@ -175,9 +176,12 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
         confirmed = _confirm(plain, target_backend, drafters[best["drafter"]], controller_obj, encoded, tok,
                              GenerationConfig(max_new_tokens=confirm_tokens, temperature=temperature, seed=seed),
                              curve, context)
-        expected = round(statistics.fmean(confirmed), 3)
-        ci = _bootstrap_mean(confirmed, bootstrap, seed)
-        enable = decide(k, ci)
+        if confirmed:
+            expected = round(statistics.fmean(confirmed), 3)
+            ci = _bootstrap_mean(confirmed, bootstrap, seed)
+            enable = decide(k, ci)
+        else:  # no answer had two tokens: nothing to time, the model's prediction stands
+            confirmed = None
     return {
         "workload": workload, "sample": len(prompts), "context_tokens": context, "max_new_tokens": max_new_tokens,
         "temperature": temperature, "target": tgt.name,

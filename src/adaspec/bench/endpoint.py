@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import platform
 import random
 import statistics
@@ -99,10 +100,12 @@ class EndpointConfig:
             raise ConfigError(f"--api must be chat or completions, not {self.api!r}")
         if not self.concurrency and not self.rates:
             raise ConfigError("give at least one --concurrency or --rate")
-        if any(c < 1 or c > 1024 for c in self.concurrency):
-            raise ConfigError(f"--concurrency values must be 1..1024, not {self.concurrency}")
-        if any(r <= 0 for r in self.rates):
-            raise ConfigError(f"--rate values must be > 0 requests/s, not {self.rates}")
+        if any(not isinstance(c, int) or c < 1 or c > 1024 for c in self.concurrency):
+            raise ConfigError(f"--concurrency values must be whole numbers 1..1024, not {self.concurrency}")
+        if any(not math.isfinite(r) or r <= 0 for r in self.rates):
+            raise ConfigError(f"--rate values must be finite and > 0 requests/s, not {self.rates}")
+        self.concurrency = list(dict.fromkeys(self.concurrency))  # a level given twice is measured once
+        self.rates = list(dict.fromkeys(self.rates))
         if self.requests is not None and not 1 <= self.requests <= 100_000:
             raise ConfigError(f"--requests must be 1..100000, not {self.requests}")
         if self.max_tokens < 1 or self.rounds < 1 or self.prompts < 1:
@@ -116,6 +119,13 @@ def base_url(url: str) -> str:
     url = url.strip().rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"endpoint {url!r} is not an http:// or https:// URL")
+    try:
+        parsed = httpx.URL(url)
+        _ = parsed.port
+    except (httpx.InvalidURL, ValueError) as e:
+        raise ConfigError(f"endpoint {url!r} is not a valid URL ({e})") from None
+    if not parsed.host:
+        raise ConfigError(f"endpoint {url!r} has no host")
     return url.removesuffix("/v1")
 
 
@@ -165,6 +175,8 @@ def send(client: httpx.Client, arm: Arm, api: str, body: dict, prompt_id: str, t
             if "text/event-stream" not in r.headers.get("content-type", ""):
                 r.read()  # a server that ignored "stream": one JSON answer
                 _read_object(res, _json(r.text), api, time.monotonic() - t0, whole=True)
+                if res.error:
+                    return res
             else:
                 for line in r.iter_lines():
                     if not line.startswith("data:"):
@@ -183,6 +195,9 @@ def send(client: httpx.Client, arm: Arm, api: str, body: dict, prompt_id: str, t
         return res
     except ValueError as e:
         res.error = str(e)
+        return res
+    except Exception as e:  # anything odd in a reply is that request's failure, never the client thread's death
+        res.error = f"unreadable response ({type(e).__name__}: {e})"
         return res
     res.e2e_s = time.monotonic() - t0
     if not res.chunks and res.finish_reason is None and not res.tokens_from_usage:
@@ -206,16 +221,18 @@ def _json(text: str) -> dict:
 
 
 def _read_object(res: RequestResult, obj: dict, api: str, at_s: float, whole: bool = False) -> None:
-    if "error" in obj:
+    if obj.get("error"):
         err = obj["error"]
-        res.error = "server error mid-stream: " + str(err.get("message", err) if isinstance(err, dict) else err)
+        res.error = "server error: " + str(err.get("message", err) if isinstance(err, dict) else err)
         return
-    for choice in obj.get("choices") or []:
+    choices = obj.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
         if not isinstance(choice, dict):
             continue
-        if api == "chat":
+        if api == "chat":  # reasoning models stream their thinking first (vLLM: reasoning_content / reasoning)
             piece = (choice.get("message") if whole else choice.get("delta")) or {}
-            piece = piece.get("content") if isinstance(piece, dict) else None
+            piece = (piece.get("content") or piece.get("reasoning_content") or piece.get("reasoning")
+                     if isinstance(piece, dict) else None)
         else:
             piece = choice.get("text")
         if piece:
@@ -225,9 +242,10 @@ def _read_object(res: RequestResult, obj: dict, api: str, at_s: float, whole: bo
     if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
         res.tokens, res.tokens_from_usage = usage["completion_tokens"], True
     timings = obj.get("timings")  # llama.cpp's llama-server
-    if isinstance(timings, dict) and "draft_n" in timings:
-        res.draft_n = int(timings.get("draft_n") or 0)
-        res.draft_accepted = int(timings.get("draft_n_accepted") or 0)
+    if isinstance(timings, dict) and isinstance(timings.get("draft_n"), int):
+        res.draft_n = timings["draft_n"]
+        accepted = timings.get("draft_n_accepted")
+        res.draft_accepted = accepted if isinstance(accepted, int) else 0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -383,6 +401,8 @@ def scrape(client: httpx.Client, arm: Arm) -> tuple[engine_metrics.SpecSnapshot 
         return engine_metrics.parse(r.text), None
     except engine_metrics.MetricsFormatError as e:
         return None, f"/metrics is {e}"
+    except (ValueError, TypeError) as e:
+        return None, f"/metrics has values adaspec cannot read ({e})"
 
 
 def probe(client: httpx.Client, arm: Arm, cfg: EndpointConfig) -> str:
@@ -393,7 +413,7 @@ def probe(client: httpx.Client, arm: Arm, cfg: EndpointConfig) -> str:
     """
     try:
         r = client.get(arm.url + "/v1/models", timeout=15)
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, httpx.InvalidURL) as e:
         raise EndpointError(f"cannot reach {arm.url} ({arm.name} arm): {type(e).__name__}: {e}") from None
     model = cfg.model
     if model is None:
@@ -429,9 +449,11 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
     if out.exists():
         for line in out.read_text().splitlines():
             try:
-                done.add(json.loads(line).get("key"))
+                row = json.loads(line)
             except ValueError:
                 continue  # a line cut by a kill: rerun that configuration
+            if isinstance(row, dict) and row.get("kind") in ("meta", "endpoint"):
+                done.add(row.get("key"))
     with httpx.Client(limits=httpx.Limits(max_connections=max(cfg.max_inflight, max(cfg.concurrency, default=1)) + 4),
                       headers={"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None) as client:
         models = {arm.name: probe(client, arm, cfg) for arm in arms}
@@ -475,8 +497,15 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
                             stopped = True
                             break
                         row = measure(client, arm, cfg, prompts, models[arm.name], load, level, n, deadline)
+                        if row["completed"] + row["failed"] < n:  # the time limit cut it: kept, not resumable
+                            f.write(json.dumps({"kind": "endpoint_partial", "run": run, **fields, **row}) + "\n")
+                            log(f"{arm.name}: stopped at the time limit after {row['completed'] + row['failed']} of "
+                                f"{n} requests (kept as endpoint_partial; rerun to measure it whole)")
+                            stopped = True
+                            break
                         f.write(json.dumps({"kind": "endpoint", "key": key, "run": run, **fields, **row}) + "\n")
                         f.flush()
+                        done.add(key)
                         measured += 1
                         log(_line(arm, load, level, row))
                     if stopped:
@@ -536,7 +565,7 @@ def read_rows(paths: Sequence[Path]) -> list[dict]:
                 row = json.loads(line)
             except ValueError:
                 continue
-            if row.get("kind") in ("endpoint", "meta"):
+            if isinstance(row, dict) and row.get("kind") in ("endpoint", "meta"):
                 rows.append(row)
     return rows
 

@@ -89,7 +89,10 @@ def ranges(levels_: list[dict], k_default: int) -> list[list[int]]:
     for i, lv in enumerate(levels_):
         k = k_default if lv["k"] is None else lv["k"]
         start = 1 if i == 0 else lv["concurrency"]
-        end = levels_[i + 1]["concurrency"] - 1 if i + 1 < len(levels_) else (512 if k == 0 else lv["concurrency"])
+        if i + 1 < len(levels_):
+            end = levels_[i + 1]["concurrency"] - 1
+        else:  # past the last measured level only "off" is extended (speculation pays less as batches grow)
+            end = max(512, lv["concurrency"]) if k == 0 else lv["concurrency"]
         if out and out[-1][2] == k:
             out[-1][1] = end
         else:
@@ -119,7 +122,7 @@ def engine_config(engine: str, advice: dict, *, model: str = "MODEL", method: st
     notes = []
     if k_max == 0:
         notes.append("Speculation did not pay at any measured concurrency: serve without it.")
-    if table[-1][1] != 512:
+    if table[-1][2] != 0:
         notes.append(f"Concurrency above {table[-1][1]} was not measured; measure it before relying on K there.")
     if engine == "vllm":
         conf = ({"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4} if method == "ngram"

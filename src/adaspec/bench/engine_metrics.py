@@ -24,6 +24,7 @@ accepted at position i / steps.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from adaspec.errors import AdaspecError
@@ -83,7 +84,7 @@ def parse(text: str) -> SpecSnapshot:
                 snap.engine = snap.engine or ns
                 key = COUNTERS[metric]
                 snap.counters[key] = snap.counters.get(key, 0.0) + sample.value
-            elif metric == PER_POS and "position" in sample.labels:
+            elif metric == PER_POS and sample.labels.get("position", "").isdigit():
                 snap.engine = snap.engine or ns
                 pos = int(sample.labels["position"])
                 snap.per_pos[pos] = snap.per_pos.get(pos, 0.0) + sample.value
@@ -112,8 +113,13 @@ def spec_stats(before: SpecSnapshot | None, after: SpecSnapshot | None) -> dict:
                 "note": "SGLang gauges: the scheduler's latest window, not differenced over this run"}
     if after.engine is None:
         return {"source": "none", "note": "the server's /metrics has no speculative-decoding series"}
-    b = before.counters if before is not None and before.engine == after.engine else {}
+    if before is None or before.engine != after.engine:
+        return {"source": "none", "engine": after.engine,
+                "note": "no /metrics scrape before the run: the counters since the server started are not this run's"}
+    b = before.counters
     d = {k: after.counters.get(k, 0.0) - b.get(k, 0.0) for k in COUNTERS.values()}
+    if not all(math.isfinite(v) for v in d.values()):
+        return {"source": "none", "engine": after.engine, "note": "the counters are not finite numbers"}
     if any(v < 0 for v in d.values()):
         return {"source": "none", "engine": after.engine,
                 "note": "the counters went down during the run (the server restarted?)"}

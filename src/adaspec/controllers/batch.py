@@ -83,7 +83,6 @@ class BatchPricer:
                 best, best_rate = cap, rate
         return best
 
-
     def best_positive(self, rows: Sequence[RowEstimate]) -> int:
         """The cap in ``1..max(k_i)`` with the best batch goodput (0 when no row wants to draft): what a probe step
         runs when :meth:`cap` says 0, so the rows' acceptance keeps being measured."""
