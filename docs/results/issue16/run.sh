@@ -37,6 +37,10 @@ done
 $A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype float32 \
   --methods plain,ngram/goodput --max-new-tokens 256 --threads 2 --out $OUT/torch-float32 --time-limit 38 \
   > $OUT/torch-float32/log-2.txt 2>&1
+# 4c. (2026-12-01) bf16 continued, the four methods, 20 minutes (9 more tasks: 17).
+$A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype bfloat16 \
+  --methods plain,ngram/goodput,plain+strict,ngram/goodput+strict --max-new-tokens 256 --threads 2 \
+  --out $OUT/torch-bfloat16 --time-limit 20 > $OUT/torch-bfloat16/log-2.txt 2>&1
 # Final reports over everything each folder holds.
 $A eval --tasks humaneval,gsm8k --report-only --out $OUT/gguf --methods plain,hybrid/goodput,plain+strict,hybrid/goodput+strict,hybrid/goodput+typical,hybrid/goodput+topk:2,hybrid/goodput+bild > /dev/null 2>&1
 date
