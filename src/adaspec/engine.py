@@ -69,7 +69,8 @@ class GenerationConfig:
         tree_choice: with a tree budget, ``"goodput"`` (default) chooses chain or tree before each step from the
             measured tokens per ms of each (:class:`~adaspec.controllers.tree_choice.TreeChoice`), so a tree that
             does not pay on this machine and workload gives way to the chain; ``"always"`` verifies a tree every
-            speculative step.
+            speculative step. The goodput choice follows measured times, so a seeded sampled request repeats its
+            output exactly only with ``"always"`` (greedy output is the target's either way).
     """
 
     max_new_tokens: int = 128

@@ -182,6 +182,9 @@ class TorchBackend(Backend):
         if invariant_width < 1:
             raise ConfigError(f"invariant_width must be >= 1, got {invariant_width}")
         self.invariant_width = invariant_width
+        # Why this model's attention is not plain full causal attention (None when it is): fixed by the config, so
+        # strict mode, padded batches and trees read it here instead of re-deriving it every step.
+        self._unsupported_attention = strict_unsupported(model.config.get_text_config())
         self._attn_default = getattr(model.config, "_attn_implementation", None)
         self._invariant = False
         self.batch_invariant = batch_invariant
@@ -194,7 +197,7 @@ class TorchBackend(Backend):
     def batch_invariant(self, on: bool) -> None:
         on = bool(on)
         if on and not self._invariant:
-            why = strict_unsupported(self.model.config.get_text_config())
+            why = self._unsupported_attention
             if why:
                 raise ConfigError(f"{self.name}: strict mode supports full causal attention only; this model has "
                                   f"{why}")
@@ -233,7 +236,7 @@ class TorchBackend(Backend):
         self.check_rows(rows)
         out: list[torch.Tensor | None] = [None] * len(rows)
         padded = [i for i, r in enumerate(rows) if len(r.input_ids) <= self.pad_batch_max_tokens]
-        if self._invariant or len(padded) < 2 or strict_unsupported(self.model.config.get_text_config()):
+        if self._invariant or len(padded) < 2 or self._unsupported_attention:
             padded = []
         for i, r in enumerate(rows):
             if i not in padded:
@@ -357,7 +360,7 @@ class TorchBackend(Backend):
     @property
     def supports_trees(self) -> bool:  # type: ignore[override]
         """Trees need full-attention layers (a sliding-window cache cannot be compacted by index here)."""
-        return strict_unsupported(self.model.config.get_text_config()) is None
+        return self._unsupported_attention is None
 
     @torch.inference_mode()
     def forward_tree(self, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
