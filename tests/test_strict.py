@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from adaspec.backends import TorchBackend
+from adaspec.backends.torch_backend import row_invariant_width
 from adaspec.controllers import FixedController, make_controller
 from adaspec.drafters import ModelDrafter, NgramDrafter
 from adaspec.engine import GenerationConfig, SpeculativeEngine
@@ -44,7 +45,37 @@ def wide_model(request):
     return Qwen2ForCausalLM(cfg).to(getattr(torch, request.param)).eval()
 
 
-def test_strict_logits_do_not_depend_on_width(wide_model):
+@pytest.fixture(params=[1, 2])
+def threads(request):
+    """Run a test at 1 and at 2 threads: the kernels' row split, hence strict mode's width, depends on it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def rows_equal(layer: torch.nn.Linear, width: int, seed: int) -> bool:
+    """Whether ``layer`` gives ``width`` identical input rows identical outputs (a fresh input, not the one
+    :func:`row_invariant_width` used)."""
+    row = torch.randn(1, layer.in_features, generator=torch.Generator().manual_seed(seed)).to(layer.weight.dtype)
+    out = layer(row.expand(width, -1).contiguous())
+    return bool((out == out[:1]).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_invariant_width_is_the_first_exact_width(threads, dtype):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 896, bias=False)).to(dtype)
+    with torch.inference_mode():
+        width = row_invariant_width(model, 5)
+        assert width is not None and 5 <= width < 5 + 16
+        assert all(rows_equal(layer, width, seed) for layer in model for seed in (1, 2, 3))
+        # every narrower width was refused because some layer really splits its rows
+        for narrower in range(5, width):
+            assert not all(rows_equal(layer, narrower, seed) for layer in model for seed in (0, 1, 2, 3))
+
+
+def test_strict_logits_do_not_depend_on_width(wide_model, threads):
     cont = list(range(40, 40 + 70))  # long enough for the cache to cross 64-key blocks
     backend = TorchBackend(wide_model, "wide")
     default = {w: logits_by_width(backend, w, cont) for w in (1, 3, 8)}
@@ -70,7 +101,7 @@ def test_strict_forward_keeps_the_cache_contract(wide_model):
 
 
 @pytest.mark.parametrize("controller", [FixedController(1), FixedController(3), FixedController(6), "adaptive"])
-def test_strict_greedy_speculation_equals_strict_plain_decoding(wide_model, controller):
+def test_strict_greedy_speculation_equals_strict_plain_decoding(wide_model, controller, threads):
     target = TorchBackend(wide_model, "wide")
     plain = SpeculativeEngine(target, None, None)
     cfg = GenerationConfig(max_new_tokens=60, ignore_eos=True, strict=True, return_margins=True)

@@ -96,6 +96,38 @@ def strict_unsupported(config) -> str | None:
     return None
 
 
+@torch.inference_mode()
+def row_invariant_width(model: torch.nn.Module, start: int, *, tries: int = 16) -> int | None:
+    """The smallest forward width ``W >= start`` (of ``start .. start + tries - 1``) at which every linear layer of
+    ``model`` gives each row of a ``W``-row input the same bits whatever the row's index, measured with the current
+    thread count (None when no width in the range is).
+
+    Strict mode pads every forward to one width so each position meets the same kernels, but that alone does not
+    make a position's logits independent of *where in the chunk* it sits: with 2 threads, fp32 GEMMs on an AMD EPYC
+    (PyTorch 2.13's CPU kernels) split a 9-row input as 8 + 1 and compute the 9th row another way (widths 5-7 and
+    9-11 differ, 8 and 12 do not; 1 and 3 threads, and bf16, are invariant at every width). Which widths are safe
+    is the kernel library's choice, so it is measured, never assumed: one ``[W, in_features]`` input of identical
+    rows per distinct linear layer shape (the model's own weights, so its dtype, layout and device), and a width
+    passes when all output rows are equal. Cost: one such GEMM per shape and tried width (the LM head dominates:
+    ~30 ms at W = 9 for a 0.5B model's fp32 head on a 2-core CPU).
+    """
+    layers: dict[tuple, torch.nn.Linear] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            key = (module.in_features, module.out_features, module.weight.dtype, module.bias is not None)
+            layers.setdefault(key, module)
+    generator = torch.Generator().manual_seed(0)
+    for width in range(start, start + tries):
+        for layer in layers.values():
+            row = torch.randn(1, layer.in_features, generator=generator).to(layer.weight.dtype)
+            out = layer(row.to(layer.weight.device).expand(width, -1).contiguous())
+            if not bool((out == out[:1]).all()):
+                break
+        else:
+            return width
+    return None
+
+
 def load_causal_lm(path: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu") -> PreTrainedModel:
     """Load a transformers causal LM from a local folder or hub id, in eval mode, on ``device``."""
     from transformers import AutoModelForCausalLM
@@ -139,8 +171,9 @@ class TorchBackend(Backend):
         max_context: context window in tokens (default: ``config.max_position_embeddings``).
         prefill_chunk: long inputs are run in chunks of this many tokens to bound activation memory.
         batch_invariant: strict mode (see :class:`~adaspec.backends.Backend`).
-        invariant_width: the fixed forward width W of strict mode (default 9: K + 1 for the goodput controller's
-            largest K, 8, so every verification is one forward).
+        invariant_width: the smallest forward width W of strict mode (default 9: K + 1 for the goodput controller's
+            largest K, 8, so every verification is one forward); the width used is the first one from here at which
+            the model's matrix products are row-invariant on this machine (:meth:`strict_width`, measured).
         max_sequences: caches kept for :meth:`forward_batch` (one per sequence).
         pad_batch_max_tokens: :meth:`forward_batch` runs rows of at most this many new tokens as one padded forward
             (longer rows, prompt prefills, run alone: padding every row to a prompt's length would waste the batch).
@@ -148,7 +181,7 @@ class TorchBackend(Backend):
     **Batch invariance.** PyTorch's matrix kernels and its fused attention (SDPA) pick their blocking by the number
     of rows, so a position's logits differ (~2e-5 in fp32, up to ~0.6 in bf16 on a CPU) between a one-token forward
     and a K + 1-token one, and between different K. In strict mode every forward after the prompt's (the cache is
-    not empty) is padded to exactly ``invariant_width`` positions (longer inputs: chunks of W, each padded), the
+    not empty) is padded to exactly W = :meth:`strict_width` positions (longer inputs: chunks of W, each padded), the
     padding's cache entries are dropped at once, and attention runs :func:`invariant_attention` (each query row over
     exactly its visible keys). Models whose attention that function does not implement (sliding windows, logit
     soft-capping, sinks) are refused with a ConfigError. Every decoded position then sees the same kernels on the same shapes, and its logits
@@ -186,6 +219,7 @@ class TorchBackend(Backend):
         # strict mode, padded batches and trees read it here instead of re-deriving it every step.
         self._unsupported_attention = strict_unsupported(model.config.get_text_config())
         self._attn_default = getattr(model.config, "_attn_implementation", None)
+        self._strict_widths: dict[int, int] = {}  # thread count -> measured strict width (strict_width())
         self._invariant = False
         self.batch_invariant = batch_invariant
 
@@ -201,9 +235,30 @@ class TorchBackend(Backend):
             if why:
                 raise ConfigError(f"{self.name}: strict mode supports full causal attention only; this model has "
                                   f"{why}")
+        if on:
+            self.strict_width()  # measured before the first strict forward (a ConfigError if no width is exact)
         if on != self._invariant and self._attn_default is not None:
             self.model.set_attn_implementation(INVARIANT_ATTENTION if on else self._attn_default)
         self._invariant = on
+
+    def strict_width(self) -> int:
+        """The forward width strict mode runs at: the smallest width ``>= invariant_width`` at which this model's
+        linear layers are row-invariant with the current thread count (:func:`row_invariant_width`), measured once
+        per thread count.
+
+        Raises:
+            ConfigError: no width within 16 of ``invariant_width`` is row-invariant here.
+        """
+        threads = torch.get_num_threads()
+        width = self._strict_widths.get(threads)
+        if width is None:
+            width = row_invariant_width(self.model, self.invariant_width)
+            if width is None:
+                raise ConfigError(f"{self.name}: strict mode found no forward width in {self.invariant_width}.."
+                                  f"{self.invariant_width + 15} at which this model's matrix products are "
+                                  f"row-invariant with {threads} threads ({self.dtype}); try another thread count")
+            self._strict_widths[threads] = width
+        return width
 
     @property
     def seq_len(self) -> int:
@@ -335,7 +390,7 @@ class TorchBackend(Backend):
         """Strict mode: chunks of exactly ``invariant_width`` positions (the last one padded by repeating its final
         token; the padding is cropped from the cache), every position's logits kept. Within W - 1 positions of the
         context window's end the padding stops at the window (those last positions are not width-invariant)."""
-        w, n = self.invariant_width, ids.shape[1]
+        w, n = self.strict_width(), ids.shape[1]
         rows = []
         for start in range(0, n, w):
             chunk = ids[:, start:start + w]
