@@ -144,3 +144,78 @@ def test_draft_ids_outside_the_target_vocabulary_count_for_nothing():
     rows = c.apply(logits, [1, 2], 1, torch.tensor([12, 3]))  # 12: from a wider draft vocabulary
     assert rows[1].tolist() == [0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # only the output token 2 counts
     assert rows[2, 3].item() == -1.0 and rows[2, 2].item() == -1.0
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_draft_model_following_the_controls_proposes_what_the_controlled_target_accepts(batched):
+    """A draft equal to the target: with the controls it proposes exactly the controlled target's greedy tokens
+    (every draft accepted); from raw logits it proposes the uncontrolled ones and is rejected where the controls
+    change the argmax. The output is plain decoding's either way."""
+    table = markov_table(MV, seed=2, scale=2.0)
+    prompt = [1, 2, 1, 2, 1]
+    cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, repetition_penalty=1.4, frequency_penalty=0.7,
+                           logit_bias={3: -1.0})
+    plain = SpeculativeEngine(MarkovBackend(table, "target")).generate(prompt, cfg)
+    rates = {}
+    for follow in (True, False):
+        if batched:
+            draft = MarkovBackend(table, "draft")
+            engine = BatchEngine(MarkovBackend(table, "target"),
+                                 lambda seq: ModelDrafter(draft, follow_controls=follow),
+                                 lambda: make_controller("fixed", 4))
+            out = engine.generate([prompt], cfg)[0]
+        else:
+            drafter = ModelDrafter(MarkovBackend(table, "draft"), follow_controls=follow)
+            out = SpeculativeEngine(MarkovBackend(table, "target"), drafter, FixedController(4)).generate(prompt, cfg)
+        assert out.token_ids == plain.token_ids
+        rates[follow] = out.stats.accepted_tokens / out.stats.draft_tokens
+    assert rates[True] == 1.0
+    assert rates[False] < 0.8
+
+
+def dense_reference(c: LogitsControls, logits: torch.Tensor, ids: list[int], prompt_len: int,
+                    drafts: list[int]) -> torch.Tensor:
+    """The controls computed the obvious way: row by row over the whole vocabulary (semantics in the module
+    docstring of adaspec.processors)."""
+    n, vocab = logits.shape
+    out = logits.float().clone()
+    for token, bias in c.logit_bias.items():
+        if token < vocab:
+            out[:, token] += bias
+    for i in range(n):
+        history = [t for t in ids[prompt_len:] + drafts[:i] if t < vocab]
+        counts = torch.bincount(torch.tensor(history, dtype=torch.long), minlength=vocab).float()[:vocab] \
+            if history else torch.zeros(vocab)
+        row = out[i]
+        if c.repetition_penalty != 1.0:
+            seen = counts > 0
+            for t in ids[:prompt_len]:
+                if t < vocab:
+                    seen[t] = True
+            row = torch.where(seen, torch.where(row > 0, row / c.repetition_penalty, row * c.repetition_penalty),
+                              row)
+        if c.presence_penalty:
+            row = row - c.presence_penalty * (counts > 0).float()
+        if c.frequency_penalty:
+            row = row - c.frequency_penalty * counts
+        out[i] = row
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_sparse_controls_equal_the_full_vocabulary_computation(seed):
+    """apply() works on the columns of tokens that occur; it equals the dense, row-by-row reference to the bit, with
+    random controls, histories (repeats, ids beyond the vocabulary, an empty output) and drafts."""
+    rng = np.random.default_rng(seed)
+    vocab = 50
+    c = LogitsControls(repetition_penalty=float(rng.choice([1.0, 0.8, 1.3])),
+                       presence_penalty=float(rng.choice([0.0, -0.7, 1.1])),
+                       frequency_penalty=float(rng.choice([0.0, 0.4, -1.5])),
+                       logit_bias={int(t): float(rng.uniform(-100, 100)) for t in rng.integers(0, 60, 2)})
+    prompt_len = int(rng.integers(0, 8))
+    ids = rng.integers(0, 60, prompt_len + int(rng.integers(0, 12))).tolist()  # ids >= 50: a wider draft vocab
+    drafts = rng.integers(0, 60, int(rng.integers(0, 6))).tolist()
+    n = int(rng.integers(1, len(drafts) + 2))
+    logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+    got = c.apply(logits, ids, prompt_len, torch.tensor(drafts, dtype=torch.long))
+    assert torch.equal(got, dense_reference(c, logits, ids, prompt_len, drafts))

@@ -414,6 +414,7 @@ class BatchEngine:
         drafter = row.drafter
         if drafter is not None and finish is None:
             drafter.prefill(row.prompt)
+            drafter.set_controls(row.controls, len(row.prompt))
             row.controller.set_synced(cached_prefixes(drafter, row.ids))  # a draft cache kept from a request before
         chunk = self._chunk(row, new, finish, lp)
         chunk.prompt_logprobs = row.prompt_logprobs

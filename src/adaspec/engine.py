@@ -274,6 +274,7 @@ class SpeculativeEngine:
         if self.drafter is not None and finish is None:
             t = time.perf_counter()
             self.drafter.prefill(prompt)
+            self.drafter.set_controls(controls, len(prompt))
             stats.prefill_ms += (time.perf_counter() - t) * 1e3
             self.controller.set_synced(cached_prefixes(self.drafter, ids))  # a draft cache kept from a request before
 

@@ -5,7 +5,10 @@ is processed with the history of *that* position: the penalties count the drafts
 which is exactly the state plain decoding would have if verification reaches that row (a row after a rejected draft
 is never used). So the processed distribution at every emitted position equals the one plain decoding uses, and
 greedy and speculative (rejection) sampling stay lossless with any of these controls on; the draft's proposals need
-not use them (rejection sampling is exact for any proposal distribution).
+not use them (rejection sampling is exact for any proposal distribution). A draft model follows them anyway
+(:meth:`adaspec.drafters.ModelDrafter.set_controls`: each drafted position is processed with the history of the
+sequence plus the tokens drafted before it), so it proposes what the controlled target accepts; n-gram lookup
+copies text and cannot.
 
 Semantics (the reference engines'):
 
@@ -84,6 +87,12 @@ class LogitsControls:
 
         Returns:
             ``[n, V]`` float32 processed logits (a new tensor; ``logits`` is not modified).
+
+        The penalties only change the columns of tokens that occur (in the output and the drafts, and for the
+        repetition penalty the prompt), so they are computed on those m columns, ``[n, m]``, not on all V: the
+        cost is one copy of the logits plus O(n·m): 0.8 ms instead of 24 ms with full-vocabulary count tensors for
+        V = 151,936 and n = 5 on one AMD EPYC core (docs/controls.md). Bit-identical to the full-vocabulary
+        computation (tests/test_controls.py).
         """
         out = logits.float().clone()
         if not self.active:
@@ -95,24 +104,38 @@ class LogitsControls:
             bias = torch.tensor([float(b) for b in self.logit_bias.values()], dtype=torch.float32, device=dev)
             keep = index < vocab
             out[:, index[keep]] += bias[keep]
+        if self.repetition_penalty == 1.0 and not self.presence_penalty and not self.frequency_penalty:
+            return out
         # generated-token counts per row: the output so far plus the drafts before that row (a draft id outside
         # the target's vocabulary, from a wider draft vocabulary, counts for nothing: verification rejects it)
-        steps = torch.zeros(n, vocab, device=dev)
-        if drafts is not None and len(drafts) and n > 1:
-            d = drafts[:n - 1].long().to(dev)
-            valid = (d < vocab).float()[:, None]
-            steps[1:] = (torch.nn.functional.one_hot(d.clamp(max=vocab - 1), vocab).float() * valid).cumsum(0)
-        output = torch.tensor([t for t in ids[prompt_len:] if t < vocab], dtype=torch.long, device=dev)
-        counts = torch.bincount(output, minlength=vocab)[:vocab].float() + steps if len(output) else steps
+        output = [t for t in ids[prompt_len:] if t < vocab]
+        steps = [(i, int(t)) for i, t in enumerate(drafts[:n - 1].tolist()) if 0 <= t < vocab] \
+            if drafts is not None and n > 1 else []
+        prompt = set(t for t in ids[:prompt_len] if t < vocab) if self.repetition_penalty != 1.0 else set()
+        cols = sorted(set(output) | {t for _, t in steps} | prompt)
+        if not cols:
+            return out
+        column = {t: j for j, t in enumerate(cols)}
+        m = len(cols)
+        counts = torch.zeros(n, m, device=dev)
+        if output:
+            counts += torch.bincount(torch.tensor([column[t] for t in output], device=dev), minlength=m).float()
+        if steps:
+            hits = torch.zeros(n - 1, m, device=dev)
+            hits[torch.tensor([i for i, _ in steps], device=dev),
+                 torch.tensor([column[t] for _, t in steps], device=dev)] = 1.0
+            counts[1:] += hits.cumsum(0)
+        index = torch.tensor(cols, dtype=torch.long, device=dev)
+        sub = out[:, index]
         if self.repetition_penalty != 1.0:
-            prompt = torch.tensor([t for t in ids[:prompt_len] if t < vocab], dtype=torch.long, device=dev)
             seen = counts > 0
-            if len(prompt):
-                seen |= torch.bincount(prompt, minlength=vocab)[:vocab].bool()
-            penalised = torch.where(out > 0, out / self.repetition_penalty, out * self.repetition_penalty)
-            out = torch.where(seen, penalised, out)
+            if prompt:
+                seen |= torch.tensor([t in prompt for t in cols], device=dev)
+            penalised = torch.where(sub > 0, sub / self.repetition_penalty, sub * self.repetition_penalty)
+            sub = torch.where(seen, penalised, sub)
         if self.presence_penalty:
-            out -= self.presence_penalty * (counts > 0).float()
+            sub -= self.presence_penalty * (counts > 0).float()
         if self.frequency_penalty:
-            out -= self.frequency_penalty * counts
+            sub -= self.frequency_penalty * counts
+        out[:, index] = sub
         return out

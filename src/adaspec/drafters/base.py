@@ -14,6 +14,7 @@ from adaspec.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from adaspec.backends.base import Backend
+    from adaspec.processors import LogitsControls
 
 DraftStop = Callable[[int, torch.Tensor, int], bool]
 # What a proposal yields for batched drafting: (backend, tokens to feed it); it is sent back the ``[V]`` logits of the
@@ -71,6 +72,13 @@ class Drafter(ABC):
 
     def prefill(self, prompt_ids: list[int]) -> None:
         """Start a new sequence with ``prompt_ids`` (called once per request, before any ``propose``)."""
+
+    def set_controls(self, controls: LogitsControls | None, prompt_len: int) -> None:
+        """Take the request's sequence-dependent logits controls (penalties, logit bias; None = off) for the
+        proposals until the next :meth:`prefill`; ``prompt_len`` leading tokens of ``ids`` are the prompt. Called by
+        the engines after :meth:`prefill`. Optional: verification applies the controls to the target's logits, so
+        output stays lossless whatever the proposal; a drafter that scores tokens (a draft model) uses them to
+        propose what the controlled target will accept. Default: ignored (e.g. n-gram lookup copies text)."""
 
     def for_sequence(self, seq: int) -> Drafter:
         """A drafter of the same kind and settings for batch row ``seq`` (:class:`adaspec.batch.BatchEngine`), with

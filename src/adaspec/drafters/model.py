@@ -8,6 +8,7 @@ import torch
 
 from adaspec.backends.base import Backend
 from adaspec.drafters.base import Draft, Drafter, DraftStop, Proposal, empty_draft, run_proposal
+from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 
 
@@ -27,20 +28,35 @@ class ModelDrafter(Drafter):
     backend in between, the drafter starts from an empty cache.
     """
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, *, follow_controls: bool = True) -> None:
+        """Args:
+            backend: the draft model (any :class:`Backend`); it may hold several sequences for batched rows.
+            follow_controls: propose from logits after the request's penalties and logit bias
+                (:meth:`set_controls`); False proposes from the raw draft logits (output is the same either way,
+                acceptance differs)."""
         self.backend = backend
+        self.follow_controls = follow_controls
         self.name = backend.name
         self._cached: list[int] = []  # token ids whose KV is in the backend's cache
         self._stable = 0  # prefix length of _cached known to equal the engine's sequence
+        self._controls: LogitsControls | None = None  # the request's penalties / logit bias (set_controls)
+        self._prompt_len = 0
 
     def for_sequence(self, seq: int) -> ModelDrafter:
-        return ModelDrafter(self.backend.sequence(seq))
+        return ModelDrafter(self.backend.sequence(seq), follow_controls=self.follow_controls)
 
     def prefill(self, prompt_ids: list[int]) -> None:
         # Lazy: the first proposal feeds the prompt (chunked) through _sync, so a request that never speculates
         # (the controller chose K = 0 throughout) never pays for the draft's prefill. The cache is kept: _sync
         # cuts it at the first token that differs from the new sequence, checked token by token from 0.
         self._stable = 0
+
+    def set_controls(self, controls: LogitsControls | None, prompt_len: int) -> None:
+        """Propose from the draft's logits after the request's controls (the history at each drafted position is
+        ``ids`` plus the tokens drafted before it), so under penalties the draft proposes what the controlled target
+        will accept. The draft's vocabulary may be narrower: biases and counts of ids outside it are dropped."""
+        self._controls = controls if self.follow_controls and controls is not None and controls.active else None
+        self._prompt_len = prompt_len
 
     def cached_prefix(self, ids: list[int]) -> int:
         """Leading tokens of ``ids`` whose KV is in the draft cache (the common prefix with what it was fed)."""
@@ -115,6 +131,8 @@ class ModelDrafter(Drafter):
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
+            if self._controls is not None:
+                logits = self._controls.apply(logits[None], ids + [int(t) for t in tokens], self._prompt_len)[0]
             if sampling.greedy:
                 token = logits.argmax()
                 q = torch.softmax(logits.float(), -1) if stop is not None else None

@@ -28,6 +28,7 @@ import torch
 
 from adaspec.drafters.base import Draft, Drafter, DraftStop, Proposal, empty_draft, run_proposal
 from adaspec.errors import ConfigError
+from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams
 
 
@@ -61,6 +62,10 @@ class MultiDrafter(Drafter):
         if not self.lazy_prefill:
             for name in self.drafters:
                 self._ready(name)
+
+    def set_controls(self, controls: LogitsControls | None, prompt_len: int) -> None:
+        for drafter in self.drafters.values():
+            drafter.set_controls(controls, prompt_len)
 
     def _ready(self, name: str) -> Drafter:
         drafter = self.drafters[name]
