@@ -139,3 +139,28 @@ def test_context_slopes_do_not_cross():
     assert slopes == sorted(slopes) and slopes[0] >= 0
     for n, ctx, ms in samples:  # still close to the measurements
         assert m.verify_ms(n, ctx) == pytest.approx(ms, rel=0.06)
+
+
+def test_a_cost_that_is_not_a_line_in_context_follows_its_measured_curve():
+    """llama.cpp's measured verify(5) at 256 … 16K (docs/data/boundary-cpu.jsonl): not a line in L. Within the
+    measured contexts the model returns the measured medians (and interpolates between them); beyond, the last one
+    plus the fitted slope; a width measured at one context keeps its line."""
+    measured = {256: 285.0, 1024: 236.0, 2048: 227.0, 4096: 318.0, 8192: 296.0, 16384: 451.0}
+    verify = [(1, ctx, 80.0 + 0.005 * ctx) for ctx in measured for _ in range(3)]
+    verify += [(5, ctx, ms * f) for ctx, ms in measured.items() for f in (0.9, 1.0, 1.3)]  # median = ms
+    verify += [(9, 1024, 500.0)]
+    draft = [("d", 256, 37.0), ("d", 4096, 51.0), ("d", 16384, 136.0)]
+    model = CostModel.fit(verify, draft)
+    for ctx, ms in measured.items():
+        assert model.verify_ms(5, ctx) == pytest.approx(ms)
+    assert model.verify_ms(5, 1536) == pytest.approx((236.0 + 227.0) / 2)
+    slope = model.verify[5][1]
+    assert slope > 0
+    assert model.verify_ms(5, 32768) == pytest.approx(451.0 + slope * (32768 - 16384))
+    assert model.verify_ms(9, 4096) == pytest.approx(model.verify[9][0] + model.verify[9][1] * 4096)
+    assert model.draft_ms("d", 16384) == pytest.approx(136.0)  # the line through the three says 126.5
+    assert model.draft_ms("d", 10240) == pytest.approx(51.0 + (136.0 - 51.0) * (10240 - 4096) / (16384 - 4096))
+    # the curves survive serialisation
+    again = CostModel.from_dict(model.to_dict())
+    assert again.verify_ms(5, 3000) == pytest.approx(model.verify_ms(5, 3000))
+    assert again.draft_ms("d", 9000) == pytest.approx(model.draft_ms("d", 9000))

@@ -17,7 +17,12 @@ so here each cost is a measured curve (all in milliseconds, per step):
 
 T_v is fitted as a line in L per measured n whose slope grows linearly with n (attention over L cached tokens costs
 ∝ n L; least squares, relative error weighting), with a free intercept per n, interpolated linearly in n between
-measured values: this follows the flat-then-rising shape of verification cost in n without assuming it. Everything here is pure numpy: fitting, prediction, and the boundary α where speedup = 1.
+measured values: this follows the flat-then-rising shape of verification cost in n without assuming it. Where a
+width (or a draft model) was measured at two or more contexts, the cost *within* the measured contexts is the
+measured curve itself (piecewise linear through the median at each context) and the fitted line's slope carries it
+beyond them: on llama.cpp the cost is not a line in L (caches, kernel switches; verify(5) measured 285, 236, 227,
+318, 296, 451 ms at 256 … 16K), and the line alone mispredicted the measured speedups by 11.2 % (median, 55
+points) against 6.4 % with the curve (docs/boundary-cpu.md). Everything here is pure numpy: fitting, prediction, and the boundary α where speedup = 1.
 """
 
 from __future__ import annotations
@@ -103,6 +108,29 @@ def _fit_verify(by_n: dict[int, list[tuple[int, float]]]) -> dict[int, tuple[flo
     return dict(sorted(out.items()))
 
 
+def _medians_by_context(points: Iterable[tuple[int, float]]) -> list[tuple[float, float]]:
+    """``[(L, median ms)]`` sorted by L: one value per measured context, or ``[]`` with fewer than 2 contexts (a
+    curve needs two)."""
+    by_ctx: dict[float, list[float]] = {}
+    for ctx, ms in points:
+        by_ctx.setdefault(float(ctx), []).append(float(ms))
+    if len(by_ctx) < 2:
+        return []
+    return [(ctx, float(np.median(v))) for ctx, v in sorted(by_ctx.items())]
+
+
+def _on_curve(curve: Sequence[tuple[float, float]], slope: float, context: float) -> float:
+    """The measured curve at ``context``: piecewise linear between measured contexts, and outside them the nearest
+    end extended with the fitted line's ``slope`` (ms per cached token)."""
+    xs = [c for c, _ in curve]
+    ys = [m for _, m in curve]
+    if context < xs[0]:
+        return ys[0] + slope * (context - xs[0])
+    if context > xs[-1]:
+        return ys[-1] + slope * (context - xs[-1])
+    return float(np.interp(context, xs, ys))
+
+
 @dataclass
 class CostModel:
     """Fitted cost curves of one (target, dtype, threads, backend) setting; see the module docstring.
@@ -111,11 +139,16 @@ class CostModel:
         verify: ``{n: (a_n, c_n)}`` with T_v(n, L) = a_n + c_n L, in ms.
         draft: ``{drafter: (e, f)}`` with T_d(L) = e + f L per drafted token, in ms.
         overhead_ms: per-step engine overhead o.
+        verify_curves: ``{n: [(L, ms), ...]}`` the measured medians per context of widths measured at two or more
+            contexts; within them T_v(n, L) follows this curve, beyond them the line's slope ``c_n``.
+        draft_curves: the same for draft models (slope ``f``).
     """
 
     verify: dict[int, tuple[float, float]]
     draft: dict[str, tuple[float, float]] = field(default_factory=dict)
     overhead_ms: float = 0.0
+    verify_curves: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    draft_curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
     # Fitting ------------------------------------------------------------------------------------------------
     @classmethod
@@ -138,7 +171,15 @@ class CostModel:
         for name, ctx, ms in draft_samples:
             by_d.setdefault(name, []).append((int(ctx), float(ms)))
         draft = {name: _non_decreasing([c for c, _ in pts], [m for _, m in pts]) for name, pts in by_d.items()}
-        return cls(verify, draft, float(overhead_ms))
+        verify_curves = {n: c for n, c in ((n, _medians_by_context(pts)) for n, pts in by_n.items()) if c}
+        draft_curves = {d: c for d, c in ((d, _medians_by_context(pts)) for d, pts in by_d.items()) if c}
+        return cls(verify, draft, float(overhead_ms), verify_curves, draft_curves)
+
+    def _verify_at(self, n: int, context: float) -> float:
+        """T_v at a measured width n: its measured curve in context where it has one, else its line."""
+        a, c = self.verify[n]
+        curve = self.verify_curves.get(n)
+        return _on_curve(curve, c, context) if curve else a + c * context
 
     @property
     def k_max(self) -> int:
@@ -147,9 +188,10 @@ class CostModel:
 
     # Cost curves --------------------------------------------------------------------------------------------
     def verify_ms(self, n: float, context: float) -> float:
-        """T_v(n, L): linear in L per measured n, linear interpolation (and end-segment extrapolation) in n."""
+        """T_v(n, L): per measured n, the measured curve in L (else the fitted line); linear interpolation (and
+        end-segment extrapolation) in n."""
         ns = sorted(self.verify)
-        vals = [self.verify[m][0] + self.verify[m][1] * context for m in ns]
+        vals = [self._verify_at(m, context) for m in ns]
         if len(ns) == 1:
             return vals[0]
         if n <= ns[0]:
@@ -170,7 +212,8 @@ class CostModel:
         if drafter not in self.draft:
             raise ConfigError(f"no draft cost measured for {drafter!r} (have: {sorted(self.draft) or 'none'})")
         e, f = self.draft[drafter]
-        return e + f * context
+        curve = self.draft_curves.get(drafter)
+        return _on_curve(curve, f, context) if curve else e + f * context
 
     def plain_step_ms(self, context: float) -> float:
         return self.verify_ms(1, context) + self.overhead_ms
@@ -233,12 +276,16 @@ class CostModel:
     # Serialisation ------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"verify": {str(n): list(v) for n, v in self.verify.items()},
-                "draft": {d: list(v) for d, v in self.draft.items()}, "overhead_ms": self.overhead_ms}
+                "draft": {d: list(v) for d, v in self.draft.items()}, "overhead_ms": self.overhead_ms,
+                "verify_curves": {str(n): [list(p) for p in c] for n, c in self.verify_curves.items()},
+                "draft_curves": {d: [list(p) for p in c] for d, c in self.draft_curves.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         return cls({int(n): tuple(v) for n, v in d["verify"].items()},
-                   {k: tuple(v) for k, v in d.get("draft", {}).items()}, float(d.get("overhead_ms", 0.0)))
+                   {k: tuple(v) for k, v in d.get("draft", {}).items()}, float(d.get("overhead_ms", 0.0)),
+                   {int(n): [tuple(p) for p in c] for n, c in d.get("verify_curves", {}).items()},
+                   {k: [tuple(p) for p in c] for k, c in d.get("draft_curves", {}).items()})
 
 
 def leviathan_alpha(accepted: int, rejections: int) -> float:
