@@ -462,15 +462,22 @@ def test_profile_endpoint_pairs_prompts_across_arms():
     from adaspec.bench.engine_advice import paired_speedups, profile_endpoint
 
     rows = [{"kind": "endpoint", "arm": "speculative", "spec": {"acceptance_rate": 0.5},
-             "requests_detail": [["a", True, 11, 100, 1100], ["b", True, 11, 100, 600], ["c", False, 0, None, None]]},
+             "requests_detail": [["a", True, 11, 100, 1100], ["b", True, 11, 100, 600], ["c", False, 0, None, None],
+                                 ["d", True, 11, 100, 1100], ["e", True, 11, 100, 1100]]},
             {"kind": "endpoint", "arm": "baseline",
-             "requests_detail": [["a", True, 11, 100, 2100], ["b", True, 11, 100, 2100], ["c", True, 5, 10, 50]]}]
-    assert sorted(paired_speedups(rows)) == [2.0, 4.0]  # prompt c: the speculative arm failed it, not paired
+             "requests_detail": [["a", True, 11, 100, 2100], ["b", True, 11, 100, 2100], ["c", True, 5, 10, 50],
+                                 ["d", True, 11, 100, 2600], ["e", True, 11, 100, 3100]]}]
+    # prompt c: the speculative arm failed it, not paired
+    assert sorted(paired_speedups(rows)) == pytest.approx([2.0, 2.5, 3.0, 4.0])
     p = profile_endpoint(rows)
-    assert p["prompts"] == 2 and p["speedup"] == 3.0 and p["ci95"][0] >= 2.0 and p["ci95"][1] <= 4.0
+    # Student's t: 2.875 ± 3.182 × 0.854 / 2
+    assert p["prompts"] == 4 and p["speedup"] == 2.875
+    assert p["ci95"] == pytest.approx([2.875 - 1.359, 2.875 + 1.359], abs=2e-3)
     assert p["enable"] == "yes" and p["acceptance_rate"] == 0.5
     slower = [dict(rows[0], arm="baseline"), dict(rows[1], arm="speculative")]
     assert profile_endpoint(slower)["enable"] == "no"
+    two = [dict(r, requests_detail=r["requests_detail"][:2]) for r in rows]  # speedups 2 and 4: t(1) = 12.7
+    assert profile_endpoint(two)["enable"] == "marginal"
 
 
 def test_levels_with_failed_requests_give_no_advice_and_are_flagged(tmp_path):

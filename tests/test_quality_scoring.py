@@ -8,6 +8,7 @@ are checked against scipy and a published worked example.
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import select
@@ -29,6 +30,7 @@ from adaspec.quality import (
     strict_match,
     wilson_interval,
 )
+from adaspec.quality.stats import mean_interval, t975
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "adaspec" / "data"
 
@@ -291,3 +293,15 @@ def test_paired_difference_small_example():
         paired_difference(a, b[:-1])
     empty = paired_difference([], [])
     assert empty["n"] == 0 and empty["ci95"] == (-1.0, 1.0) and empty["p_mcnemar"] == 1.0
+
+
+def test_t_quantiles_and_the_mean_interval_match_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 7, 30, 31, 60, 200):
+        assert t975(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=5e-4)
+    values = [2.209, 2.288, 2.759]  # profile's confirmed HumanEval speedups (docs/results/issue17/profile)
+    lo, hi = scipy_stats.t.interval(0.95, len(values) - 1, loc=sum(values) / 3, scale=scipy_stats.sem(values))
+    assert mean_interval(values) == pytest.approx((lo, hi), abs=2e-3)
+    assert mean_interval([1.3]) == (-math.inf, math.inf)
+    with pytest.raises(ValueError):
+        mean_interval([])

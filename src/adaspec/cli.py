@@ -630,7 +630,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         out = Path(args.out)
         key = run_endpoint_bench(cfg, out, log=lambda msg: print(msg, file=sys.stderr))["key"]
         rows = [r for r in read_rows([out]) if r.get("run") == key]
-        p = profile_endpoint(rows, seed=args.seed)
+        p = profile_endpoint(rows)
         print(json.dumps(p, indent=2) if args.json else format_profile(p, out))
         return 0
 

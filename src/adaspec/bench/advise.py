@@ -13,7 +13,7 @@
 5. Confirm (``confirm_tokens`` > 0): run the recommended configuration as it will run (its controller, the
    workload's answer length ``confirm_tokens``, stopping at EOS) on the sampled prompts, each interleaved with
    plain decoding, as ``adaspec compare`` does. The expected speedup and its 95 % interval are then the measured
-   per-prompt decode speedups (mean, bootstrap over prompts), and the decision is taken again on them; the cost
+   per-prompt decode speedups (mean, Student's t interval over prompts), and the decision is taken again on them; the cost
    model's prediction stays in the output (``model_speedup``). Why this step exists: the probe of step 2 runs a
    fixed K = 4 for ``max_new_tokens`` (48) tokens and the cost model extrapolates it, which predicted 1.55× where
    ``compare`` at 128 tokens measured 1.17× (issue 17): short probes see the start of an answer (prompt lookup
@@ -32,6 +32,7 @@ from adaspec.bench.micro import measure_backend, measure_overhead
 from adaspec.bench.prompts import hf_builder
 from adaspec.bench.sweep import PrefixCacheBackend, decode_tpot_ms, prefill_draft
 from adaspec.errors import AdaspecError
+from adaspec.quality.stats import mean_interval
 
 PROBE_K = 4
 K_RANGE = range(1, 9)
@@ -178,7 +179,7 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
                              curve, context)
         if confirmed:
             expected = round(statistics.fmean(confirmed), 3)
-            ci = _bootstrap_mean(confirmed, bootstrap, seed)
+            ci = [round(x, 3) for x in mean_interval(confirmed)]
             enable = decide(k, ci)
         else:  # no answer had two tokens: nothing to time, the model's prediction stands
             confirmed = None
@@ -224,15 +225,6 @@ def _confirm(plain, target_backend, drafter, controller, encoded: list[list[int]
 def _decode_ms_per_token(stats) -> float | None:
     """(total − TTFT) / (tokens − 1) in ms: the decoding phase, drafter prefill included."""
     return (stats.total_ms - stats.ttft_ms) / (stats.new_tokens - 1) if stats.new_tokens > 1 else None
-
-
-def _bootstrap_mean(values: list[float], n: int, seed: int) -> list[float]:
-    """95 % percentile-bootstrap interval of the mean of ``values``."""
-    if not values:
-        return [0.0, 0.0]
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(n))
-    return [round(means[int(0.025 * (n - 1))], 3), round(means[int(0.975 * (n - 1))], 3)]
 
 
 def decide(best_k: int, ci95: Sequence[float]) -> str:

@@ -20,7 +20,6 @@ Engine syntax sources: vLLM `docs/features/speculative_decoding/` (``--speculati
 from __future__ import annotations
 
 import json
-import random
 import statistics
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from adaspec.bench.endpoint import read_rows
 from adaspec.bench.endpoint_report import levels
 from adaspec.bench.costmodel import alpha_for_tau, expected_tokens
 from adaspec.errors import AdaspecError
+from adaspec.quality.stats import mean_interval
 
 ENGINES = ("vllm", "sglang", "llamacpp")
 MARGIN = 1.03  # a measured speedup must clear the 2-core VM's run-to-run noise to count as a gain
@@ -203,9 +203,10 @@ def paired_speedups(rows: list[dict]) -> list[float]:
             if v.get("speculative") and v.get("baseline")]
 
 
-def profile_endpoint(rows: list[dict], *, bootstrap: int = 2000, seed: int = 0) -> dict:
+def profile_endpoint(rows: list[dict]) -> dict:
     """``adaspec profile --endpoint``: enable speculation on this endpoint for this workload? The mean of the
-    per-prompt paired speedups with a bootstrap 95 % interval over prompts, decided as
+    per-prompt paired speedups with a Student's t 95 % interval over prompts
+    (:func:`adaspec.quality.stats.mean_interval`), decided as
     :func:`adaspec.bench.advise.decide` does (yes when the interval clears 1 + its margin).
 
     Raises:
@@ -216,9 +217,7 @@ def profile_endpoint(rows: list[dict], *, bootstrap: int = 2000, seed: int = 0) 
     ratios = paired_speedups(rows)
     if not ratios:
         raise AdaspecError("no prompt was answered by both arms with more than one token: nothing to compare")
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(ratios, k=len(ratios))) for _ in range(bootstrap))
-    ci = [round(means[int(0.025 * (bootstrap - 1))], 3), round(means[int(0.975 * (bootstrap - 1))], 3)]
+    ci = [round(x, 3) for x in mean_interval(ratios)]
     spec = next((r.get("spec") or {} for r in reversed(rows) if r.get("kind") == "endpoint"
                  and r.get("arm") == "speculative"), {})
     return {"prompts": len(ratios), "speedup": round(statistics.fmean(ratios), 3), "ci95": ci,
