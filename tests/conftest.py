@@ -27,6 +27,16 @@ from adaspec.errors import ContextLengthError
 
 torch.set_num_threads(1)
 
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """Tests that set PyTorch's thread count (to exercise 2-thread kernels) must not leave it for the next test:
+    kernels' row splits, hence strict mode's measured width, depend on it."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 VOCAB = 64
 EOS_WORD = "<eos>"
 

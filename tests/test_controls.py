@@ -219,3 +219,32 @@ def test_sparse_controls_equal_the_full_vocabulary_computation(seed):
     logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed)) * 3
     got = c.apply(logits, ids, prompt_len, torch.tensor(drafts, dtype=torch.long))
     assert torch.equal(got, dense_reference(c, logits, ids, prompt_len, drafts))
+
+
+def test_the_prompt_cache_follows_the_prompt():
+    """apply() keeps the last prompt's distinct tokens: a controls object used for other prompts in turn (batch rows
+    sharing settings, n choices) still penalises each call's own prompt."""
+    c = LogitsControls(repetition_penalty=1.5, frequency_penalty=0.5)
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(7))
+    drafts = torch.tensor([5, 6])
+    calls = [([1, 2, 3, 9], 3), ([4, 5, 6, 9], 3), ([1, 2, 3, 9], 3), ([1, 2, 3, 9, 11], 4), ([7, 7], 0)]
+    for ids, prompt_len in calls:
+        got = c.apply(logits, ids, prompt_len, drafts)
+        assert torch.equal(got, dense_reference(c, logits, ids, prompt_len, drafts.tolist()))
+    with pytest.raises(ValueError, match="only 2 drafts"):
+        c.apply(torch.zeros(4, 40), [1, 2], 1, drafts)
+
+
+def test_a_multi_drafter_passes_the_controls_to_its_draft_model():
+    """The hybrid drafter (n-gram + draft model) is the default: its draft model must get the request's controls
+    too (MultiDrafter.set_controls), else it proposes from raw logits."""
+    from adaspec.drafters.multi import MultiDrafter
+
+    table = markov_table(MV, seed=2, scale=2.0)
+    prompt = [1, 2, 1, 2, 1]
+    cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, repetition_penalty=1.4, frequency_penalty=0.7)
+    plain = SpeculativeEngine(MarkovBackend(table, "target")).generate(prompt, cfg)
+    multi = MultiDrafter({"draft": ModelDrafter(MarkovBackend(table, "draft"))})
+    out = SpeculativeEngine(MarkovBackend(table, "target"), multi, FixedController(4)).generate(prompt, cfg)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.draft_tokens > 0 and out.stats.accepted_tokens == out.stats.draft_tokens

@@ -75,6 +75,20 @@ def test_row_invariant_width_is_the_first_exact_width(threads, dtype):
             assert not all(rows_equal(layer, narrower, seed) for layer in model for seed in (0, 1, 2, 3))
 
 
+def test_row_invariant_width_measures_gpt2_conv1d_and_warns_when_nothing_is_measurable(threads, caplog):
+    from transformers.pytorch_utils import Conv1D
+
+    torch.manual_seed(0)
+    conv = Conv1D(512, 256)  # GPT-2's projection: weight [in 256, out 512]
+    with torch.inference_mode():
+        width = row_invariant_width(torch.nn.Sequential(conv), 9)
+        row = torch.randn(1, 256, generator=torch.Generator().manual_seed(5))
+        out = conv(row.expand(width, -1).contiguous())
+        assert bool((out == out[:1]).all())
+        assert row_invariant_width(torch.nn.Sequential(torch.nn.ReLU()), 9) == 9
+    assert "no Linear or Conv1D layer" in caplog.text
+
+
 def test_strict_logits_do_not_depend_on_width(wide_model, threads):
     cont = list(range(40, 40 + 70))  # long enough for the cache to cross 64-key blocks
     backend = TorchBackend(wide_model, "wide")
@@ -87,6 +101,24 @@ def test_strict_logits_do_not_depend_on_width(wide_model, threads):
     assert not torch.equal(default[3], default[1]) or not torch.equal(default[8], default[1])
     backend.batch_invariant = False
     assert torch.equal(logits_by_width(backend, 3, cont), default[3])  # switching back restores the default path
+
+
+@pytest.mark.parametrize("k", [1, 5, 8, 11])
+def test_strict_self_drafted_speculation_is_bit_identical_to_the_window_end(wide_model, threads, k):
+    """A draft equal to the target accepts every draft, so verified positions land on every row of the strict
+    forward (row 8 at K = 8 is the one a 2-thread fp32 GEMM computed differently at width 9; K = 11 spans two
+    chunks), and the context window ends mid-chunk (the last positions were once run at a narrower width). Every
+    margin must equal plain strict decoding's, to the bit."""
+    window = len(PROMPT) + 30
+    target = TorchBackend(wide_model, "wide", max_context=window)
+    cfg = GenerationConfig(max_new_tokens=100, ignore_eos=True, strict=True, return_margins=True)
+    reference = SpeculativeEngine(target, None, None).generate(PROMPT, cfg)
+    assert reference.finish_reason == "length" and len(reference.token_ids) == 30
+    draft = ModelDrafter(TorchBackend(wide_model, "self-draft", max_context=window))
+    out = SpeculativeEngine(target, draft, FixedController(k)).generate(PROMPT, cfg)
+    assert out.stats.accepted_tokens >= 0.9 * out.stats.draft_tokens > 0
+    assert out.token_ids == reference.token_ids
+    assert out.margins == reference.margins
 
 
 def test_strict_forward_keeps_the_cache_contract(wide_model):

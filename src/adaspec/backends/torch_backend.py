@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import inspect
 from collections.abc import Sequence
 
@@ -11,6 +12,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from adaspec.backends.base import Backend
 from adaspec.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
           "float16": torch.float16, "fp16": torch.float16}
@@ -107,19 +110,29 @@ def row_invariant_width(model: torch.nn.Module, start: int, *, tries: int = 16) 
     (PyTorch 2.13's CPU kernels) split a 9-row input as 8 + 1 and compute the 9th row another way (widths 5-7 and
     9-11 differ, 8 and 12 do not; 1 and 3 threads, and bf16, are invariant at every width). Which widths are safe
     is the kernel library's choice, so it is measured, never assumed: one ``[W, in_features]`` input of identical
-    rows per distinct linear layer shape (the model's own weights, so its dtype, layout and device), and a width
+    rows per distinct linear layer shape (``nn.Linear``, and GPT-2's ``Conv1D``; a model with neither is not
+    measured: a warning, and ``start``) (the model's own weights, so its dtype, layout and device), and a width
     passes when all output rows are equal. Cost: one such GEMM per shape and tried width (the LM head dominates:
     ~30 ms at W = 9 for a 0.5B model's fp32 head on a 2-core CPU).
     """
-    layers: dict[tuple, torch.nn.Linear] = {}
+    layers: dict[tuple, tuple[int, torch.nn.Module]] = {}  # one per distinct shape: (in_features, the layer)
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            key = (module.in_features, module.out_features, module.weight.dtype, module.bias is not None)
-            layers.setdefault(key, module)
+        if isinstance(module, torch.nn.Linear):  # weight [out, in]
+            inputs = module.in_features
+        elif type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None:  # GPT-2: [in, out]
+            inputs = module.weight.shape[0]
+        else:
+            continue
+        key = (type(module).__name__, tuple(module.weight.shape), module.weight.dtype, module.bias is not None)
+        layers.setdefault(key, (inputs, module))
+    if not layers:
+        logger.warning("strict mode: %s has no Linear or Conv1D layer to measure; using width %d unmeasured",
+                       type(model).__name__, start)
+        return start
     generator = torch.Generator().manual_seed(0)
     for width in range(start, start + tries):
-        for layer in layers.values():
-            row = torch.randn(1, layer.in_features, generator=generator).to(layer.weight.dtype)
+        for inputs, layer in layers.values():
+            row = torch.randn(1, inputs, generator=generator).to(layer.weight.dtype)
             out = layer(row.to(layer.weight.device).expand(width, -1).contiguous())
             if not bool((out == out[:1]).all()):
                 break
@@ -387,25 +400,29 @@ class TorchBackend(Backend):
         return self._run(ids[:, last_start:], num_logits)
 
     def _forward_invariant(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:
-        """Strict mode: chunks of exactly ``invariant_width`` positions (the last one padded by repeating its final
-        token; the padding is cropped from the cache), every position's logits kept. Within W - 1 positions of the
-        context window's end the padding stops at the window (those last positions are not width-invariant)."""
+        """Strict mode: chunks of exactly W = :meth:`strict_width` positions, the last one padded by repeating its
+        final token at its final position (so no position id passes the last real one, even at the end of the
+        context window or of a learned position table); the padding is cropped from the cache at once, and every
+        position's logits are kept. A padding query sits after every real one, so causal attention keeps it out
+        of the real rows."""
         w, n = self.strict_width(), ids.shape[1]
         rows = []
         for start in range(0, n, w):
             chunk = ids[:, start:start + w]
             real = chunk.shape[1]
-            width = max(real, min(w, self.max_context - self._len))  # no padding past the context window
-            if real < width:
-                chunk = torch.cat([chunk, chunk[:, -1:].expand(1, width - real)], dim=1)
             base = self._len
-            rows.append(self._run(chunk, width)[:real])
+            positions = torch.arange(base, base + real, device=self.device)
+            if real < w:
+                chunk = torch.cat([chunk, chunk[:, -1:].expand(1, w - real)], dim=1)
+                positions = torch.cat([positions, positions[-1:].expand(w - real)])
+            rows.append(self._run(chunk, w, positions.unsqueeze(0))[:real])
             self._truncate(base + real)
         return torch.cat(rows)[n - num_logits:]
 
-    def _run(self, ids: torch.Tensor, num_logits: int) -> torch.Tensor:
+    def _run(self, ids: torch.Tensor, num_logits: int, positions: torch.Tensor | None = None) -> torch.Tensor:
         n = ids.shape[1]
-        positions = torch.arange(self._len, self._len + n, device=self.device).unsqueeze(0)
+        if positions is None:
+            positions = torch.arange(self._len, self._len + n, device=self.device).unsqueeze(0)
         out = self.model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=num_logits,
                          **{self._cache_kwarg: self._cache})
         self._len += n
