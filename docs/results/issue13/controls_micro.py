@@ -1,6 +1,8 @@
 """Issue 13: one LogitsControls.apply call at Qwen2.5's vocabulary (V = 151,936), the full-vocabulary implementation
-of commit dcfa473 against the current one (columns of the tokens that occur), for K + 1 = 1 and 5 rows, a 200-token
-prompt and 200 generated tokens, 1 thread. Medians of 5 repeats of 50 calls, in ms per call.
+of commit dcfa473 against the current one (columns of the tokens that occur), for K + 1 = 1 and 5 rows, prompts of
+200, 4,000 and 32,000 tokens (ids drawn from a 30,000-token working vocabulary, as text reuses its words) and 200
+generated tokens, 1 thread. Medians of 5 repeats of 20 calls, in ms per call; the same controls object is called
+again and again, as within one request.
 
     .venv/bin/python docs/results/issue13/controls_micro.py
 """
@@ -28,14 +30,14 @@ def old_controls():
     return module.LogitsControls
 
 
-def per_call_ms(controls, logits, ids, drafts, calls: int = 50, repeats: int = 5) -> float:
+def per_call_ms(controls, logits, ids, prompt_len, drafts, calls: int = 20, repeats: int = 5) -> float:
     for _ in range(3):
-        controls.apply(logits, ids, 200, drafts)
+        controls.apply(logits, ids, prompt_len, drafts)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(calls):
-            controls.apply(logits, ids, 200, drafts)
+            controls.apply(logits, ids, prompt_len, drafts)
         times.append((time.perf_counter() - start) / calls * 1e3)
     return statistics.median(times)
 
@@ -44,18 +46,19 @@ def main() -> None:
     torch.set_num_threads(1)
     vocab = 151_936
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (400,), generator=gen).tolist()
     dense = old_controls()
-    print("| controls | rows (K + 1) | full vocabulary (ms) | sparse (ms) |")
-    print("|---|---:|---:|---:|")
+    print("| controls | prompt tokens | rows (K + 1) | full vocabulary (ms) | columns that occur (ms) |")
+    print("|---|---:|---:|---:|---:|")
     for name, kw in [("presence 0.5 + frequency 0.5", dict(presence_penalty=0.5, frequency_penalty=0.5)),
                      ("repetition 1.1", dict(repetition_penalty=1.1))]:
-        for rows in (1, 5):
-            logits = torch.randn(rows, vocab, generator=gen)
-            drafts = torch.randint(0, vocab, (rows - 1,), generator=gen)
-            before = per_call_ms(dense(**kw), logits, ids, drafts)
-            after = per_call_ms(LogitsControls(**kw), logits, ids, drafts)
-            print(f"| {name} | {rows} | {before:.2f} | {after:.2f} |")
+        for prompt_len in (200, 4000, 32000):
+            ids = torch.randint(0, 30000, (prompt_len + 200,), generator=gen).tolist()
+            for rows in (1, 5):
+                logits = torch.randn(rows, vocab, generator=gen)
+                drafts = torch.randint(0, 30000, (rows - 1,), generator=gen)
+                before = per_call_ms(dense(**kw), logits, ids, prompt_len, drafts)
+                after = per_call_ms(LogitsControls(**kw), logits, ids, prompt_len, drafts)
+                print(f"| {name} | {prompt_len} | {rows} | {before:.2f} | {after:.2f} |")
 
 
 if __name__ == "__main__":
