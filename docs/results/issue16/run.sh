@@ -41,6 +41,15 @@ $A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --b
 $A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype bfloat16 \
   --methods plain,ngram/goodput,plain+strict,ngram/goodput+strict --max-new-tokens 256 --threads 2 \
   --out $OUT/torch-bfloat16 --time-limit 20 > $OUT/torch-bfloat16/log-2.txt 2>&1
+# 4d. (2026-12-01, later session) fp32 continued, 1 thread while other work ran (its rows after 17:20 were lost: a
+#     git stash replaced the results file under the running process; 60 tasks kept).
+$A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype float32 \
+  --methods plain,ngram/goodput --max-new-tokens 256 --threads 1 --out $OUT/torch-float32 --time-limit 110 \
+  > $OUT/torch-float32/log-3.txt 2>&1
+# 4e. fp32 continued, 2 threads, 28 minutes while the test suite ran (66 tasks).
+$A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype float32 \
+  --methods plain,ngram/goodput --max-new-tokens 256 --threads 2 --out $OUT/torch-float32 --time-limit 28 \
+  > $OUT/torch-float32/log-4.txt 2>&1
 # Final reports over everything each folder holds.
 $A eval --tasks humaneval,gsm8k --report-only --out $OUT/gguf --methods plain,hybrid/goodput,plain+strict,hybrid/goodput+strict,hybrid/goodput+typical,hybrid/goodput+topk:2,hybrid/goodput+bild > /dev/null 2>&1
 date
