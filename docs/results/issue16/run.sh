@@ -50,6 +50,10 @@ $A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --b
 $A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype float32 \
   --methods plain,ngram/goodput --max-new-tokens 256 --threads 2 --out $OUT/torch-float32 --time-limit 28 \
   > $OUT/torch-float32/log-4.txt 2>&1
+# 4f. fp32 finished, 2 threads, nothing else running (16 tasks, 20 minutes: all 82).
+$A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype float32 \
+  --methods plain,ngram/goodput --max-new-tokens 256 --threads 2 --out $OUT/torch-float32 --time-limit 24 \
+  > $OUT/torch-float32/log-5.txt 2>&1
 # Final reports over everything each folder holds.
 $A eval --tasks humaneval,gsm8k --report-only --out $OUT/gguf --methods plain,hybrid/goodput,plain+strict,hybrid/goodput+strict,hybrid/goodput+typical,hybrid/goodput+topk:2,hybrid/goodput+bild > /dev/null 2>&1
 date
