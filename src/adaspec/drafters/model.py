@@ -130,9 +130,10 @@ class ModelDrafter(Drafter):
         self._stable = len(ids)  # the engine never rewrites ids, so this prefix stays valid
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
+        history = list(ids) if self._controls is not None else ids  # ids + the tokens drafted so far (controls)
         for i in range(k):
             if self._controls is not None:
-                logits = self._controls.apply(logits[None], ids + [int(t) for t in tokens], self._prompt_len)[0]
+                logits = self._controls.apply(logits[None], history, self._prompt_len)[0]
             if sampling.greedy:
                 token = logits.argmax()
                 q = torch.softmax(logits.float(), -1) if stop is not None else None
@@ -143,5 +144,8 @@ class ModelDrafter(Drafter):
             tokens.append(token)
             if i == k - 1 or (stop is not None and stop(i, q, int(token))):
                 break
-            logits = yield from self._fed([int(token)])
+            token_id = int(token)
+            if self._controls is not None:
+                history.append(token_id)
+            logits = yield from self._fed([token_id])
         return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
