@@ -80,7 +80,7 @@ def test_analyse_pairs_methods_and_flags_large_margin_divergences():
     assert plain["accuracy"] == 1.0 and plain["identical"] == 1.0
     assert spec["identical"] == 0.75 and spec["accuracy"] == 0.75
     assert spec["divergences"] == [{"prompt_id": "p0", "position": 1, "ref_margin": 0.01, "margin": 0.02,
-                                    "same_score": False}]
+                                    "same_score": False, "both_truncated": False}]
     assert spec["large_margin_divergences"] == [] and spec["speedup"] == pytest.approx(2.0)
     assert spec["vs_plain"]["b"] == 1 and spec["vs_plain"]["c"] == 0
     assert lossy["identical"] == 0.0 and lossy["large_margin_divergences"] == []
@@ -88,6 +88,33 @@ def test_analyse_pairs_methods_and_flags_large_margin_divergences():
     # the same divergence at a margin above the threshold is a bug for a lossless method
     strict = analyse("humaneval", rows, scores, threshold=0.001)["hybrid/goodput"]
     assert [d["prompt_id"] for d in strict["large_margin_divergences"]] == ["p0"]
+
+
+def test_gsm8k_analysis_counts_cut_answers_and_scores_stated_answers():
+    """Two answers cut mid-way by the token limit: the last-number fallback scores one right by luck, the stated
+    score (no fallback) counts both wrong; a finished answer scores the same both ways."""
+    problems = evaluate._problems("gsm8k")
+    ref = {pid: evaluate.reference_answer(problems[pid]["answer"]) for pid in ("0", "1")}
+    rows = []
+    for pid, r in ref.items():
+        wrong = str(int(float(r)) + 1)
+        rows.append(_row(pid, "plain", [1, 2, 3], f"so far {wrong}", [1.0, 0.05, 1.0]) | {"finish_reason": "length"})
+        lucky = f"so far {r}" if pid == "0" else f"Thus \\boxed{{{r}}}."
+        rows.append(_row(pid, "hybrid/goodput", [1, 4, 3], lucky, [1.0, 0.04, 1.0])
+                    | {"finish_reason": "length" if pid == "0" else "stop"})
+    scores = {(r["prompt_id"], evaluate._hash(r["text"])): evaluate.is_correct(r["text"], ref[r["prompt_id"]])
+              for r in rows}
+    out = analyse("gsm8k", rows, scores, threshold=1.0)
+    plain, spec = out["plain"], out["hybrid/goodput"]
+    assert plain["truncated"] == 1.0 and spec["truncated"] == 0.5
+    assert spec["accuracy"] == 1.0 and (spec["vs_plain"]["c"], spec["vs_plain"]["b"]) == (2, 0)
+    assert plain["stated"]["accuracy"] == 0.0 and spec["stated"]["accuracy"] == 0.5
+    assert (spec["stated"]["vs_plain"]["c"], spec["stated"]["vs_plain"]["b"]) == (1, 0)
+    assert [(d["prompt_id"], d["both_truncated"]) for d in spec["divergences"]] == [("0", True), ("1", False)]
+    md = evaluate.markdown({"gsm8k": out}, {"target": "t", "dtype": "gguf", "max_new_tokens": 3, "threads": 2, "noise": 0.1,
+                                 "noise_width": "3", "threshold": 0.4})
+    assert "| hybrid/goodput | 50.0% |" in md and "| 1/0 |" in md  # the stated-answer table
+    assert "| 2/0 | 0.0% |" in md and "| 100.0% |" in md  # discordant and identity, then the cut column
 
 
 def test_strict_methods_are_compared_with_plain_strict():

@@ -27,6 +27,7 @@ from adaspec.quality import (
     mcnemar_exact,
     paired_difference,
     reference_answer,
+    stated_answer,
     strict_match,
     wilson_interval,
 )
@@ -305,3 +306,17 @@ def test_t_quantiles_and_the_mean_interval_match_scipy():
     assert mean_interval([1.3]) == (-math.inf, math.inf)
     with pytest.raises(ValueError):
         mean_interval([])
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("#### 18\\nso the answer is 7", "18"),  # '####' first, as in extract_answer
+    ("Thus the total is \\\\boxed{180}.", "180"),
+    ("The answer is 12 apples, then 3 more: the answer is 15.", "15"),  # the last stated answer
+    ("16 - 3 - 4 = 9 eggs, 9 * 2 = 18 dollars.", None),  # no stated answer: no last-number fallback
+    ("3. She bakes 4 muffins. So:\\n   \\\\[\\n   9 \\\\times 2 =", None),  # cut mid-way through the reasoning
+])
+def test_stated_answer_has_no_last_number_fallback(text, expected):
+    assert stated_answer(text) == expected
+    assert is_correct(text, "18", stated_only=True) is (expected == "18")
+    if expected is not None:
+        assert extract_answer(text) == expected

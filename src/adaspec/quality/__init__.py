@@ -12,6 +12,7 @@ from adaspec.quality.gsm8k import (
     flexible_extract,
     is_correct,
     reference_answer,
+    stated_answer,
     strict_match,
 )
 from adaspec.quality.sandbox import build_program, check_humaneval, check_many
@@ -28,6 +29,7 @@ __all__ = [
     "mcnemar_exact",
     "paired_difference",
     "reference_answer",
+    "stated_answer",
     "strict_match",
     "wilson_interval",
 ]

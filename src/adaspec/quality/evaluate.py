@@ -142,7 +142,11 @@ def _hash(text: str) -> str:
 # Analysis -----------------------------------------------------------------------------------------------------------
 def analyse(task: str, rows: list[dict], scores: dict[tuple[str, str], bool], threshold: float) -> dict[str, dict]:
     """Per method: accuracy, interval, paired comparison with plain decoding, identity with the method's reference,
-    divergences (first position, margins) and decoding speed (against plain decoding on the same prompts).
+    divergences (first position, margins, whether both answers were cut by ``max_new_tokens``), the share of
+    answers cut by ``max_new_tokens`` (``truncated``) and decoding speed (against plain decoding on the same
+    prompts). For GSM8K also ``stated``: the same accuracy and paired comparison scoring only the answer the text
+    states (:func:`~adaspec.quality.gsm8k.stated_answer`, no last-number fallback), which an answer cut mid-way
+    through its reasoning seldom has.
 
     Each method is counted on the prompts where it, ``plain`` and its reference all finished, so a method run on
     fewer prompts (say, the lossy rules on a subset) is still compared like with like."""
@@ -155,6 +159,15 @@ def analyse(task: str, rows: list[dict], scores: dict[tuple[str, str], bool], th
 
     def correct(r: dict) -> bool:
         return scores[(r["prompt_id"], _hash(r["text"]))]
+
+    def cut(r: dict) -> bool:
+        return r.get("finish_reason") == "length"
+
+    references = {pid: reference_answer(row["answer"]) for pid, row in _problems(task).items()} \
+        if task == "gsm8k" else {}
+
+    def stated(r: dict) -> bool:
+        return is_correct(r["text"], references[r["prompt_id"]], stated_only=True)
 
     out: dict[str, dict] = {}
     for m in methods:
@@ -172,7 +185,8 @@ def analyse(task: str, rows: list[dict], scores: dict[tuple[str, str], bool], th
             d = next((i for i, (x, y) in enumerate(zip(a["token_ids"], b["token_ids"])) if x != y),
                      min(len(a["token_ids"]), len(b["token_ids"])))
             divergences.append({"prompt_id": p, "position": d, "ref_margin": _at(a.get("margins"), d),
-                                "margin": _at(b.get("margins"), d), "same_score": correct(a) == correct(b)})
+                                "margin": _at(b.get("margins"), d), "same_score": correct(a) == correct(b),
+                                "both_truncated": cut(a) and cut(b)})
         n, k = len(ok), sum(ok)
         # A strict method claims bit-exactness: any divergence from plain+strict is a bug. Another lossless method
         # may flip a near-tie (numerics), not a pick with a clear margin.
@@ -185,7 +199,13 @@ def analyse(task: str, rows: list[dict], scores: dict[tuple[str, str], bool], th
                   "vs_plain": paired_difference(plain_ok, ok),
                   "identical": (n - len(divergences)) / n if n else float("nan"), "divergences": divergences,
                   "large_margin_divergences": large, "tokens_per_s": tps,
-                  "speedup": tps / plain_tps if plain_tps == plain_tps and plain_tps > 0 else float("nan")}
+                  "speedup": tps / plain_tps if plain_tps == plain_tps and plain_tps > 0 else float("nan"),
+                  "truncated": sum(map(cut, rs)) / n if n else float("nan")}
+        if references:
+            sk = [stated(r) for r in rs]
+            out[m]["stated"] = {"correct": sum(sk), "accuracy": sum(sk) / n if n else float("nan"),
+                                "ci95": wilson_interval(sum(sk), n),
+                                "vs_plain": paired_difference([stated(r) for r in plains], sk)}
     return out
 
 
@@ -211,13 +231,16 @@ def markdown(results: dict[str, dict[str, dict]], meta: dict) -> str:
              f"forwards): {meta['noise']:.3g}; divergence threshold {NOISE_FACTOR:g}× = {meta['threshold']:.3g} "
              "logits.", "",
              "Accuracy with its 95 % Wilson interval; Δ vs plain = paired difference (Newcombe's 95 % interval) and "
-             "the exact McNemar p-value; identical = same tokens as the method's reference (`plain`, or "
-             "`plain+strict` for a strict method). Speed = decode tokens/s over the same prompts (interleaved).", ""]
+             "the exact McNemar p-value, with the discordant prompts (right only with the method / only with "
+             "plain); identical = same tokens as the method's reference (`plain`, or `plain+strict` for a strict "
+             "method); cut = answers that reached the new-token limit. Speed = decode tokens/s over the same "
+             "prompts (interleaved).", ""]
     for task, stats in results.items():
         n = max((s["n"] for s in stats.values()), default=0)
         lines += [f"## {task} ({n} prompts)", "",
-                  "| method | kind | accuracy | 95 % CI | Δ vs plain | 95 % CI | McNemar p | identical | divergences "
-                  "(max margin) | tok/s | speedup |", "|---|---|---:|---|---:|---|---:|---:|---|---:|---:|"]
+                  "| method | kind | accuracy | 95 % CI | Δ vs plain | 95 % CI | McNemar p | discordant | identical | "
+                  "divergences (max margin) | cut | tok/s | speedup |",
+                  "|---|---|---:|---|---:|---|---:|---:|---:|---|---:|---:|---:|"]
         for m, s in stats.items():
             kind = "lossy" if s["lossy"] else "lossless, strict" if s["strict"] else "lossless"
             v = s["vs_plain"]
@@ -225,17 +248,29 @@ def markdown(results: dict[str, dict[str, dict]], meta: dict) -> str:
             div = f"{len(s['divergences'])}" + (f" ({max(margins):.3g})" if margins and not s["lossy"] else "")
             lines.append(f"| {m} | {kind} | {_pct(s['accuracy'])} | {_pct(s['ci95'][0])}–{_pct(s['ci95'][1])} | "
                          f"{100 * v['diff']:+.1f} pt | {100 * v['ci95'][0]:+.1f}…{100 * v['ci95'][1]:+.1f} | "
-                         f"{v['p_mcnemar']:.3f} | {_pct(s['identical'])} | {div} | {s['tokens_per_s']:.2f} | "
-                         f"{s['speedup']:.2f}x |")
+                         f"{v['p_mcnemar']:.3f} | {v['c']}/{v['b']} | {_pct(s['identical'])} | {div} | "
+                         f"{_pct(s['truncated'])} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x |")
+        if any("stated" in s for s in stats.values()):
+            lines += ["", "Scoring only the answer the text states (`####`, \"the answer is\", `\\boxed{}`; no "
+                          "last-number fallback, as lm-eval's strict-match): an answer cut by the token limit "
+                          "then scores as wrong instead of by whichever number its reasoning stopped at.", "",
+                      "| method | accuracy (stated) | 95 % CI | Δ vs plain | 95 % CI | McNemar p | discordant |",
+                      "|---|---:|---|---:|---|---:|---:|"]
+            for m, s in stats.items():
+                st, v = s["stated"], s["stated"]["vs_plain"]
+                lines.append(f"| {m} | {_pct(st['accuracy'])} | {_pct(st['ci95'][0])}–{_pct(st['ci95'][1])} | "
+                             f"{100 * v['diff']:+.1f} pt | {100 * v['ci95'][0]:+.1f}…{100 * v['ci95'][1]:+.1f} | "
+                             f"{v['p_mcnemar']:.3f} | {v['c']}/{v['b']} |")
         rows = [(m, dv) for m, s in stats.items() if not s["lossy"] for dv in s["divergences"]]
         if rows:
             lines += ["", "Divergences of lossless methods (first differing token; margins = top-1 minus top-2 "
                           "logit of the reference run and of the method's run at that position):", "",
-                      "| method | prompt | position | reference margin | method margin | same score |",
-                      "|---|---|---:|---:|---:|---|"]
+                      "| method | prompt | position | reference margin | method margin | same score | both cut |",
+                      "|---|---|---:|---:|---:|---|---|"]
             for m, dv in rows:
                 lines.append(f"| {m} | {dv['prompt_id']} | {dv['position']} | {_num(dv['ref_margin'])} | "
-                             f"{_num(dv['margin'])} | {'yes' if dv['same_score'] else 'no'} |")
+                             f"{_num(dv['margin'])} | {'yes' if dv['same_score'] else 'no'} | "
+                             f"{'yes' if dv.get('both_truncated') else 'no'} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -16,6 +16,10 @@ the one used for scoring, is a cascade for chat models, which often ignore the `
    lm-eval's ``gsm8k-cot`` task uses ``The answer is (\\-?[0-9\\.\\,]+).`` as its strict filter;
 3. the last number, by the flexible-extract regex, skipping matches without a digit (``"..."``).
 
+:func:`stated_answer` is steps 1–2 only, the analogue of lm-eval's ``strict-match`` for chat models: the answer the
+model stated as final. It differs from the cascade on answers cut by ``max_new_tokens``: there step 3 scores
+whichever number the unfinished reasoning happened to end on.
+
 :func:`is_correct` compares numerically (``"18.00" == "18"``, ``"1,000" == "1000"``), exactly (fractions, no
 float rounding), falling back to string equality when either side is not a number.
 """
@@ -63,19 +67,26 @@ def flexible_extract(text: str) -> str | None:
     return _normalize(matches[-1][0] or matches[-1][1]) if matches else None
 
 
+def stated_answer(text: str) -> str | None:
+    """The final answer ``text`` states (normalised), ``None`` if it states none: ``#### N`` (first), else the last
+    ``answer is N`` / ``answer: N`` / ``\\boxed{N}``. No last-number fallback (see the module docstring)."""
+    for m in _HASHES.finditer(text):
+        answer = _normalize(m.group(1))
+        if any(c.isdigit() for c in answer):
+            return answer
+    stated = [(m.start(), m.group(1)) for pattern in (_ANSWER_IS, _BOXED) for m in pattern.finditer(text)]
+    return _normalize(max(stated)[1]) if stated else None
+
+
 def extract_answer(text: str) -> str | None:
     """The model's final answer in ``text`` (normalised: no ``$``, ``,`` or trailing ``.``), ``None`` if none.
 
     Priority: ``#### N``, then ``answer is N`` / ``answer: N`` / ``\\boxed{N}`` (the last one), then the last
     number (see the module docstring).
     """
-    for m in _HASHES.finditer(text):
-        answer = _normalize(m.group(1))
-        if any(c.isdigit() for c in answer):
-            return answer
-    stated = [(m.start(), m.group(1)) for pattern in (_ANSWER_IS, _BOXED) for m in pattern.finditer(text)]
-    if stated:
-        return _normalize(max(stated)[1])
+    stated = stated_answer(text)
+    if stated is not None:
+        return stated
     for groups in reversed(_FLEXIBLE.findall(text)):
         answer = _normalize(groups[0] or groups[1])
         if any(c.isdigit() for c in answer):
@@ -90,12 +101,13 @@ def _number(s: str) -> Fraction | None:
         return None
 
 
-def is_correct(text: str, reference: str) -> bool:
+def is_correct(text: str, reference: str, *, stated_only: bool = False) -> bool:
     """Whether the answer extracted from ``text`` equals ``reference`` (as from :func:`reference_answer`).
 
+    ``stated_only`` scores :func:`stated_answer` (no last-number fallback) instead of :func:`extract_answer`.
     Numeric comparison when both parse as numbers, exact string comparison (after normalising) otherwise.
     """
-    predicted = extract_answer(text)
+    predicted = stated_answer(text) if stated_only else extract_answer(text)
     if predicted is None:
         return False
     a, b = _number(predicted), _number(reference)
