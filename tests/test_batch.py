@@ -414,3 +414,33 @@ def test_draft_models_draft_for_every_row_in_one_forward_per_draft_step():
                 results[rid] = chunk.result
     want = _alone(TorchBackend(model, "t"), ModelDrafter(TorchBackend(dmodel, "d")), 3, prompts, cfg)
     assert [results[r].token_ids for r in rids] == want
+
+
+def test_calibrate_measures_the_draft_model_and_seeds_every_new_row():
+    """BatchEngine.calibrate measures the draft model's per-token draft and catch-up costs (hybrid drafter: the
+    model part only, the n-gram lookup is free); each new row's goodput controller starts with them, and what a
+    finished row measured replaces them for the rows after it."""
+    from adaspec.controllers.goodput import GoodputController
+    from adaspec.drafters.multi import MultiDrafter
+
+    target = TorchBackend(tiny_model("qwen", seed=0), "t", max_sequences=2, max_context=256)
+    draft = TorchBackend(tiny_model("qwen", seed=0, layers=2), "d", max_sequences=2, max_context=256)
+    made: list[GoodputController] = []
+
+    def factory():
+        made.append(GoodputController())
+        return made[-1]
+    engine = BatchEngine(target, lambda seq: MultiDrafter({"ngram": NgramDrafter(),
+                                                           "d": ModelDrafter(draft.sequence(seq))}), factory)
+    engine.calibrate(repeats=1)
+    assert set(engine.draft_costs) == {"d"}
+    draft_ms, feed_ms = engine.draft_costs["d"]
+    assert draft_ms > 0 and feed_ms > 0
+    assert draft.seq_len_of(0) == 0  # the measurement left the draft cache as it was
+    engine.add([1, 2, 3, 4, 5, 6, 7, 8], GenerationConfig(max_new_tokens=12, ignore_eos=True))
+    engine.step()
+    assert made[-1].costs.draft_seed == {"d": (draft_ms, feed_ms)}
+    while engine:
+        engine.step()
+    learned = made[-1].draft_costs()
+    assert engine.draft_costs == {**engine.draft_costs, **learned} and "d" in engine.draft_costs

@@ -607,3 +607,54 @@ def test_a_probe_may_spend_on_catch_up_only_a_share_of_the_request_so_far():
         ctrl.update(rec(0, 0, ctx=62 + step))
     assert ctrl.request_ms >= 0.25 ** -1 * 300.0 - 100.0  # not before ~12 steps of 100 ms ...
     assert first_probe is not None and 10 <= first_probe <= 20  # ... and soon after
+
+
+# A draft model's first proposal, priced before it is paid -----------------------------------------------------------
+def test_a_seeded_draft_model_is_priced_before_its_first_proposal():
+    """Unseeded, the goodput controller tries a draft model it never measured at k_init at the request's second
+    step, whatever the prompt it must feed first. Seeded with measured costs, it prices that first proposal: a short
+    prompt's catch-up pays (it speculates), a 1000-token one does not and, costing more than the probe budget
+    (8 plain steps), is never probed in a short request. Its own steps then replace the seed."""
+    curve = {1: 100.0, 2: 104.0, 3: 108.0, 5: 116.0, 9: 132.0}
+
+    def first_choices(seed: bool, ctx: int) -> list[int]:
+        ctrl = GoodputController()
+        ctrl.seed_verify_costs(curve, ctx)
+        if seed:
+            ctrl.seed_draft_costs({"model": (10.0, 2.0)})
+        ctrl.set_synced({"model": 0})
+        ks = []
+        for step in range(30):
+            ctrl.update(rec(0, 0, ctx=ctx + step))
+            ctrl.choose_drafter({"model": None})
+            ks.append(ctrl.next_k())
+            if ks[-1]:
+                break
+        return ks
+
+    assert first_choices(False, 1000) == [2]  # blind: tried at once, 1000 tokens fed inside that step
+    assert first_choices(True, 20)[0] > 0  # 18 tokens × 2 ms of catch-up: speculating pays from the start
+    assert first_choices(True, 1000) == [0] * 30  # 2 s of catch-up: neither pays nor fits a probe's budget
+    ctrl = GoodputController()
+    ctrl.seed_draft_costs({"model": (10.0, 2.0)})
+    assert ctrl.costs.draft_ms("model", 0) == 10.0 and ctrl.costs.feed_ms("model", 0) == 2.0
+    ctrl.update(rec(0, 0, ctx=20))
+    for i in range(3):  # steady steps (nothing to catch up): 30 ms per drafted token measured
+        ctrl.set_synced({"model": 21 + 3 * i})
+        ctrl.update(rec(2, 2, draft_ms=60.0, ctx=21 + 3 * i, drafter="model"))
+    assert ctrl.costs.draft_ms("model", 0) == pytest.approx(30.0)
+    assert ctrl.draft_costs() == {"model": (pytest.approx(30.0), 2.0)}
+    with pytest.raises(ValueError, match="draft_ms > 0"):
+        ctrl.seed_draft_costs({"model": (0.0, 1.0)})
+
+
+def test_measure_draft_costs_leaves_the_cache_as_it_was():
+    from conftest import MarkovBackend, markov_table
+
+    backend = MarkovBackend(markov_table(16, seed=1), "draft", max_context=80)
+    backend.forward([1, 2, 3], 1)
+    draft_ms, feed_ms = costcurve.measure_draft_costs(backend, feed_tokens=8, repeats=2)
+    assert draft_ms > 0 and feed_ms > 0 and backend.ids == [1, 2, 3]
+    assert backend.forward_calls == 1 + 2 * 2  # per repeat: one feed of 8 tokens, one drafting step
+    with pytest.raises(ValueError, match="exceeds its context window"):
+        costcurve.measure_draft_costs(backend, feed_tokens=77)

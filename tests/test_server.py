@@ -840,3 +840,45 @@ def test_cli_num_return_sequences_equals_the_servers_n(server, tiny, capsys):
     assert [c["text"] for c in out["choices"]] == [c["text"] for c in r["choices"]]
     assert cli_main(args[:-1] + ["0"]) == 2
     assert "num_return_sequences must be >= 1" in capsys.readouterr().err
+
+
+def test_observed_controller_is_the_inner_controller_to_the_engine():
+    """The server wraps each engine's controller to watch its steps. The wrapper must not change what the engine
+    does: the goodput controller's per-step drafter choice (``choose_drafter``, which ``route`` looks up), its
+    warm-up calibration and the draft cache's bookkeeping (``set_synced``) all reach it, and it is asked for one
+    decision per step, not two (its decisions move probe counters). Before, none of these reached it."""
+    from conftest import MarkovBackend, markov_table
+
+    from adaspec.controllers import FixedController, GoodputController
+    from adaspec.drafters import ModelDrafter, NgramDrafter
+    from adaspec.drafters.multi import MultiDrafter
+    from adaspec.engine import GenerationConfig, SpeculativeEngine
+    from adaspec.server.runtime import ObservedController
+
+    assert not hasattr(ObservedController(FixedController(2)), "choose_drafter")  # optional hooks stay optional
+    table = markov_table(16, seed=3, scale=3.0)
+    inner = GoodputController()
+    calls = {"decide": 0, "set_synced": 0}
+    decide, set_synced = inner.decide, inner.set_synced
+
+    def counted_decide(options):
+        calls["decide"] += 1
+        return decide(options)
+
+    def counted_set_synced(synced):
+        calls["set_synced"] += 1
+        set_synced(synced)
+    inner.decide, inner.set_synced = counted_decide, counted_set_synced
+    observed = ObservedController(inner)
+    seen: list[tuple[int, int]] = []
+    observed.listener = lambda step, k: seen.append((step.k, k))
+    drafter = MultiDrafter({"ngram": NgramDrafter(), "draft": ModelDrafter(MarkovBackend(table, "draft"))})
+    engine = SpeculativeEngine(MarkovBackend(table, "target"), drafter, observed)
+    engine.warmup()
+    assert inner.costs.seeded  # calibrate() reached the goodput controller
+    calls.update(decide=0, set_synced=0)
+    result = engine.generate([1, 2, 3, 4, 1, 2, 3, 4, 1, 2], GenerationConfig(max_new_tokens=40, ignore_eos=True))
+    steps = len(result.stats.steps)
+    assert calls == {"decide": steps, "set_synced": 1}
+    assert seen[-steps:] == [(s.k, s.k) for s in result.stats.steps]
+    assert any(s.drafter == "draft" for s in result.stats.steps)  # routed: the draft model, not only lookups

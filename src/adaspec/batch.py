@@ -37,7 +37,7 @@ from adaspec.controllers.base import Controller
 from adaspec.controllers.batch import BatchPricer, RowEstimate
 from adaspec.controllers.fixed import FixedController
 from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
-from adaspec.drafters.multi import cached_prefixes, route
+from adaspec.drafters.multi import cached_prefixes, measure_drafters, route
 from adaspec.engine import (
     GenerationConfig,
     GenerationResult,
@@ -164,6 +164,8 @@ class BatchEngine:
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else default_eos_ids(tokenizer)
         self.pricer = pricer or BatchPricer()
+        self.draft_costs: dict[str, tuple[float, float]] = {}  # per drafter name: (draft, feed) ms per token, from
+        # calibrate() and from the rows that finished; seeds each new row's controller (they belong to the machine)
         self._drafters: dict[tuple[Callable, int], Drafter | None] = {}
         self._free = list(range(self.max_batch))
         self._waiting: deque[_Row] = deque()
@@ -256,6 +258,8 @@ class BatchEngine:
                 row.controller.reset()
                 if self.pricer.curve:  # the batch's measured costs, so a goodput row does not start from priors
                     row.controller.seed_verify_costs(self.pricer.curve, self.pricer.context_len)
+                if self.draft_costs:  # its draft model's first proposal (and the prompt it feeds) is priced, not blind
+                    row.controller.seed_draft_costs(self.draft_costs)
                 row.stop_rule = row.controller.draft_stop()
                 row.start = time.perf_counter()
                 self.target.truncate_seq(row.seq, 0)
@@ -466,6 +470,12 @@ class BatchEngine:
         return StreamChunk(new, tail, result, logprobs=logprobs)
 
     def _release(self, row: _Row) -> None:
+        learned = getattr(row.controller, "draft_costs", None)
+        if learned is not None:  # what this row measured of its drafters prices the next rows' first proposals
+            try:
+                self.draft_costs.update(learned())
+            except Exception:  # bookkeeping only: never fail a release
+                pass
         try:
             self.target.truncate_seq(row.seq, 0)  # free its cache now (a shared cache serves the other rows)
         except Exception:  # a broken runtime: the next request on this row truncates again
@@ -493,9 +503,16 @@ class BatchEngine:
                     results[rid] = chunk.result
         return [results[r] for r in rids]
 
-    def calibrate(self, **kwargs) -> dict[int, float]:
+    def calibrate(self, drafter_for: Callable[[int], Drafter | None] | None = None, **kwargs) -> dict[int, float]:
         """Measure the target's cost curve for the batch pricer (:meth:`BatchPricer.calibrate`) on sequence 0,
-        which must be idle."""
+        which must be idle, and the draft and catch-up cost per token of every draft model of sequence 0's drafter
+        (``drafter_for``, default the engine's own; :func:`~adaspec.drafters.multi.measure_drafters`), with which
+        each new row's controller is seeded (:attr:`draft_costs`). Returns the target's curve ({n: ms})."""
         if self._running:
             raise RuntimeError("calibrate with no request running")
-        return self.pricer.calibrate(self.target, self.max_batch, **kwargs)
+        curve = self.pricer.calibrate(self.target, self.max_batch, **kwargs)
+        drafter_for = drafter_for or self._drafter_for
+        drafter = self._drafter(drafter_for, 0) if drafter_for is not None else None
+        if drafter is not None:
+            self.draft_costs.update(measure_drafters(drafter))
+        return curve

@@ -5,6 +5,11 @@ BatchEngine on the default runtime and models; methods: plain batched decoding, 
 both with the batch pricer calibrated on this machine. Methods are interleaved per round (--rounds) and every
 result is appended to --out (JSONL) as it is measured; a rerun skips what the file holds.
 
+``draft`` rows' controllers are seeded with the draft model's measured costs per token (drafting, and feeding a
+catch-up such as the prompt), as ``BatchEngine.calibrate`` does, so each row prices its first proposal before paying
+the draft's prompt prefill; ``draft-blind`` is the same without the seed (each row tries the draft model once,
+blind, at its second step: the behaviour before 2026-12-01).
+
     .venv/bin/python docs/results/issue12/batch_bench.py --out docs/results/issue12/batch.jsonl
 
 PyTorch (``--runtime torch``): the 0.5B model as target (it has no smaller draft model; methods plain and ngram),
@@ -29,6 +34,7 @@ from adaspec.batch import BatchEngine
 from adaspec.controllers import FixedController, make_controller
 from adaspec.controllers.batch import BatchPricer
 from adaspec.drafters.model import ModelDrafter
+from adaspec.drafters.multi import measure_drafters
 from adaspec.drafters.ngram import NgramDrafter
 from adaspec.engine import GenerationConfig
 from adaspec.workloads import load_workload
@@ -74,6 +80,8 @@ def main() -> None:
     curve = BatchEngine(target, max_batch=top, pricer=pricer).calibrate()
     print(f"cost curve (ms by tokens in the forward, {time.perf_counter() - t:.0f} s): "
           + ", ".join(f"{n}: {ms:.0f}" for n, ms in curve.items()), flush=True)
+    draft_costs = measure_drafters(ModelDrafter(draft.sequence(0))) if draft is not None else {}
+    print(f"draft costs (ms per token: drafting, feeding): {draft_costs}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = set()
@@ -84,6 +92,7 @@ def main() -> None:
         "plain": (None, None),
         "ngram": (lambda seq: NgramDrafter(), lambda: make_controller("goodput", None)),
         "draft": (lambda seq: ModelDrafter(draft.sequence(seq)), lambda: make_controller("goodput", None)),
+        "draft-blind": (lambda seq: ModelDrafter(draft.sequence(seq)), lambda: make_controller("goodput", None)),
     }
     cfg = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
     for rnd in range(args.rounds):
@@ -95,6 +104,8 @@ def main() -> None:
                     target.pad_batch_max_tokens = pad
                 drafter_for, controllers = makers[method]
                 engine = BatchEngine(target, drafter_for, controllers, max_batch=b, pricer=pricer)
+                if method == "draft":
+                    engine.draft_costs.update(draft_costs)
                 batch = prompts[rnd * top:rnd * top + b]
                 start = time.perf_counter()
                 caps = []

@@ -41,3 +41,8 @@ class Controller(ABC):
         """A measured verification cost curve (``{tokens in the forward: ms}`` at ``context_len``) for controllers
         that price steps (goodput), so a fresh controller does not start from priors; e.g. a batched request's own
         controller, seeded from the batch's calibration. Default: ignored."""
+
+    def seed_draft_costs(self, costs: Mapping[str, tuple[float, float]]) -> None:
+        """Per drafter name, ``(draft_ms, feed_ms)``: a drafter's measured ms per drafted token and per token fed in
+        a catch-up (:func:`~adaspec.controllers.costcurve.measure_draft_costs`), for controllers that price steps
+        (goodput), so a draft model's first proposal is priced before it is paid. Default: ignored."""

@@ -74,3 +74,41 @@ def measure_verify_curve(backend: Backend, widths: Sequence[int] = DEFAULT_WIDTH
                 samples[n].append((time.perf_counter() - t) * 1e3)
         backend.truncate(start_len)
     return {n: statistics.median(s) for n, s in samples.items()}
+
+
+def measure_draft_costs(backend: Backend, feed_tokens: int = 64, repeats: int = 3,
+                        filler: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)) -> tuple[float, float]:
+    """A draft model's two costs, measured on its ``backend``: ``(draft_ms, feed_ms)``, both ms per token.
+
+    ``draft_ms`` is one drafting step (a one-token forward plus the argmax over its ``[1, V]`` logits) at
+    ``feed_tokens`` tokens of context; ``feed_ms`` is one forward of ``feed_tokens`` tokens (a catch-up, such as the
+    prompt a lazily prefilled draft model feeds at its first proposal) divided by ``feed_tokens``. Medians of
+    ``repeats`` samples, measured on top of what the cache holds; afterwards it holds exactly that again.
+    The goodput controller prices a draft model's first proposal from these before paying for it
+    (:meth:`~adaspec.controllers.goodput.GoodputController.seed_draft_costs`).
+
+    Raises:
+        ValueError: ``feed_tokens`` or ``repeats`` below 1, or no room for ``feed_tokens + 1`` more tokens in the
+            backend's context window.
+    """
+    if feed_tokens < 1 or repeats < 1:
+        raise ValueError(f"need feed_tokens >= 1 and repeats >= 1, got {feed_tokens}, {repeats}")
+    start_len = backend.seq_len
+    if start_len + feed_tokens + 1 > backend.max_context:
+        raise ValueError(f"{backend.name}: measuring at {start_len} + {feed_tokens + 1} tokens exceeds its context "
+                         "window")
+    filler = [int(t) % backend.vocab_size for t in filler]
+    tokens = [filler[i % len(filler)] for i in range(feed_tokens + 1)]
+    feeds, steps = [], []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            t = time.perf_counter()
+            backend.forward(tokens[:feed_tokens], 1)
+            backend.synchronize()
+            feeds.append((time.perf_counter() - t) * 1e3 / feed_tokens)
+            t = time.perf_counter()
+            backend.forward(tokens[feed_tokens:], 1).argmax(dim=-1)
+            backend.synchronize()
+            steps.append((time.perf_counter() - t) * 1e3)
+            backend.truncate(start_len)
+    return statistics.median(steps), statistics.median(feeds)

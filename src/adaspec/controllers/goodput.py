@@ -125,6 +125,8 @@ class CostModel:
         self.verify: dict[int, dict[int, Recent]] = {}
         self.shape: dict[int, Recent] = {}  # verification time per n, all buckets pooled
         self.seeded: dict[int, dict[int, float]] = {}  # per bucket: a measured verification curve {n: ms}
+        self.draft_seed: dict[str, tuple[float, float]] = {}  # per drafter: measured (draft, feed) ms per token,
+        # used until its own steps measure them (seed_draft)
         self.overhead = Recent(window)
 
     def observe(self, step: StepRecord, behind: int = 0) -> None:
@@ -162,6 +164,14 @@ class CostModel:
             raise ValueError(f"need a non-empty curve of positive times, got {dict(curve)}")
         self.seeded.setdefault(bucket_of(context_len), {}).update({int(n): float(ms) for n, ms in curve.items()})
 
+    def seed_draft(self, drafter: str, draft_ms: float, feed_ms: float) -> None:
+        """Seed ``drafter``'s per-token draft and catch-up (feed) times in ms, measured outside decoding (e.g. by
+        :func:`~adaspec.controllers.costcurve.measure_draft_costs`), so that its first proposal, and the prompt a
+        lazily prefilled draft model feeds then, is priced before it is paid. Its own steps replace them."""
+        if draft_ms <= 0 or feed_ms < 0:
+            raise ValueError(f"need draft_ms > 0 and feed_ms >= 0, got {draft_ms}, {feed_ms}")
+        self.draft_seed[drafter] = (float(draft_ms), float(feed_ms))
+
     @property
     def measured(self) -> bool:
         return bool(self.verify or self.seeded)
@@ -170,18 +180,23 @@ class CostModel:
         return self.overhead.value if self.overhead else 0.0
 
     def draft_ms(self, drafter: str, b: int) -> float | None:
-        """Per-token draft time of ``drafter`` at bucket ``b`` (nearest measured bucket), None until a step without
-        catch-up was measured (a step with catch-up mixes feeding the missed tokens into the draft time)."""
+        """Per-token draft time of ``drafter`` at bucket ``b`` (nearest measured bucket); until a step without
+        catch-up was measured (a step with catch-up mixes feeding the missed tokens into the draft time), its seed
+        (:meth:`seed_draft`), else None."""
         per_bucket = self.draft.get(drafter)
         if per_bucket:
             return per_bucket[_nearest(per_bucket, b)].value
-        return None
+        seed = self.draft_seed.get(drafter)
+        return seed[0] if seed else None
 
     def feed_ms(self, drafter: str, b: int) -> float:
-        """Per-token catch-up time of ``drafter`` (before it was measured: a quarter of its draft time per token,
-        as a draft model feeding several tokens in one forward is cheaper per token than drafting them)."""
+        """Per-token catch-up time of ``drafter`` (before it was measured: its seed, else a quarter of its draft
+        time per token, as a draft model feeding several tokens in one forward is cheaper per token than drafting
+        them)."""
         if drafter in self.feed:
             return self.feed[drafter].value
+        if drafter in self.draft_seed:
+            return self.draft_seed[drafter][1]
         return 0.25 * (self.draft_ms(drafter, b) or 0.0)
 
     def verify_ms(self, n: int, b: int) -> float:
@@ -328,6 +343,23 @@ class GoodputController(Controller):
     def seed_verify_costs(self, curve: Mapping[int, float], context_len: int) -> None:
         self.costs.seed_verify(dict(curve), context_len)
 
+    def seed_draft_costs(self, costs: Mapping[str, tuple[float, float]]) -> None:
+        """Per drafter name, ``(draft_ms, feed_ms)`` per token measured elsewhere (see :meth:`CostModel.seed_draft`):
+        a drafter seeded so is priced from its first proposal on, instead of tried once blind at ``k_init``."""
+        for name, (draft_ms, feed_ms) in costs.items():
+            self.costs.seed_draft(name, draft_ms, feed_ms)
+
+    def draft_costs(self) -> dict[str, tuple[float, float]]:
+        """``{drafter: (draft_ms, feed_ms)}`` per token as this controller knows them now (measured, else seeded),
+        at the last step's context bucket: what :meth:`seed_draft_costs` of a new request's controller takes."""
+        b = bucket_of(self.context_len)
+        out = {}
+        for name in {*self.costs.draft, *self.costs.draft_seed}:
+            draft_ms = self.costs.draft_ms(name, b)
+            if draft_ms:
+                out[name] = (draft_ms, self.costs.feed_ms(name, b))
+        return out
+
     def calibrate(self, backend: Backend, context_len: int = 0, widths: Sequence[int] = DEFAULT_WIDTHS,
                   repeats: int = 3) -> dict[int, float]:
         """Measure the target's verification curve on ``backend`` (see
@@ -361,7 +393,8 @@ class GoodputController(Controller):
         if not self.costs.measured or self.fresh:  # a request's first step is plain: it tells the context length
             return None, 0
         if options is None:
-            options = {name: None for name in {*self.costs.draft, *self.costs.unsteady}} or {"": None}
+            options = {name: None for name in {*self.costs.draft, *self.costs.unsteady, *self.costs.draft_seed}} \
+                or {"": None}
         b = bucket_of(self.context_len)
         overhead = self.costs.overhead_ms()
         plain_ms = self.costs.verify_ms(1, b) + overhead

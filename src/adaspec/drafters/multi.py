@@ -127,3 +127,24 @@ def cached_prefixes(drafter: Drafter, ids: list[int]) -> dict[str, int]:
     ``ids``; any other: :meth:`Drafter.cached_prefix`."""
     parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
     return {name: len(ids) if hasattr(d, "match") else d.cached_prefix(ids) for name, d in parts.items()}
+
+
+def measure_drafters(drafter: Drafter, feed_tokens: int = 64) -> dict[str, tuple[float, float]]:
+    """``{name: (draft_ms, feed_ms)}`` per token for every draft model in ``drafter`` (each sub-drafter of a
+    :class:`MultiDrafter`, named as :func:`cached_prefixes` names them), measured on its backend by
+    :func:`~adaspec.controllers.costcurve.measure_draft_costs`; its cache is left as it was. Lookup drafters (free
+    to draft, nothing to feed) and drafters without a backend are left out. A backend without room for the
+    measurement is skipped."""
+    from adaspec.controllers.costcurve import measure_draft_costs
+
+    parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
+    out = {}
+    for name, d in parts.items():
+        backend = getattr(d, "backend", None)
+        if hasattr(d, "match") or backend is None:
+            continue
+        try:
+            out[name] = measure_draft_costs(backend, feed_tokens)
+        except ValueError:  # no room in its context window: its first proposal is tried blind, as before
+            continue
+    return out

@@ -53,6 +53,9 @@ def serve(args: argparse.Namespace) -> int:
             curve = host.calibrate_batch()
             print("adaspec: batch cost curve (ms by tokens in one forward): "
                   + ", ".join(f"{n}: {ms:.0f}" for n, ms in curve.items()), file=sys.stderr)
+            for name, (draft_ms, feed_ms) in host.batch.draft_costs.items():
+                print(f"adaspec: draft model {name}: {draft_ms:.1f} ms per drafted token, {feed_ms:.2f} ms per "
+                      "token fed (prices its first proposal in each request)", file=sys.stderr)
     config = ServerConfig(served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
                           default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit,

@@ -106,7 +106,7 @@ class ServerMetrics:
                                    registry=r)
         self.fallbacks = Counter(n("spec_decode_num_fallbacks"),
                                  "Times a controller switched speculation off within a request.", d, registry=r)
-        self.k = Gauge(n("spec_decode_k"), "Draft length K for the next step (0 = plain decoding).", m, registry=r)
+        self.k = Gauge(n("spec_decode_k"), "Draft length K of the last step (0 = plain decoding).", m, registry=r)
         self.active = Gauge(n("spec_decode_active"), "1 while speculation is on (K > 0), else 0.", m, registry=r)
         self.decode_seconds = Counter(n("spec_decode_decode_seconds"), "Decode time after the first token.", m,
                                       registry=r)
@@ -139,7 +139,9 @@ class ServerMetrics:
         return metric.labels(self.model_name)
 
     # Live, per step (called from the generation thread) --------------------------------------------------------
-    def step(self, step: StepRecord, drafter: str, next_k: int, previous_k: int | None) -> None:
+    def step(self, step: StepRecord, drafter: str, k: int, previous_k: int | None) -> None:
+        """One step of a request: counters, and the K gauges set to ``k`` (the step's draft length); a step at
+        ``k`` 0 after one at ``previous_k`` > 0 is a fallback."""
         labels = (self.model_name, drafter or "none")
         if step.drafted > 0:
             self.drafts.labels(*labels).inc()
@@ -153,10 +155,10 @@ class ServerMetrics:
             size = str(step.batch)
             self.batch_draft_tokens.labels(self.model_name, size).inc(step.drafted)
             self.batch_accepted_tokens.labels(self.model_name, size).inc(step.accepted)
-        if previous_k is not None and previous_k > 0 and next_k == 0:
+        if previous_k is not None and previous_k > 0 and k == 0:
             self.fallbacks.labels(*labels).inc()
-        self._m(self.k).set(next_k)
-        self._m(self.active).set(1 if next_k > 0 else 0)
+        self._m(self.k).set(k)
+        self._m(self.active).set(1 if k > 0 else 0)
 
     def batch_step(self, rows: int, tokens: int, forward_s: float, emitted: int) -> None:
         """One batched step: ``rows`` rows, ``tokens`` tokens in the target forward taking ``forward_s`` seconds,

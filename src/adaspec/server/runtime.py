@@ -68,12 +68,23 @@ PLAIN = SpecSettings("none", "fixed", 0)
 
 
 class ObservedController(Controller):
-    """Delegates to ``inner`` and reports each step, with the K chosen for the next one, to ``listener``."""
+    """Delegates to ``inner`` and reports each step, with the K that step ran at, to ``listener``.
+
+    It is the engine's controller, so it must be ``inner`` to the engine in every way: the hooks the base class
+    defines are forwarded, and every other attribute (``choose_drafter``, ``calibrate``, ``draft_costs``, ...) is
+    ``inner``'s own, or missing as on ``inner``. It never asks ``inner`` for a decision the engine did not ask for:
+    a goodput controller's decision moves its probe counters, so an extra ``next_k()`` per step would change what
+    it does next."""
 
     def __init__(self, inner: Controller) -> None:
         self.inner = inner
         self.name = inner.name
         self.listener: Callable[[StepRecord, int], None] | None = None
+
+    def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def next_k(self) -> int:
         return self.inner.next_k()
@@ -81,7 +92,7 @@ class ObservedController(Controller):
     def update(self, step: StepRecord) -> None:
         self.inner.update(step)
         if self.listener is not None:
-            self.listener(step, self.inner.next_k())
+            self.listener(step, step.k)
 
     def draft_stop(self):
         return self.inner.draft_stop()
@@ -89,8 +100,14 @@ class ObservedController(Controller):
     def reset(self) -> None:
         self.inner.reset()
 
+    def set_synced(self, synced) -> None:
+        self.inner.set_synced(synced)
+
     def seed_verify_costs(self, curve, context_len: int) -> None:
         self.inner.seed_verify_costs(curve, context_len)
+
+    def seed_draft_costs(self, costs) -> None:
+        self.inner.seed_draft_costs(costs)
 
 
 @dataclass
@@ -304,8 +321,12 @@ class ModelHost:
         self.service_s = seconds if self.service_s is None else 0.8 * self.service_s + 0.2 * seconds
 
     def calibrate_batch(self) -> dict[int, float]:
-        """Measure the target's cost curve for the batch's K cap (:meth:`BatchEngine.calibrate`); ms by tokens."""
-        return self.batch.calibrate() if self.batch is not None else {}
+        """Measure the target's cost curve for the batch's K cap and the default drafter's draft-model costs
+        (:meth:`BatchEngine.calibrate`); returns the curve, ms by tokens."""
+        if self.batch is None:
+            return {}
+        drafter_for = None if self.default.plain else self.engine_for(self.default).drafter_for
+        return self.batch.calibrate(drafter_for=drafter_for)
 
     def start_runner(self, metrics: ServerMetrics) -> BatchRunner:
         """Start the batch's generation thread (``max_batch`` > 1; once)."""
@@ -433,12 +454,14 @@ class Job:
         except RuntimeError:  # the loop is closed (shutdown)
             pass
 
-    def _on_step(self, step: StepRecord, next_k: int) -> None:
-        prev = self._prev_k if self._prev_k is not None else step.k
-        if prev > 0 and next_k == 0:
+    def _on_step(self, step: StepRecord, k: int) -> None:
+        """After each step: ``k`` is the draft length it ran at; a speculative step followed by a plain one counts
+        as a fallback."""
+        prev = self._prev_k if self._prev_k is not None else k
+        if prev > 0 and k == 0:
             self.fallbacks += 1
-        self.metrics.step(step, self.handle.drafter_label, next_k, prev)
-        self._prev_k = next_k
+        self.metrics.step(step, self.handle.drafter_label, k, prev)
+        self._prev_k = k
         if step.drafted == 0 and step.batch <= 1:  # the reference for speedup estimates: a plain step alone
             self.host.observe_plain_step(step.total_ms)
 
@@ -490,7 +513,8 @@ class Job:
         self.host.current = self
         self.handle.controller.listener = self._on_step
         try:
-            self.metrics.speculation_state(self.handle.controller.next_k() if not self.handle.settings.plain else 0)
+            if self.handle.settings.plain:  # a speculative engine's K is set by its steps (no decision asked here)
+                self.metrics.speculation_state(0)
             gen = self.handle.engine.stream(self.prompt_ids, self.config)
             try:
                 while not self.stopping():
