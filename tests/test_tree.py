@@ -221,3 +221,71 @@ def test_tree_choice_is_exact_and_counted(qwen, tree_choice):
         assert 2 <= len(spec) - trees  # the chooser tried chains too
     with pytest.raises(ConfigError, match="tree_choice"):
         GenerationConfig(tree_budget=4, tree_choice="never")
+
+
+# Trees from a draft model ------------------------------------------------------------------------------------------
+def _draft_model(qwen):
+    from adaspec.backends.torch_backend import truncated_layers
+
+    return TorchBackend(truncated_layers(qwen, 2), "d")  # the target's first 2 layers: agrees often, not always
+
+
+def test_draft_model_tree_is_its_chain_plus_the_next_ranked_tokens_by_path_probability(qwen):
+    from adaspec.drafters import ModelDrafter
+
+    ids = [3, 17, 42, 5, 9, 9, 12]
+    drafter = ModelDrafter(_draft_model(qwen))
+    chain = drafter.propose(ids, 4, GREEDY).tokens.tolist()
+    tree = drafter.propose_tree(ids, 4, 10, GREEDY)
+    assert tree.tokens.tolist()[:4] == chain and tree.parents[:4] == [-1, 0, 1, 2] and tree.probs is None
+    assert len(tree) == 10 and main_path(tree.parents) == [0, 1, 2, 3]
+    # the reference: the draft's distributions along its chain, every other token ranked by path probability
+    q = torch.softmax(_draft_model(qwen).forward(ids + chain[:3], 4).float(), -1)
+    reach = torch.cumprod(torch.cat([torch.ones(1), q[torch.arange(3), torch.tensor(chain[:3])]]), 0)
+    value = reach[:, None] * q
+    value[torch.arange(4), torch.tensor(chain)] = -1.0  # the chain's own tokens are not alternatives
+    best = torch.topk(value.flatten(), 6).indices
+    want = sorted((int(i) // q.shape[1], int(i) % q.shape[1]) for i in best)  # (depth, token)
+    got = sorted((depths(tree.parents)[n] - 1, tree.tokens[n].item()) for n in range(4, 10))
+    assert got == want
+    for n in range(4, 10):  # an alternative at depth d hangs off the chain's node d - 1 (the pending token at 0)
+        d = depths(tree.parents)[n] - 1
+        assert tree.parents[n] == d - 1
+    short = drafter.propose_tree(ids, 4, 3, GREEDY)  # a budget below the depth: the chain, cut to the budget
+    assert short.tokens.tolist() == chain[:3] and short.parents == [-1, 0, 1]
+
+
+def test_greedy_draft_model_trees_are_plain_decoding_and_accept_alternatives(qwen):
+    """fp32 greedy: with a draft model's trees the output is plain decoding's, and some steps accept a sibling
+    (a token the draft ranked second), which a chain would have rejected."""
+    from adaspec.drafters import ModelDrafter
+
+    prompt = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7]
+    plain = SpeculativeEngine(TorchBackend(qwen, "p"), None, None).generate(prompt, GenerationConfig(max_new_tokens=48))
+    target = TorchBackend(qwen, "t")
+    trees: list[list[int]] = []
+    paths: list[list[int]] = []
+    forward_tree, keep = target.forward_tree, target.keep_tree_path
+    target.forward_tree = lambda tokens, parents: (trees.append(list(parents)), forward_tree(tokens, parents))[1]
+    target.keep_tree_path = lambda n, path: (paths.append(list(path)), keep(n, path))[1]
+    eng = SpeculativeEngine(target, ModelDrafter(_draft_model(qwen)), FixedController(4))
+    out = eng.generate(prompt, GenerationConfig(max_new_tokens=48, tree_budget=10, tree_choice="always"))
+    assert out.token_ids == plain.token_ids and out.stats.tree_fallback == ""
+    assert trees and len(trees) == len(paths)
+    off_chain = [p for t, p in zip(trees, paths) if any(n not in main_path(t) for n in p)]
+    assert off_chain  # an alternative was the target's token at least once
+
+
+def test_engine_samples_with_draft_model_trees(qwen):
+    from adaspec.drafters import ModelDrafter
+    from adaspec.drafters.multi import MultiDrafter
+
+    prompt = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7]
+    cfg = GenerationConfig(max_new_tokens=24, tree_budget=8, temperature=0.8, seed=5, tree_choice="always")
+    eng = SpeculativeEngine(TorchBackend(qwen, "t"), ModelDrafter(_draft_model(qwen)), FixedController(3))
+    out = eng.generate(prompt, cfg)
+    assert out.stats.tree_fallback == "" and len(out.token_ids) == 24
+    assert any(s.drafted > s.k for s in out.stats.steps)  # trees were verified, with the multi-candidate rule
+    assert eng.generate(prompt, cfg).token_ids == out.token_ids  # seeded
+    multi = MultiDrafter({"d": ModelDrafter(_draft_model(qwen))})  # a MultiDrafter passes trees on
+    assert len(multi.propose_tree(prompt, 3, 8, GREEDY)) == 8

@@ -62,7 +62,9 @@ class GenerationConfig:
         prompt_logprobs: the same for every prompt token after the first (the model's own distribution, no
             controls; OpenAI ``echo`` + ``logprobs``) in :attr:`GenerationResult.prompt_logprobs`. None = off.
         tree_budget: draft token trees of at most this many nodes per step (:mod:`adaspec.tree`; the controller's
-            K is the depth) where the drafter branches (``ngram-tree``), the target can verify trees and the
+            K is the depth) where the drafter branches (``ngram-tree``; a draft model: its chain plus the tokens it
+            ranks next as sibling leaves, :meth:`~adaspec.drafters.model.ModelDrafter.propose_tree`), the target
+            can verify trees and the
             request is exact (no lossy rule), not strict and without logits controls; greedy or sampled (the
             multi-candidate rule of :func:`~adaspec.tree.verify_tree_sampling`); chains otherwise, with the
             reason in :attr:`GenerationStats.tree_fallback`. 0 (default) = chains.

@@ -120,6 +120,63 @@ class ModelDrafter(Drafter):
                 stop: DraftStop | None = None) -> Draft:
         return run_proposal(self.proposal(ids, k, sampling, generator, stop))
 
+    def propose_tree(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams,
+                     generator: torch.Generator | None = None) -> Draft:
+        """A token tree from the draft model: its most likely chain of ``depth`` tokens, plus the tokens it ranks
+        next at each depth as sibling leaves, as many as the node ``budget`` leaves room for.
+
+        The chain costs what a chain draft costs (``depth`` draft forwards, the argmax of the draft's distribution
+        q at each position: softmax of the logits when greedy, the sampling distribution otherwise); the
+        alternatives cost no draft forward, only target verification width. They are ranked across depths by the
+        draft's probability of reaching them, ``Π_{j<i} q_j(chain_j) · q_i(t)`` (EAGLE-2's ranking by path
+        confidence, Li et al. 2024, here one level deep: an alternative is a leaf). Siblings follow the chain's
+        node in descending q, so the chain is the tree's main path (:meth:`Draft.as_chain`).
+
+        The candidates are fixed given the sequence (no sampling), so the returned draft has ``probs`` None and a
+        sampled request verifies it with the multi-candidate rule for deterministic trees
+        (:func:`~adaspec.tree.verify_tree_sampling`), which is lossless for any candidate set.
+
+        Returns:
+            a :class:`Draft` with ``parents`` (at most ``budget`` nodes; a chain when ``budget`` <= ``depth``), or
+            an empty one where the draft model's window leaves no room.
+        """
+        return run_proposal(self._tree_proposal(ids, min(depth, budget), budget, sampling))
+
+    def _tree_proposal(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams) -> Proposal:
+        depth = min(depth, self.backend.max_context - len(ids) + 1)
+        if depth <= 0:
+            return empty_draft()
+        pending = self._sync(ids)
+        logits = yield from self._fed(pending)
+        self._stable = len(ids)
+        chain: list[int] = []
+        dists: list[torch.Tensor] = []
+        history = list(ids)
+        for i in range(depth):
+            if self._controls is not None:
+                logits = self._controls.apply(logits[None], history, self._prompt_len)[0]
+            q = torch.softmax(logits.float(), -1) if sampling.greedy else logits_to_probs(logits, sampling).float()
+            token = int(q.argmax())
+            chain.append(token)
+            dists.append(q)
+            if i == depth - 1:
+                break
+            history.append(token)
+            logits = yield from self._fed([token])
+        spare = budget - len(chain)
+        alternatives: list[tuple[float, int, int]] = []  # (path probability, depth, token)
+        reach = 1.0
+        for i, (q, token) in enumerate(zip(dists, chain)):
+            if spare > 0:
+                top = torch.topk(q, min(spare + 1, q.shape[0]))
+                alternatives += [(reach * float(v), i, int(t)) for v, t in zip(top.values, top.indices)
+                                 if int(t) != token and float(v) > 0]
+            reach *= float(q[token])
+        chosen = sorted(sorted(alternatives, reverse=True)[:max(spare, 0)], key=lambda a: (a[1], -a[0]))
+        tokens = chain + [t for _, _, t in chosen]
+        parents = list(range(-1, len(chain) - 1)) + [i - 1 for _, i, _ in chosen]
+        return Draft(torch.tensor(tokens, dtype=torch.long), None, parents=parents)
+
     def proposal(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
                  stop: DraftStop | None = None) -> Proposal:
         k = min(k, self.backend.max_context - len(ids) + 1)  # the draft model's window may be shorter than the target's

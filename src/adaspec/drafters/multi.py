@@ -97,6 +97,19 @@ class MultiDrafter(Drafter):
                 stop: DraftStop | None = None) -> Draft:
         return run_proposal(self.proposal(ids, k, sampling, generator, stop))
 
+    def propose_tree(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams,
+                     generator: torch.Generator | None = None) -> Draft:
+        """The selected (or, unrouted, the first non-empty) sub-drafter's :meth:`Drafter.propose_tree`."""
+        routed, selected = self._routed, self._selected
+        self._selected, self._routed = None, False
+        names = ([selected] if selected is not None else []) if routed else list(self.drafters)
+        for name in names if depth > 0 else ():
+            draft = self._ready(name).propose_tree(ids, depth, budget, sampling, generator)
+            if len(draft):
+                draft.source = name
+                return draft
+        return empty_draft()
+
     def proposal(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
                  stop: DraftStop | None = None) -> Proposal:
         routed, selected = self._routed, self._selected
