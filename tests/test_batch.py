@@ -438,9 +438,29 @@ def test_calibrate_measures_the_draft_model_and_seeds_every_new_row():
     assert draft_ms > 0 and feed_ms > 0
     assert draft.seq_len_of(0) == 0  # the measurement left the draft cache as it was
     engine.add([1, 2, 3, 4, 5, 6, 7, 8], GenerationConfig(max_new_tokens=12, ignore_eos=True))
+    engine.add([5, 6, 7, 5, 6, 7], GenerationConfig(max_new_tokens=12, ignore_eos=True),
+               drafter_for=lambda seq: NgramDrafter())
     engine.step()
-    assert made[-1].costs.draft_seed == {"d": (draft_ms, feed_ms)}
+    hybrid, lookup = made[-2:]
+    assert hybrid.costs.draft_seed == {"d": (draft_ms, feed_ms)}
+    assert lookup.costs.draft_seed == {}  # a row is seeded with its own draft models only
     while engine:
         engine.step()
-    learned = made[-1].draft_costs()
-    assert engine.draft_costs == {**engine.draft_costs, **learned} and "d" in engine.draft_costs
+    # a row that drafted with the model passes what it measured on (the lookup drafter's costs are not kept)
+    class Always(GoodputController):
+        """Drafts K = 2 with "d" after the first step (deterministic, whatever the timings), measuring as usual."""
+
+        def decide(self, options):
+            return (None, 0) if self.fresh else ("d", 2)
+
+    def always():
+        made.append(Always())
+        return made[-1]
+    alone = BatchEngine(target, lambda seq: ModelDrafter(draft.sequence(seq)), always)
+    alone.draft_costs["d"] = (draft_ms, feed_ms)
+    result = alone.generate([[1, 2, 3, 4, 5, 6, 7, 8]], GenerationConfig(max_new_tokens=24, ignore_eos=True))[0]
+    assert any(s.drafter == "d" for s in result.stats.steps)
+    assert alone.draft_costs["d"] == made[-1].draft_costs()["d"] != (draft_ms, feed_ms)
+    alone.draft_costs["d"] = (0.0, 1.0)
+    alone._learn({"d": (-1.0, 1.0), "x": (2.0, -1.0)})  # invalid costs are not kept
+    assert alone.draft_costs == {"d": (0.0, 1.0)}

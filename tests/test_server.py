@@ -869,6 +869,9 @@ def test_observed_controller_is_the_inner_controller_to_the_engine():
         calls["set_synced"] += 1
         set_synced(synced)
     inner.decide, inner.set_synced = counted_decide, counted_set_synced
+    decisions: list[int] = []
+    next_k = inner.next_k
+    inner.next_k = lambda: (decisions.append(next_k()), decisions[-1])[1]
     observed = ObservedController(inner)
     seen: list[tuple[int, int]] = []
     observed.listener = lambda step, k: seen.append((step.k, k))
@@ -880,5 +883,13 @@ def test_observed_controller_is_the_inner_controller_to_the_engine():
     result = engine.generate([1, 2, 3, 4, 1, 2, 3, 4, 1, 2], GenerationConfig(max_new_tokens=40, ignore_eos=True))
     steps = len(result.stats.steps)
     assert calls == {"decide": steps, "set_synced": 1}
-    assert seen[-steps:] == [(s.k, s.k) for s in result.stats.steps]
+    assert [k for _, k in seen[-steps:]] == decisions[-steps:]  # the controller's choices, one per step
     assert any(s.drafter == "draft" for s in result.stats.steps)  # routed: the draft model, not only lookups
+    # a clamp near max_new_tokens (K cut to the tokens left) is not the controller switching speculation off
+    fixed = ObservedController(FixedController(4))
+    reported: list[tuple[int, int]] = []
+    fixed.listener = lambda step, k: reported.append((step.k, k))
+    never = MarkovBackend(-table, "never right")  # proposes the target's least likely tokens
+    SpeculativeEngine(MarkovBackend(table, "target"), ModelDrafter(never), fixed).generate(
+        [1, 2, 3], GenerationConfig(max_new_tokens=10, ignore_eos=True))
+    assert [k for _, k in reported] == [4] * len(reported) and reported[-1][0] < 4  # ran clamped, reported as 4

@@ -37,7 +37,7 @@ from adaspec.controllers.base import Controller
 from adaspec.controllers.batch import BatchPricer, RowEstimate
 from adaspec.controllers.fixed import FixedController
 from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
-from adaspec.drafters.multi import cached_prefixes, measure_drafters, route
+from adaspec.drafters.multi import cached_prefixes, measure_drafters, model_drafters, route
 from adaspec.engine import (
     GenerationConfig,
     GenerationResult,
@@ -258,8 +258,9 @@ class BatchEngine:
                 row.controller.reset()
                 if self.pricer.curve:  # the batch's measured costs, so a goodput row does not start from priors
                     row.controller.seed_verify_costs(self.pricer.curve, self.pricer.context_len)
-                if self.draft_costs:  # its draft model's first proposal (and the prompt it feeds) is priced, not blind
-                    row.controller.seed_draft_costs(self.draft_costs)
+                seeds = self._seeds_for(row.drafter)
+                if seeds:  # its draft model's first proposal (and the prompt it feeds) is priced, not tried blind
+                    row.controller.seed_draft_costs(seeds)
                 row.stop_rule = row.controller.draft_stop()
                 row.start = time.perf_counter()
                 self.target.truncate_seq(row.seq, 0)
@@ -469,11 +470,23 @@ class BatchEngine:
         self._release(row)
         return StreamChunk(new, tail, result, logprobs=logprobs)
 
+    def _seeds_for(self, drafter: Drafter | None) -> dict[str, tuple[float, float]]:
+        """The measured costs of ``drafter``'s own draft models (only those: a controller prices every drafter it
+        is seeded with as a candidate for its steps)."""
+        if drafter is None or not self.draft_costs:
+            return {}
+        return {name: self.draft_costs[name] for name in model_drafters(drafter) if name in self.draft_costs}
+
+    def _learn(self, costs: dict[str, tuple[float, float]]) -> None:
+        """Keep valid ``{name: (draft_ms, feed_ms)}`` per token (draft_ms > 0, feed_ms >= 0) as :attr:`draft_costs`."""
+        self.draft_costs.update({name: (float(d), float(f)) for name, (d, f) in costs.items() if d > 0 and f >= 0})
+
     def _release(self, row: _Row) -> None:
         learned = getattr(row.controller, "draft_costs", None)
-        if learned is not None:  # what this row measured of its drafters prices the next rows' first proposals
-            try:
-                self.draft_costs.update(learned())
+        if learned is not None and row.drafter is not None:  # its draft models' measured costs price the next
+            try:  # rows' first proposals
+                own = model_drafters(row.drafter)
+                self._learn({name: c for name, c in learned().items() if name in own})
             except Exception:  # bookkeeping only: never fail a release
                 pass
         try:
@@ -514,5 +527,5 @@ class BatchEngine:
         drafter_for = drafter_for or self._drafter_for
         drafter = self._drafter(drafter_for, 0) if drafter_for is not None else None
         if drafter is not None:
-            self.draft_costs.update(measure_drafters(drafter))
+            self._learn(measure_drafters(drafter))
         return curve

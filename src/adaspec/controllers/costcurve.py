@@ -85,7 +85,9 @@ def measure_draft_costs(backend: Backend, feed_tokens: int = 64, repeats: int = 
     prompt a lazily prefilled draft model feeds at its first proposal) divided by ``feed_tokens``. Medians of
     ``repeats`` samples, measured on top of what the cache holds; afterwards it holds exactly that again.
     The goodput controller prices a draft model's first proposal from these before paying for it
-    (:meth:`~adaspec.controllers.goodput.GoodputController.seed_draft_costs`).
+    (:meth:`~adaspec.controllers.goodput.GoodputController.seed_draft_costs`). ``draft_ms`` is a lower bound of a
+    drafting step in the engine, which also turns logits into a distribution, applies the request's controls and
+    asks the stop rule; the controller's own steps replace both values once it has measured them.
 
     Raises:
         ValueError: ``feed_tokens`` or ``repeats`` below 1, or no room for ``feed_tokens + 1`` more tokens in the

@@ -45,7 +45,9 @@ time so far (at least one plain step, at most ``probe_budget``): a short request
 cannot earn back. A drafter whose draft
 time was never measured without catch-up is tried at ``k_init`` (twice in a row for a lazily prefilled draft model:
 the first try feeds it the prompt tokens it lacks, the second measures t_d, and the first is then booked as
-catch-up f_d). The first step of every request is plain (it costs nothing against plain decoding and tells the
+catch-up f_d), unless its t_d and f_d were seeded from a measurement made elsewhere
+(:meth:`GoodputController.seed_draft_costs`: a batched row gets what the batch engine measured), in which case its
+first proposal is priced like any other, catch-up included. The first step of every request is plain (it costs nothing against plain decoding and tells the
 controller the context length, which the catch-up cost needs). Costs persist across requests (they belong to the
 machine); acceptance counts are scaled by ``carry`` at each new request (they belong to the text).
 
@@ -350,13 +352,15 @@ class GoodputController(Controller):
             self.costs.seed_draft(name, draft_ms, feed_ms)
 
     def draft_costs(self) -> dict[str, tuple[float, float]]:
-        """``{drafter: (draft_ms, feed_ms)}`` per token as this controller knows them now (measured, else seeded),
-        at the last step's context bucket: what :meth:`seed_draft_costs` of a new request's controller takes."""
+        """``{drafter: (draft_ms, feed_ms)}`` per token for the drafters whose costs this controller has measured
+        (a draft time per token from its own steps, and a catch-up time measured or seeded; never the guess
+        :meth:`CostModel.feed_ms` falls back on), at the last step's context bucket: what
+        :meth:`seed_draft_costs` of a new request's controller takes."""
         b = bucket_of(self.context_len)
         out = {}
-        for name in {*self.costs.draft, *self.costs.draft_seed}:
+        for name in self.costs.draft:
             draft_ms = self.costs.draft_ms(name, b)
-            if draft_ms:
+            if draft_ms and (name in self.costs.feed or name in self.costs.draft_seed):
                 out[name] = (draft_ms, self.costs.feed_ms(name, b))
         return out
 

@@ -142,6 +142,13 @@ def cached_prefixes(drafter: Drafter, ids: list[int]) -> dict[str, int]:
     return {name: len(ids) if hasattr(d, "match") else d.cached_prefix(ids) for name, d in parts.items()}
 
 
+def model_drafters(drafter: Drafter) -> dict[str, Drafter]:
+    """``{name: drafter}`` of the draft models in ``drafter`` (each sub-drafter of a :class:`MultiDrafter`, named
+    as :func:`cached_prefixes` names them) that have a backend to run: lookup drafters (with ``match``) left out."""
+    parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
+    return {name: d for name, d in parts.items() if not hasattr(d, "match") and getattr(d, "backend", None)}
+
+
 def measure_drafters(drafter: Drafter, feed_tokens: int = 64) -> dict[str, tuple[float, float]]:
     """``{name: (draft_ms, feed_ms)}`` per token for every draft model in ``drafter`` (each sub-drafter of a
     :class:`MultiDrafter`, named as :func:`cached_prefixes` names them), measured on its backend by
@@ -150,14 +157,10 @@ def measure_drafters(drafter: Drafter, feed_tokens: int = 64) -> dict[str, tuple
     measurement is skipped."""
     from adaspec.controllers.costcurve import measure_draft_costs
 
-    parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
     out = {}
-    for name, d in parts.items():
-        backend = getattr(d, "backend", None)
-        if hasattr(d, "match") or backend is None:
-            continue
+    for name, d in model_drafters(drafter).items():
         try:
-            out[name] = measure_draft_costs(backend, feed_tokens)
+            out[name] = measure_draft_costs(d.backend, feed_tokens)
         except ValueError:  # no room in its context window: its first proposal is tried blind, as before
             continue
     return out

@@ -143,7 +143,7 @@ def _hash(text: str) -> str:
 def analyse(task: str, rows: list[dict], scores: dict[tuple[str, str], bool], threshold: float) -> dict[str, dict]:
     """Per method: accuracy, interval, paired comparison with plain decoding, identity with the method's reference,
     divergences (first position, margins, whether both answers were cut by ``max_new_tokens``), the share of
-    answers cut by ``max_new_tokens`` (``truncated``) and decoding speed (against plain decoding on the same
+    answers cut by ``max_new_tokens`` or the context window (``truncated``: finish reason ``length``) and decoding speed (against plain decoding on the same
     prompts). For GSM8K also ``stated``: the same accuracy and paired comparison scoring only the answer the text
     states (:func:`~adaspec.quality.gsm8k.stated_answer`, no last-number fallback), which an answer cut mid-way
     through its reasoning seldom has.
@@ -233,7 +233,8 @@ def markdown(results: dict[str, dict[str, dict]], meta: dict) -> str:
              "Accuracy with its 95 % Wilson interval; Δ vs plain = paired difference (Newcombe's 95 % interval) and "
              "the exact McNemar p-value, with the discordant prompts (right only with the method / only with "
              "plain); identical = same tokens as the method's reference (`plain`, or `plain+strict` for a strict "
-             "method); cut = answers that reached the new-token limit. Speed = decode tokens/s over the same "
+             "method); cut = answers that reached the new-token limit (or the context window). Speed = decode "
+             "tokens/s over the same "
              "prompts (interleaved).", ""]
     for task, stats in results.items():
         n = max((s["n"] for s in stats.values()), default=0)

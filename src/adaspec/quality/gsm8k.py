@@ -17,8 +17,8 @@ the one used for scoring, is a cascade for chat models, which often ignore the `
 3. the last number, by the flexible-extract regex, skipping matches without a digit (``"..."``).
 
 :func:`stated_answer` is steps 1–2 only, the analogue of lm-eval's ``strict-match`` for chat models: the answer the
-model stated as final. It differs from the cascade on answers cut by ``max_new_tokens``: there step 3 scores
-whichever number the unfinished reasoning happened to end on.
+model stated as final. It differs from the cascade on answers that state no final answer, above all those cut by
+``max_new_tokens``: there step 3 scores whichever number the unfinished reasoning happened to end on.
 
 :func:`is_correct` compares numerically (``"18.00" == "18"``, ``"1,000" == "1000"``), exactly (fractions, no
 float rounding), falling back to string equality when either side is not a number.

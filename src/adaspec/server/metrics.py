@@ -106,7 +106,7 @@ class ServerMetrics:
                                    registry=r)
         self.fallbacks = Counter(n("spec_decode_num_fallbacks"),
                                  "Times a controller switched speculation off within a request.", d, registry=r)
-        self.k = Gauge(n("spec_decode_k"), "Draft length K of the last step (0 = plain decoding).", m, registry=r)
+        self.k = Gauge(n("spec_decode_k"), "Draft length K the controller chose for the last step (0 = plain decoding).", m, registry=r)
         self.active = Gauge(n("spec_decode_active"), "1 while speculation is on (K > 0), else 0.", m, registry=r)
         self.decode_seconds = Counter(n("spec_decode_decode_seconds"), "Decode time after the first token.", m,
                                       registry=r)
@@ -140,8 +140,8 @@ class ServerMetrics:
 
     # Live, per step (called from the generation thread) --------------------------------------------------------
     def step(self, step: StepRecord, drafter: str, k: int, previous_k: int | None) -> None:
-        """One step of a request: counters, and the K gauges set to ``k`` (the step's draft length); a step at
-        ``k`` 0 after one at ``previous_k`` > 0 is a fallback."""
+        """One step of a request: counters, and the K gauges set to ``k`` (the controller's choice for the step);
+        a choice of 0 after ``previous_k`` > 0 is a fallback."""
         labels = (self.model_name, drafter or "none")
         if step.drafted > 0:
             self.drafts.labels(*labels).inc()

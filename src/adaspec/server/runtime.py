@@ -68,18 +68,21 @@ PLAIN = SpecSettings("none", "fixed", 0)
 
 
 class ObservedController(Controller):
-    """Delegates to ``inner`` and reports each step, with the K that step ran at, to ``listener``.
+    """Delegates to ``inner`` and reports each step, with the K ``inner`` chose for it, to ``listener``.
 
-    It is the engine's controller, so it must be ``inner`` to the engine in every way: the hooks the base class
-    defines are forwarded, and every other attribute (``choose_drafter``, ``calibrate``, ``draft_costs``, ...) is
-    ``inner``'s own, or missing as on ``inner``. It never asks ``inner`` for a decision the engine did not ask for:
-    a goodput controller's decision moves its probe counters, so an extra ``next_k()`` per step would change what
-    it does next."""
+    The engine must see ``inner``'s behaviour through it: the hooks the base class defines are forwarded, and
+    reading any other attribute (``choose_drafter``, ``calibrate``, ``draft_costs``, ...) gives ``inner``'s own,
+    or fails as on ``inner`` (attribute writes and ``isinstance`` see the wrapper). It never asks ``inner`` for a
+    decision the engine did not ask for: a goodput controller's decision moves its probe counters, so an extra
+    ``next_k()`` per step would change what it does next. The K reported is the controller's choice, not the
+    K the step ran at after the engine's clamps (the tokens left, a batch's cap), so a clamp near ``max_tokens``
+    is not counted as the controller switching speculation off."""
 
     def __init__(self, inner: Controller) -> None:
         self.inner = inner
         self.name = inner.name
         self.listener: Callable[[StepRecord, int], None] | None = None
+        self.chosen: int | None = None  # what inner.next_k() returned for the step under way
 
     def __getattr__(self, name: str):
         if name == "inner":  # not set yet (copying, unpickling): no recursion
@@ -87,12 +90,14 @@ class ObservedController(Controller):
         return getattr(self.inner, name)
 
     def next_k(self) -> int:
-        return self.inner.next_k()
+        self.chosen = self.inner.next_k()
+        return self.chosen
 
     def update(self, step: StepRecord) -> None:
         self.inner.update(step)
+        chosen, self.chosen = self.chosen, None
         if self.listener is not None:
-            self.listener(step, step.k)
+            self.listener(step, step.k if chosen is None else chosen)
 
     def draft_stop(self):
         return self.inner.draft_stop()
@@ -455,8 +460,8 @@ class Job:
             pass
 
     def _on_step(self, step: StepRecord, k: int) -> None:
-        """After each step: ``k`` is the draft length it ran at; a speculative step followed by a plain one counts
-        as a fallback."""
+        """After each step: ``k`` is the draft length the controller chose for it (before the engine's clamps); a
+        choice of 0 after one above 0 counts as a fallback."""
         prev = self._prev_k if self._prev_k is not None else k
         if prev > 0 and k == 0:
             self.fallbacks += 1
