@@ -464,3 +464,39 @@ def test_calibrate_measures_the_draft_model_and_seeds_every_new_row():
     alone.draft_costs["d"] = (0.0, 1.0)
     alone._learn({"d": (-1.0, 1.0), "x": (2.0, -1.0)})  # invalid costs are not kept
     assert alone.draft_costs == {"d": (0.0, 1.0)}
+
+
+def test_the_pricer_charges_a_draft_models_catch_up_and_probes_only_without_one():
+    """A row whose draft model must first feed its prompt (a lazily prefilled draft) stalls the whole batch: the
+    pricer charges that catch-up (spread over its horizon) and does not probe through it. Measured on this CPU before
+    (2026-12-01, docs/batching.md): rows probing through 500-token catch-ups ran at 0.50-0.69x plain at B = 2-4."""
+    curve = {n: 70.0 + 12.0 * (n - 1) for n in (1, 2, 4, 8, 16, 32, 64)}
+    pricer = BatchPricer(curve, horizon=16)
+    steady = RowEstimate(k=4, alpha=0.95, draft_ms=20.0)
+    lagging = RowEstimate(k=4, alpha=0.95, draft_ms=20.0, catch_up_ms=2000.0)
+    assert pricer.cap([steady] * 2) > 0  # drafts that are in step pay at α 0.95
+    assert pricer.cap([lagging] * 2) == 0  # 2 s of prompt to feed first do not
+    assert pricer.goodput([lagging, steady], 3) == pytest.approx(
+        2 * expected(0.95, 3) / (2 * 20.0 * 3 + 2000.0 / 16 + curve[8]))
+    assert pricer.goodput([lagging], 0) == pytest.approx(1 / curve[1])  # no catch-up charged to a plain step
+    weak = RowEstimate(k=4, alpha=0.3, draft_ms=20.0)
+    assert pricer.cap([weak] * 2) == 0 and pricer.probe_cap([weak] * 2) == pricer.best_positive([weak] * 2) > 0
+    slow = RowEstimate(k=4, alpha=0.3, draft_ms=20.0, catch_up_ms=500.0)
+    assert pricer.probe_cap([slow, weak]) == 0  # a probe would stall the batch 500 ms > one plain step (82 ms)
+    assert pricer.probe_cap([RowEstimate(4, 0.3, 20.0, catch_up_ms=50.0), weak]) > 0  # a short catch-up is fine
+
+
+def test_a_goodput_rows_plan_carries_its_draft_and_catch_up_costs():
+    from adaspec.controllers.goodput import GoodputController
+    from adaspec.stats import StepRecord
+
+    ctrl = GoodputController()
+    ctrl.seed_verify_costs({1: 100.0, 2: 104.0, 5: 116.0, 9: 132.0}, 40)
+    ctrl.seed_draft_costs({"d": (10.0, 2.0)})
+    ctrl.set_synced({"d": 0})
+    ctrl.update(StepRecord(k=0, drafted=0, accepted=0, emitted=1, context_len=40, draft_ms=0.0, verify_ms=100.0,
+                           total_ms=100.0))
+    assert ctrl.next_k() > 0  # 39 tokens to feed at 2 ms: it pays
+    assert ctrl.planned == (10.0, pytest.approx(2.0 * (41 - 2)))  # the draft model lacks 41 tokens, 2 come anyway
+    ctrl.reset()
+    assert ctrl.next_k() == 0 and ctrl.planned == (0.0, 0.0)  # a plain step plans nothing

@@ -382,15 +382,19 @@ class BatchEngine:
                 self._fail(row, e, out)
                 continue
             ks[row.rid] = max(0, min(own, room - 1))
-        estimates = [RowEstimate(ks[r.rid], r.alpha, r.draft_ms if r.draft_ms is not None else 0.0)
-                     for r in decoding if r.rid in ks]
+        estimates = []
+        for r in decoding:
+            if r.rid in ks:  # the row's controller's plan: its drafter's cost per token and any catch-up first
+                planned = getattr(r.controller, "planned", (0.0, 0.0)) if ks[r.rid] else (0.0, 0.0)
+                estimates.append(RowEstimate(ks[r.rid], r.alpha, r.draft_ms if r.draft_ms is not None else planned[0],
+                                             planned[1]))
         # One decoding row is the single-request case: its own controller already prices its forward; the batch
         # pricer (whose acceptance prior would keep a lone row from ever drafting) caps only real batches.
         cap = self.pricer.cap(estimates) if len(estimates) > 1 else None
         if cap is not None:
             self._priced_steps += 1
             if cap == 0 and self.probe_every and self._priced_steps % self.probe_every == 0:
-                cap = self.pricer.best_positive(estimates)  # a probe: acceptance is only learned by drafting
+                cap = self.pricer.probe_cap(estimates)  # a probe: acceptance is only learned by drafting
         self.last_cap = cap
         return {rid: min(k, cap) for rid, k in ks.items()} if cap is not None else ks
 

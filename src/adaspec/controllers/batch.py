@@ -6,10 +6,13 @@ the batch for the same compute: speculation that pays at B = 1 stops paying as B
 batch size; here it is decided from measurements). :class:`BatchPricer` chooses the cap K* that maximises the
 batch's goodput
 
-    goodput(K) = Σ_i E_i[tokens | min(k_i, K)] / (Σ_i d_i · min(k_i, K) + t_v(Σ_i (min(k_i, K) + 1)))
+    goodput(K) = Σ_i E_i[tokens | min(k_i, K)] / (Σ_i [d_i · min(k_i, K) + c_i / H] + t_v(Σ_i (min(k_i, K) + 1)))
 
 where ``k_i`` is row i's own controller's choice, ``E_i`` its expected emitted tokens (acceptance α_i of that row,
-learned per row), ``d_i`` its drafter's measured ms per drafted token and ``t_v(n)`` the target's measured cost of
+learned per row), ``d_i`` its drafter's measured ms per drafted token, ``c_i`` the one-off catch-up its drafter must
+feed first when it drafts (a lazily prefilled draft model's prompt: the whole batch waits for it; counted only for
+rows that draft, spread over ``H`` steps as the goodput controller spreads it) and ``t_v(n)`` the target's measured
+cost of
 one forward of n tokens (:func:`~adaspec.controllers.costcurve.measure_verify_curve`, widths up to
 ``B_max · (K_max + 1)``; a multi-sequence batch of n tokens is priced as an n-token forward). K* = 0 is plain batched
 decoding, chosen whenever no K beats it.
@@ -26,11 +29,13 @@ from adaspec.controllers.costcurve import interpolate, measure_verify_curve
 
 @dataclass
 class RowEstimate:
-    """What the pricer knows of one row: its controller's K, acceptance rate α (0..1), and draft ms per token."""
+    """What the pricer knows of one row: its controller's K, acceptance rate α (0..1), draft ms per token, and the
+    one-off catch-up (ms) its drafter must feed before drafting this step (0 when it is in step)."""
 
     k: int
     alpha: float
     draft_ms: float
+    catch_up_ms: float = 0.0
 
 
 class BatchPricer:
@@ -40,11 +45,13 @@ class BatchPricer:
         curve: ``{tokens in the forward: ms}``, as :func:`measure_verify_curve` returns; None = not measured yet
             (the cap is then the rows' own K: no batch pricing).
         k_max: largest K considered.
+        horizon: steps a catch-up is spread over (as the goodput controller's ``horizon``).
     """
 
-    def __init__(self, curve: Mapping[int, float] | None = None, k_max: int = 8) -> None:
+    def __init__(self, curve: Mapping[int, float] | None = None, k_max: int = 8, horizon: int = 16) -> None:
         self.curve = dict(curve) if curve else None
         self.k_max = k_max
+        self.horizon = horizon
         self.context_len = 64  # the context the curve was measured at
 
     def calibrate(self, backend: Backend, max_batch: int, context_len: int = 64, repeats: int = 2) -> dict[int, float]:
@@ -67,7 +74,7 @@ class BatchPricer:
         for r in rows:
             k = min(r.k, cap)
             tokens += expected(r.alpha, k)
-            draft += r.draft_ms * k
+            draft += r.draft_ms * k + (r.catch_up_ms / self.horizon if k > 0 else 0.0)
             width += k + 1
         return tokens / (draft + interpolate(self.curve, width))
 
@@ -90,6 +97,16 @@ class BatchPricer:
         if top == 0 or self.curve is None:
             return top
         return max(range(1, top + 1), key=lambda cap: self.goodput(rows, cap))
+
+    def probe_cap(self, rows: Sequence[RowEstimate]) -> int:
+        """What a probe step runs when :meth:`cap` says 0: :meth:`best_positive`, unless the drafting rows' catch-ups
+        add up to more than one plain batched step (the whole batch would wait for a draft model's prompt to
+        measure an acceptance the pricer turns off anyway); then 0."""
+        cap = self.best_positive(rows)
+        if cap == 0 or self.curve is None:
+            return cap
+        stall = sum(r.catch_up_ms for r in rows if min(r.k, cap) > 0)
+        return cap if stall <= interpolate(self.curve, len(rows)) else 0
 
 
 def expected(alpha: float, k: int) -> float:

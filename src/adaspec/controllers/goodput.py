@@ -324,6 +324,7 @@ class GoodputController(Controller):
         self._thresholds: list[float] | None = None
         self.context_len = 0
         self.last_choice: tuple[str | None, int, float, float] = (None, 0, 0.0, 0.0)  # drafter, K, G, G(plain)
+        self.planned: tuple[float, float] = (0.0, 0.0)  # the last decision's draft ms per token and catch-up ms
         self.reset()
 
     def reset(self) -> None:
@@ -394,6 +395,7 @@ class GoodputController(Controller):
         """(drafter, K) for the next step; (None, 0) = plain. Without ``options`` every drafter seen so far is a
         candidate (a single drafter's name is learnt from the first speculative step)."""
         c = self.config
+        self.planned = (0.0, 0.0)
         if not self.costs.measured or self.fresh:  # a request's first step is plain: it tells the context length
             return None, 0
         if options is None:
@@ -429,6 +431,7 @@ class GoodputController(Controller):
             self.idle[other] = self.idle.get(other, 0) + 1
         if gain >= c.min_gain / plain_ms:
             self.plain_run, self.idle[name], self.probe_gap[name] = 0, 0, c.probe_init
+            self.planned = (self.costs.draft_ms(name, b) or 0.0, catch_up)
             return self._speculate(name, k, gain, b, options[name])
         self.plain_run += 1
         # Nothing pays now. Probe (at its best K, not extended) the most promising drafter that has sat out more
@@ -440,6 +443,7 @@ class GoodputController(Controller):
             if self.idle[name] > gap and catch_up <= self._probe_allowance(plain_ms):  # else: as soon as allowed
                 self.idle[name], self.probe_gap[name] = 0, min(2 * gap, c.probe_max)
                 self._thresholds = None
+                self.planned = (self.costs.draft_ms(name, b) or 0.0, catch_up)
                 return name, k
         return None, 0
 
