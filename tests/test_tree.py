@@ -289,3 +289,22 @@ def test_engine_samples_with_draft_model_trees(qwen):
     assert eng.generate(prompt, cfg).token_ids == out.token_ids  # seeded
     multi = MultiDrafter({"d": ModelDrafter(_draft_model(qwen))})  # a MultiDrafter passes trees on
     assert len(multi.propose_tree(prompt, 3, 8, GREEDY)) == 8
+
+
+def test_trees_through_compares_prompt_cache(qwen):
+    """`adaspec compare` wraps the target in a PrefixCacheBackend (the prompt's prefill shared by every method).
+    It used to hide the target's tree support, so every "+tree" method of compare verified chains (stated only in
+    the request's tree_fallback). Now trees go through it, and the cache it keeps stays in step."""
+    from adaspec.bench.sweep import PrefixCacheBackend
+
+    prompt = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7, 3, 17, 8, 3, 17, 42, 5, 3, 17]
+    plain = SpeculativeEngine(TorchBackend(qwen, "p"), None, None).generate(prompt, GenerationConfig(max_new_tokens=40))
+    cached = PrefixCacheBackend(TorchBackend(qwen, "t"))
+    eng = SpeculativeEngine(cached, NgramTreeDrafter(), FixedController(4))
+    cfg = GenerationConfig(max_new_tokens=40, tree_budget=12, tree_choice="always")
+    for _ in range(2):  # the second run reuses the cached prompt
+        out = eng.generate(prompt, cfg)
+        assert out.token_ids == plain.token_ids and out.stats.tree_fallback == ""
+        assert any(s.tree for s in out.stats.steps) and any(s.drafted > s.k for s in out.stats.steps)
+        assert cached._ids == prompt + out.token_ids[:-1] and cached.inner.seq_len == len(cached._ids)
+    assert cached.reused_tokens == len(prompt) - 1

@@ -106,6 +106,24 @@ class PrefixCacheBackend(Backend):
             self.record_top2.append((top[0], top[1]))
         return logits
 
+    @property
+    def supports_trees(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_trees
+
+    def forward_tree(self, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """The inner backend's :meth:`~adaspec.backends.base.Backend.forward_tree` (a tree always follows a prefill,
+        never a reset), with the cached ids kept in step."""
+        if self._fresh:
+            raise ValueError("forward_tree after reset needs a prefill first")
+        logits = self.inner.forward_tree(input_ids, parents)
+        self._ids.extend(int(t) for t in input_ids)
+        return logits
+
+    def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
+        self.inner.keep_tree_path(base, path)
+        nodes = self._ids[base:]
+        self._ids[base:] = [nodes[p] for p in path]
+
     def truncate(self, length: int) -> None:
         if self._fresh:
             if length == 0:
