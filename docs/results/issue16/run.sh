@@ -24,6 +24,15 @@ date
 # 3c-3d. (2026-12-01, an AMD EPYC with AVX2 this time; rows carry "cpu") the same command with --time-limit 105
 #     (log-3c.txt), 18 (log-3d.txt) and 2.7 (log-3e.txt): 202 questions; about 32 s per question alone on that machine. Rows 141-161 (questions
 #     71-81) ran while a build or another benchmark shared the cores: their speed is not a measurement.
+# 3f. (2026-12-01, evening, AMD EPYC) the same command continued with --time-limit 72 (log-3f.txt): questions
+#     202-292, a replication of the first 202 (tests and a review shared the cores: not a speed measurement).
+$A eval --tasks gsm8k --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 --out $OUT/gguf \
+  --time-limit 72 > $OUT/gguf/log-3f.txt 2>&1
+# 3g. The first run vs the replication, scored with the last-number fallback and on stated answers only; and which
+#     kernel path (1 vs 5 tokens per forward) is closer to the GGUF's weights de-quantised to fp32 (about 3 minutes).
+PYTHONPATH=src .venv/bin/python $OUT/gsm8k_split.py $OUT/gguf > $OUT/gsm8k-split.md
+PYTHONPATH=src .venv/bin/python $OUT/kernel_fidelity.py --results $OUT/gguf/gsm8k.jsonl --questions 6 --tokens 96 \
+  --out $OUT/kernel-fidelity.json > $OUT/kernel-fidelity-log.txt 2>&1
 # 4-5. PyTorch fp32 and bf16: Qwen2.5-Coder-0.5B target, n-gram drafter (a 0.5B pair has no smaller draft model).
 for dt in float32 bfloat16; do
   mkdir -p $OUT/torch-$dt
