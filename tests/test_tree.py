@@ -185,24 +185,82 @@ def test_batched_rows_say_they_verify_chains(qwen):
     assert [o.stats.tree_fallback for o in outs] == ["chains: batched rows verify chains"] * 2
 
 
-def test_tree_choice_follows_measured_goodput_and_keeps_exploring():
+def test_tree_choice_compares_trees_with_their_own_chains_and_backs_off():
     from adaspec.controllers.tree_choice import TreeChoice
 
-    choice = TreeChoice(window=4, explore_every=5, min_samples=2)
+    choice = TreeChoice(window=4, probe_every=3, max_probe_every=12, min_samples=2)
     first = []
     for _ in range(4):
         first.append(choice.use_tree())
-        choice.update(first[-1], 2, 10.0)
-    assert first == [True, True, False, False]  # each arm twice before any comparison
-    choice = TreeChoice(window=4, explore_every=5, min_samples=2)
-    for tree, tokens, ms in [(True, 3, 100.0), (True, 3, 100.0), (False, 2, 50.0), (False, 2, 50.0)]:
-        choice.update(tree, tokens, ms)
-    assert choice.goodput("tree") == pytest.approx(0.03) and choice.goodput("chain") == pytest.approx(0.04)
-    picks = [choice.use_tree() for _ in range(10)]
-    assert picks == [False, False, False, False, True, False, False, False, False, True]  # chain; tree every 5th
-    for _ in range(4):  # trees get cheap: the window forgets the old steps and the choice flips
-        choice.update(True, 4, 40.0)
-    assert choice.goodput("tree") == pytest.approx(0.1) and choice.use_tree() is True
+        choice.update(first[-1], 2, 10.0, 2, 4)
+    assert first == [True, True, False, False]  # each arm twice (trees first) before any comparison
+    # Trees emit 3 tokens in 60 ms where their main path alone would have emitted 2; a depth-4 chain costs 40 ms:
+    # 0.05 tokens/ms for both on the same steps. Trees must beat it, so chains run; a 2-token chain at 50 ms/token
+    # means nothing here: the comparison is paired.
+    choice = TreeChoice(window=4, probe_every=3, max_probe_every=12, min_samples=2)
+    for _ in range(2):
+        choice.update(True, 3, 60.0, 2, 4)
+        choice.update(False, 2, 40.0, depth=4)
+    assert choice.paired() == pytest.approx((0.05, 0.05)) and choice.trees_win() is False
+    picks = []
+    for _ in range(40):
+        picks.append(choice.use_tree())
+        if picks[-1]:
+            choice.update(True, 3, 60.0, 2, 4)  # every probe loses again
+        else:
+            choice.update(False, 2, 40.0, depth=4)
+    gaps = [i for i, p in enumerate(picks) if p]
+    assert gaps == [3, 10, 23, 36]  # probes after 3, 6, 12, 12 chain steps: the gap doubles up to its cap
+    # trees start to pay (5 tokens where the main path gives 2): they win at once and stay on, with a chain step
+    # every 3 tree steps so the chains' cost stays measured
+    for _ in range(4):
+        choice.update(True, 5, 60.0, 2, 4)
+    assert choice.trees_win() is True and choice.gap == 3  # the probe gap was reset
+    assert [choice.use_tree() for _ in range(8)] == [True, True, True, False, True, True, True, False]
+
+
+def test_tree_choice_notices_when_chains_get_cheaper_and_probes_soon_after_trees_stop_winning():
+    from adaspec.controllers.tree_choice import TreeChoice
+
+    # trees look good only because the first chain steps were slow (a cold cache); they emit what their main path
+    # would, so once the chains' real cost is measured, chains must take over
+    choice = TreeChoice(window=4, probe_every=3, max_probe_every=12, min_samples=2)
+    for _ in range(2):
+        choice.update(True, 2, 70.0, 2, 4)
+        choice.update(False, 2, 200.0, depth=4)
+    assert choice.trees_win() is True
+    picks = []
+    for _ in range(40):
+        picks.append(choice.use_tree())
+        choice.update(picks[-1], 2, 70.0 if picks[-1] else 60.0, 2, 4)
+    assert choice.trees_win() is False and sum(picks[-20:]) <= 2
+    # when trees stop winning, the first probe comes after probe_every chain steps, not a doubled gap
+    choice = TreeChoice(window=2, probe_every=3, max_probe_every=12, min_samples=2)
+    for _ in range(2):
+        choice.update(True, 4, 50.0, 2, 4)
+        choice.update(False, 2, 40.0, depth=4)
+    assert choice.trees_win() is True
+    for _ in range(2):
+        choice.update(True, 2, 50.0, 2, 4)  # trees stop paying
+    assert choice.trees_win() is False and choice.gap == 3
+    # chain cost by depth: the nearest measured depth stands in for an unmeasured one
+    costs = TreeChoice()
+    costs.update(False, 3, 30.0, depth=2)
+    costs.update(False, 5, 50.0, depth=6)
+    assert costs.chain_ms(2) == 30.0 and costs.chain_ms(5) == 50.0 and costs.chain_ms(3) == 30.0
+
+
+def test_chain_emitted_is_the_main_paths_share():
+    from adaspec.drafters.base import Draft
+    from adaspec.engine import chain_emitted
+
+    tokens, parents = [7, 9, 8, 1], [-1, 0, 0, 1]  # main path 7 -> 9 -> 1; 7 -> 8 is a side branch
+    tree = Draft(torch.tensor(tokens), None, parents=parents)
+    assert chain_emitted(tree, [7, 9, 1], 4) == 4  # the main path itself: the chain would have done as well
+    assert chain_emitted(tree, [7, 8], 3) == 2  # the side branch: the chain keeps 7, then its bonus token
+    assert chain_emitted(tree, [], 1) == 1
+    assert chain_emitted(tree, [7, 9, 1], 2) == 2  # cut by the request's end like the tree
+    assert chain_emitted(Draft(torch.tensor([7, 9]), None), [7], 2) == 2  # a chain: what it emitted
 
 
 @pytest.mark.parametrize("tree_choice", ["goodput", "always"])

@@ -27,7 +27,7 @@ from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
 from adaspec.text import TextStream
-from adaspec.tree import check_budget, path_rows, verify_tree_greedy, verify_tree_sampling
+from adaspec.tree import check_budget, main_path, path_rows, verify_tree_greedy, verify_tree_sampling
 from adaspec.verify import parse_lossy, verify_greedy, verify_lossy, verify_sampling
 
 
@@ -69,8 +69,9 @@ class GenerationConfig:
             multi-candidate rule of :func:`~adaspec.tree.verify_tree_sampling`); chains otherwise, with the
             reason in :attr:`GenerationStats.tree_fallback`. 0 (default) = chains.
         tree_choice: with a tree budget, ``"goodput"`` (default) chooses chain or tree before each step from the
-            measured tokens per ms of each (:class:`~adaspec.controllers.tree_choice.TreeChoice`), so a tree that
-            does not pay on this machine and workload gives way to the chain; ``"always"`` verifies a tree every
+            measured tokens per ms of trees against the chains they contain on the same steps
+            (:class:`~adaspec.controllers.tree_choice.TreeChoice`), so a tree that does not pay on this machine
+            and workload gives way to the chain; ``"always"`` verifies a tree every
             speculative step. The goodput choice follows measured times, so a seeded sampled request repeats its
             output exactly only with ``"always"`` (greedy output is the target's either way).
     """
@@ -289,9 +290,11 @@ class SpeculativeEngine:
                 break
             route(self.drafter, self.controller, ids)  # per-step drafter choice (MultiDrafter only)
             k = min(self.controller.next_k(), room - 1) if self.drafter is not None else 0
-            as_tree = bool(k > 0 and tree_budget and (chooser is None or chooser.use_tree()))
+            # a tree's nodes must fit the context (the depth k already does) and the target's tree capacity
+            budget = min(tree_budget, self.target.max_context - len(ids), self.target.max_tree_nodes)
+            as_tree = bool(k > 0 and budget > 1 and (chooser is None or chooser.use_tree()))
             if as_tree:
-                draft = self.drafter.propose_tree(ids, k, tree_budget, params, generator)
+                draft = self.drafter.propose_tree(ids, k, budget, params, generator)
             else:
                 draft = self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft()
             draft_end = time.perf_counter()
@@ -316,7 +319,7 @@ class SpeculativeEngine:
             stats.record(step)
             self.controller.update(step)
             if chooser is not None and k > 0:
-                chooser.update(as_tree, step.emitted, step.total_ms)
+                chooser.update(as_tree, step.emitted, step.total_ms, chain_emitted(draft, accepted, len(new)), k)
             if finish is None:
                 yield StreamChunk(new, text.delta() if text else "", logprobs=lp)
             else:
@@ -420,6 +423,19 @@ def prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], top: int | None
     if top is None:
         return None
     return [None] + (token_logprobs(logits[:len(prompt) - 1], list(prompt[1:]), top) or [])
+
+
+def chain_emitted(draft: Draft, accepted: list[int], emitted: int) -> int:
+    """What the chain inside a tree draft (its main path, :func:`adaspec.tree.main_path`) would have emitted on
+    this step: its common prefix with the accepted path, plus the bonus token, at most ``emitted``. For a chain
+    draft: ``emitted``."""
+    if not draft.is_tree:
+        return emitted
+    main = [int(draft.tokens[i]) for i in main_path(draft.parents)]
+    n = 0
+    while n < min(len(main), len(accepted)) and main[n] == accepted[n]:
+        n += 1
+    return min(n + 1, emitted)
 
 
 def checked_prompt(prompt_ids: Sequence[int], target: Backend) -> list[int]:

@@ -67,6 +67,13 @@ class Backend(ABC):
     supports_trees: bool = False
 
     @property
+    def max_tree_nodes(self) -> int:
+        """Most nodes one :meth:`forward_tree` takes (the engine caps a tree's budget to it)."""
+        from adaspec.tree import MAX_TREE_NODES
+
+        return MAX_TREE_NODES
+
+    @property
     @abstractmethod
     def seq_len(self) -> int:
         """Number of tokens currently held in the KV cache."""

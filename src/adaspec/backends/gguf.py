@@ -37,12 +37,25 @@ class GgufBackend(Backend):
     position), so every logit comes from the matrix-matrix kernels and greedy speculative output is token-for-token
     identical to plain greedy output on the same backend, at the cost of a two-token forward per plain step.
 
+    **Token trees** (runtimes with one unified cache: ik_llama.cpp; ``tree_sequences`` > 0). The branches of a tree
+    are sequences that share cells, as llama.cpp's own tree-speculation example does: each leaf gets a sequence id
+    after the rows' own (``max_sequences`` + j), the prefix's cells are added to every leaf's sequence
+    (``llama_kv_cache_seq_cp``, no copy of data in a unified cache), and each node is decoded once, tagged with the
+    sequences of every leaf below it. The runtime masks attention by a token's first sequence id and position
+    (``cells[i].has_seq_id(seq_id[j][0]) && cells[i].pos <= pos[j]``), so a node whose first id is a leaf below it
+    sees the prefix, the pending token and its ancestors only, at the position of its depth: SpecInfer's tree
+    attention, from the runtime's own masks. :meth:`keep_tree_path` adds the accepted path's cells to sequence 0 and
+    removes the leaves' sequences, which frees the rejected branches' cells.
+
     Logits are returned as float32 ``[num_logits, V]`` CPU tensors.
     """
 
     runtime = "gguf"  # the runtime's short name, as in model specs (NAME@llamacpp, NAME@ik)
     supports_batch_invariance = True
     _invariant = False
+    tree_sequences = 0  # sequence ids after the rows' own held for tree leaves (0: no trees on this runtime)
+    _tree: tuple | None = None  # the pending tree: (prefix length, token ids, parents, leaf sequences, each node's
+    # first sequence, each node's row in the batch)
 
     @property
     def batch_invariant(self) -> bool:
@@ -63,7 +76,7 @@ class GgufBackend(Backend):
         self.n_batch = n_batch
         self.threads = threads
         self.max_sequences = max_sequences
-        self._batch = self._lib.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = self._lib.llama_batch_init(self.n_batch, 0, 1 + self.tree_sequences)
         self.max_context = n_ctx
         self.batch_invariant = batch_invariant
         # token ids in each sequence's cache (batch-invariant mode re-runs a sequence's last one)
@@ -111,6 +124,7 @@ class GgufBackend(Backend):
         rows = [BatchRow(r.seq, [int(t) for t in r.input_ids], r.num_logits) for r in rows]
         self.check_rows(rows)
         self._check_open()
+        self._check_no_tree()
         if (self.batch_invariant and len(rows) == 1 and len(rows[0].input_ids) == 1
                 and self._seqs[rows[0].seq]):  # re-run the previous token so no batch has one row
             seq, new = rows[0].seq, rows[0].input_ids[0]
@@ -124,46 +138,172 @@ class GgufBackend(Backend):
         return self._decode(rows)
 
     def _decode(self, rows: list[BatchRow]) -> list[torch.Tensor]:
-        """``llama_decode`` over every row's tokens in chunks of at most ``n_batch`` (never a last chunk of one token
-        after others when batch-invariant), logits only for each row's last ``num_logits`` positions."""
-        lib, batch = self._lib, self._batch
-        items = []  # (seq, position, token, wants logits)
+        """``llama_decode`` over every row's tokens (:meth:`_decode_items`), logits only for each row's last
+        ``num_logits`` positions."""
+        items = []  # (sequence ids, position, token, wants logits)
         for r in rows:
             base, n = len(self._seqs[r.seq]), len(r.input_ids)
-            items += [(r.seq, base + i, t, i >= n - r.num_logits) for i, t in enumerate(r.input_ids)]
-        total = len(items)
-        starts = list(range(0, total, self.n_batch))
-        if self.batch_invariant and total > 1 and total % self.n_batch == 1:
-            starts[-1] -= 1
-        out = np.empty((sum(r.num_logits for r in rows), self.vocab_size), dtype=np.float32)
-        row = 0
-        for start, end in zip(starts, starts[1:] + [total]):
-            batch.n_tokens = end - start
-            wanted = []
-            for j, (seq, pos, token, logit) in enumerate(items[start:end]):
-                batch.token[j] = token
-                batch.pos[j] = pos
-                batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = seq
-                batch.logits[j] = logit
-                if logit:
-                    wanted.append(j)
-            rc = lib.llama_decode(self._ctx, batch)
-            if rc != 0:  # undo the chunks already decoded: every cache is as before the call
-                for r in rows:
-                    self._seq_rm(len(self._seqs[r.seq]), r.seq)
-                why = {1: "no room left in the KV cache", -1: "invalid batch (a token id out of range?)"}.get(
-                    rc, f"{self.runtime} error")
-                raise RuntimeError(f"{self.name}: llama_decode returned {rc} ({why}) at batch token {start}")
-            for j in wanted:  # copied straight into the result: the runtime reuses its buffer on the next decode
-                out[row] = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, j), shape=(self.vocab_size,))
-                row += 1
+            items += [((r.seq,), base + i, t, i >= n - r.num_logits) for i, t in enumerate(r.input_ids)]
+
+        def undo() -> None:  # every cache as before the call
+            for r in rows:
+                self._seq_rm(len(self._seqs[r.seq]), r.seq)
+
+        out = self._decode_items(items, sum(r.num_logits for r in rows), undo)
         result, row = [], 0
         for r in rows:
             self._seqs[r.seq].extend(r.input_ids)
             result.append(torch.from_numpy(out[row:row + r.num_logits]))
             row += r.num_logits
         return result
+
+    def _decode_items(self, items: list[tuple[tuple[int, ...], int, int, bool]], num_logits: int,
+                      undo) -> np.ndarray:
+        """``llama_decode`` over ``items`` = ``(sequence ids, position, token, wants logits)`` in chunks of at most
+        ``n_batch`` (never a last chunk of one token after others when batch-invariant); ``[num_logits, V]`` float32
+        logits of the wanted items, in order. On a runtime error ``undo()`` restores the caches, then RuntimeError."""
+        lib, batch = self._lib, self._batch
+        total = len(items)
+        starts = list(range(0, total, self.n_batch))
+        if self.batch_invariant and total > 1 and total % self.n_batch == 1:
+            starts[-1] -= 1
+        out = np.empty((num_logits, self.vocab_size), dtype=np.float32)
+        row = 0
+        for start, end in zip(starts, starts[1:] + [total]):
+            batch.n_tokens = end - start
+            wanted = []
+            for j, (seqs, pos, token, logit) in enumerate(items[start:end]):
+                batch.token[j] = token
+                batch.pos[j] = pos
+                batch.n_seq_id[j] = len(seqs)
+                for k, seq in enumerate(seqs):
+                    batch.seq_id[j][k] = seq
+                batch.logits[j] = logit
+                if logit:
+                    wanted.append(j)
+            rc = lib.llama_decode(self._ctx, batch)
+            if rc != 0:  # undo the chunks already decoded
+                undo()
+                why = {1: "no room left in the KV cache", -1: "invalid batch (a token id out of range?)"}.get(
+                    rc, f"{self.runtime} error")
+                raise RuntimeError(f"{self.name}: llama_decode returned {rc} ({why}) at batch token {start}")
+            for j in wanted:  # copied straight into the result: the runtime reuses its buffer on the next decode
+                out[row] = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, j), shape=(self.vocab_size,))
+                row += 1
+        return out
+
+    # Token trees ----------------------------------------------------------------------------------------------
+    @property
+    def supports_trees(self) -> bool:  # type: ignore[override]
+        return self.tree_sequences > 0
+
+    @property
+    def max_tree_nodes(self) -> int:
+        """A tree of n nodes has at most n leaves, each a sequence: at most ``tree_sequences`` nodes."""
+        return self.tree_sequences
+
+    def forward_tree(self, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """See :meth:`Backend.forward_tree`; the branches are sequences sharing cells (class docstring). Sequence 0
+        holds the prefix. Until :meth:`keep_tree_path` (or a truncation to the prefix and pending token) the backend
+        refuses other forwards.
+
+        Raises:
+            NotImplementedError: this runtime holds no tree sequences.
+            ValueError: ``parents`` is not a topologically ordered forest over ``len(input_ids) - 1`` nodes, the tree
+                has more leaves than ``tree_sequences``, or a tree is already pending.
+            ContextLengthError: the prefix plus every node exceeds ``max_context``.
+        """
+        from adaspec.tree import check_parents, depths
+
+        if not self.tree_sequences:
+            raise NotImplementedError(f"{self.name}: {self.runtime} here cannot verify token trees")
+        ids = [int(t) for t in input_ids]
+        n = len(ids)
+        if len(parents) != n - 1:
+            raise ValueError(f"a tree over {n - 1} nodes needs {n - 1} parents, got {len(parents)}")
+        parents = [int(p) for p in parents]
+        check_parents(parents)
+        self._check_no_tree()
+        self._check_open()
+        self.check_forward(n, n)
+        has_child = set(parents)
+        leaves = [i for i in range(n - 1) if i not in has_child]
+        if len(leaves) > self.tree_sequences:
+            raise ValueError(f"{self.name}: a tree with {len(leaves)} leaves; this backend holds "
+                             f"{self.tree_sequences} tree sequences")
+        first = self.max_sequences
+        node_seqs: list[list[int]] = [[] for _ in range(n - 1)]
+        for j, leaf in enumerate(leaves):  # each node's sequences: the leaves below it, the first leaf's first
+            node = leaf
+            while node >= 0:
+                node_seqs[node].append(first + j)
+                node = parents[node]
+        prefix = len(self._seqs[0])
+        tree_seqs = list(range(first, first + len(leaves)))
+        for s in tree_seqs:  # the prefix's cells join every branch (a unified cache shares them, no data moves)
+            self._lib.llama_kv_cache_seq_cp(self._ctx, 0, s, 0, -1)
+        depth = depths(parents)
+        order = _first_child_order(parents)  # the batch (and so the cells) in depth-first order, first path first
+        items = [((0, *tree_seqs), prefix, ids[0], True)]
+        items += [(tuple(node_seqs[i]), prefix + depth[i], ids[i + 1], True) for i in order]
+
+        def undo() -> None:
+            for s in tree_seqs:
+                self._seq_rm(0, s)
+            self._seq_rm(prefix, 0)
+
+        out = self._decode_items(items, n, undo)
+        slot = [0] * (n - 1)  # node i's row in the batch
+        for row, i in enumerate(order, start=1):
+            slot[i] = row
+        self._tree = (prefix, ids, parents, tree_seqs, [seqs[0] for seqs in node_seqs], slot)
+        self._seqs[0].extend(ids)  # as :meth:`Backend.forward_tree` says: every node counted until a path is kept
+        return torch.from_numpy(out[[0] + slot])
+
+    def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
+        """See :meth:`Backend.forward_tree`: ``base`` must be the prefix plus the pending token, and ``path`` a
+        path from the root (each node the child of the one before; ``[]`` keeps none).
+
+        Raises:
+            ValueError: no tree is pending, ``base`` is not where it starts, or ``path`` is not a root path.
+        """
+        if self._tree is None:
+            raise ValueError(f"{self.name}: keep_tree_path without a tree forward before it")
+        prefix, ids, parents, tree_seqs, node_seq, slot = self._tree
+        if base != prefix + 1:
+            raise ValueError(f"{self.name}: the pending tree starts after {prefix + 1} cached entries, not {base}")
+        prev = -1
+        for p in path:
+            if not 0 <= p < len(parents) or parents[p] != prev:
+                raise ValueError(f"tree path {list(path)} does not follow the tree from its root")
+            prev = p
+        if path:  # the path's cells join sequence 0: the last node's leaf sequence holds exactly its ancestors
+            self._lib.llama_kv_cache_seq_cp(self._ctx, node_seq[path[-1]], 0, base, base + len(path))
+        self._drop_tree()
+        self._seqs[0][base:] = [ids[1 + p] for p in path]
+        if [slot[p] for p in path] != list(range(1, len(path) + 1)):
+            # a side branch was kept: rejected nodes left holes between the kept cells. ik_llama.cpp's attention
+            # depends on the cells' layout (with holes left in, SmolLM2-135M's logits drifted 4-9 logits from a
+            # chain fed the same tokens within 7-24 steps; tests/test_tree_gguf.py), so the cache is compacted at
+            # once (about 1 ms). The first path's nodes come first in the batch, so keeping a prefix of it leaves no
+            # hole, as a chain's rejection does.
+            self._compact()
+
+    def _compact(self) -> None:
+        """Move the cache's cells together (no holes). Runtimes with trees implement it."""
+        raise NotImplementedError(f"{self.name}: {self.runtime} cannot compact its cache")
+
+    def _drop_tree(self) -> None:
+        """Remove the tree's sequences (cells only they hold are freed)."""
+        if self._tree is not None:
+            for s in self._tree[3]:
+                self._seq_rm(0, s)
+            self._tree = None
+
+    def _check_no_tree(self) -> None:
+        if self._tree is not None:
+            raise ValueError(f"{self.name}: a token tree is pending; keep a path (keep_tree_path) or truncate to the "
+                             "prefix and pending token first")
 
     def _check_open(self) -> None:
         if self._ctx is None:
@@ -179,6 +319,11 @@ class GgufBackend(Backend):
             self._check_open()
         if not 0 <= length <= len(ids):
             raise ValueError(f"cannot truncate a cache of {len(ids)} tokens to {length}")
+        if self._tree is not None and seq == 0:  # the nodes are not in sequence 0's cells: only back to the root
+            if length > self._tree[0] + 1:
+                raise ValueError(f"{self.name}: a token tree is pending; keep a path (keep_tree_path) or truncate "
+                                 f"to at most {self._tree[0] + 1} entries")
+            self._drop_tree()
         if length < len(ids):
             if not self._seq_rm(length, seq):
                 raise RuntimeError(f"{self.name}: {self.runtime} refused to remove cache positions {length}.. "
@@ -212,9 +357,24 @@ class GgufBackend(Backend):
             self._free()
             self._ctx = self._model = None
             self._seqs = [[] for _ in range(self.max_sequences)]
+            self._tree = None
 
     def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # interpreter shutdown
             pass
+
+
+def _first_child_order(parents: Sequence[int]) -> list[int]:
+    """The nodes of a tree (``parents[i] < i``, -1 = root) in depth-first order, children in index order: the
+    first path (node 0, its first child, ...) first."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    order, stack = [], list(reversed(children.get(-1, [])))
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(children.get(node, [])))
+    return order

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 from adaspec.backends.gguf import GgufBackend
 from adaspec.errors import ConfigError
+from adaspec.tree import MAX_TREE_NODES
 
 INSTALL = 'pip install "ik-llama-cpp-python==0.1.5"'
 
@@ -52,7 +53,11 @@ def import_ik_llama_cpp() -> SimpleNamespace:
     lib = C._lib
     declared = {  # name: (argtypes, restype), from ik_llama.cpp's include/llama.h
         "llama_kv_cache_seq_rm": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32], ctypes.c_bool),
+        "llama_kv_cache_seq_cp": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32],
+                                  None),
         "llama_set_n_threads": ([ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32], None),
+        "llama_kv_cache_defrag": ([ctypes.c_void_p], None),
+        "llama_kv_cache_update": ([ctypes.c_void_p], None),
         "llama_model_size": ([ctypes.c_void_p], ctypes.c_uint64),
         "llama_n_ctx": ([ctypes.c_void_p], ctypes.c_uint32),
         "llama_n_batch": ([ctypes.c_void_p], ctypes.c_uint32),
@@ -94,6 +99,12 @@ class IkLlamaBackend(GgufBackend):
         max_sequences: sequences batched together (:meth:`forward_batch`); the unified KV cache is allocated for
             ``max_context`` positions of each, plus slack against fragmentation (half as many again, at most 4096
             cells, plus one batch).
+        tree_sequences: sequence ids held for the leaves of a token tree (:meth:`forward_tree`; at most
+            :data:`~adaspec.tree.MAX_TREE_NODES`; 0: chains only). The engine caps a tree to this many nodes
+            (``max_tree_nodes``). They share the cache's cells, but the context's ``n_seq_max`` grows by as many:
+            the runtime reserves one vocabulary-sized logits row per sequence (16 rows of a 152k vocabulary:
+            10 MB), and for LongRoPE models (Phi-3.x) it picks long or short rope factors from
+            ``n_ctx / n_seq_max``, so pass 0 for those. The zoo's models (Qwen2.5, SmolLM2) use neither.
 
     Logits are float32 ``[num_logits, V]`` CPU tensors. Numerics as for llama.cpp: a row's logits do not depend on
     how tokens are split into batches of >= 2; a one-token batch uses other kernels.
@@ -107,11 +118,15 @@ class IkLlamaBackend(GgufBackend):
 
     def __init__(self, model_path: str | Path, name: str | None = None, *, max_context: int | None = None,
                  threads: int | None = None, n_batch: int = 512, batch_invariant: bool = False,
-                 repack: bool = True, flash_attn: bool = False, verbose: bool = False, max_sequences: int = 1) -> None:
+                 repack: bool = True, flash_attn: bool = False, verbose: bool = False, max_sequences: int = 1,
+                 tree_sequences: int = 16) -> None:
         lib = import_ik_llama_cpp()
         self._lib = lib
         path = Path(model_path)
         self._check_args(path, self.runtime, n_batch, batch_invariant, max_sequences)
+        if not 0 <= tree_sequences <= MAX_TREE_NODES:
+            raise ConfigError(f"tree_sequences must be in [0, {MAX_TREE_NODES}], got {tree_sequences}")
+        self.tree_sequences = tree_sequences
         if verbose:
             lib.llama_log_set(None, None)  # the library's default: log to stderr
         threads = threads or os.cpu_count() or 1
@@ -129,7 +144,8 @@ class IkLlamaBackend(GgufBackend):
         # one unified cache: n_ctx positions for each of max_sequences sequences, plus slack when several share it:
         # a batch needs contiguous free cells, and rows rolled back at different lengths leave holes
         cells = n_ctx * max_sequences + (min(n_ctx * max_sequences // 2, 4096) + n_batch if max_sequences > 1 else 0)
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = cells, n_batch, n_batch, max_sequences
+        # tree leaves are sequences too (ids after the rows'); they share cells, so they need no cells of their own
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = cells, n_batch, n_batch, max_sequences + tree_sequences
         cp.n_threads = cp.n_threads_batch = threads
         cp.logits_all, cp.embeddings, cp.flash_attn = False, False, flash_attn
         self._ctx = lib.llama_init_from_model(self._model, cp)
@@ -146,6 +162,10 @@ class IkLlamaBackend(GgufBackend):
 
     def _seq_rm(self, start: int, seq: int = 0) -> bool:
         return bool(self._lib.llama_kv_cache_seq_rm(self._ctx, seq, start, -1))
+
+    def _compact(self) -> None:
+        self._lib.llama_kv_cache_defrag(self._ctx)
+        self._lib.llama_kv_cache_update(self._ctx)
 
     def _meta_int(self, key: str) -> int:
         buf = ctypes.create_string_buffer(128)

@@ -110,6 +110,10 @@ class PrefixCacheBackend(Backend):
     def supports_trees(self) -> bool:  # type: ignore[override]
         return self.inner.supports_trees
 
+    @property
+    def max_tree_nodes(self) -> int:
+        return self.inner.max_tree_nodes
+
     def forward_tree(self, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """The inner backend's :meth:`~adaspec.backends.base.Backend.forward_tree` (a tree always follows a prefill,
         never a reset), with the cached ids kept in step."""

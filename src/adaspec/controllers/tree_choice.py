@@ -1,12 +1,20 @@
-"""Chain or token tree for the next speculation step, chosen from measured goodput.
+"""Chain or token tree for the next speculation step, chosen from measured goodput on the same steps.
 
 A tree verifies more candidate tokens per target forward than a chain of the same depth: it pays when the extra
-branches are accepted often enough to cover the wider forward (on a compute-bound CPU a 12-node tree costs more
-than a 5-token chain; on a GPU almost nothing). Which side wins depends on the workload and the machine, so it is
-measured, not assumed: :class:`TreeChoice` keeps, for each arm, the tokens emitted and the step time of its last
-``window`` speculative steps and picks the arm with the higher tokens per millisecond (goodput), trying the other
-arm again every ``explore_every`` steps so a change of regime is noticed (an ε-greedy two-armed bandit over a
-sliding window, as the n-gram/draft choice of :mod:`adaspec.controllers.bandit` does for drafters).
+branches are accepted often enough to cover the wider forward (on a compute-bound CPU an 8-node tree costs about
+1.3 times a 5-token chain; on a GPU almost nothing). Which side wins depends on the workload and the machine, so it
+is measured, not assumed.
+
+Comparing the two arms' tokens per millisecond over the steps each happened to run is confounded: a tree is tried
+on some steps and a chain on others, and prompt-lookup acceptance swings from step to step with the text. So the
+comparison is **paired**: every tree step also says what the chain it contains (its main path, the drafter's first
+guess: :func:`adaspec.tree.main_path`) would have emitted on that same step (the accepted path's common prefix with
+the main path, plus the bonus token; exact for greedy verification, the same rule applied to sampled steps), and
+what a chain of that depth costs comes from the chain steps of this request (by depth). Trees stay on while their
+tokens per ms beat that counterfactual chain on the same steps, with a chain step every ``probe_every`` tree steps
+so the chains' cost stays measured; otherwise chains run and a tree is probed again after ``probe_every`` chain
+steps, a gap that doubles each time a probe loses (8, 16, 32, 64), as the goodput controller backs off its
+probes.
 
 The draft length K (the tree's depth) stays the controller's choice; the node budget is the request's
 ``tree_budget``. Both arms are exact: the choice changes speed only.
@@ -22,38 +30,86 @@ class TreeChoice:
 
     Args:
         window: speculative steps remembered per arm.
-        explore_every: every this many steps the arm with the lower goodput is tried once.
-        min_samples: steps each arm gets before the comparison is trusted (tried in turn first).
+        probe_every: chain steps before a tree is tried again after trees lost (doubled per lost probe), and tree
+            steps between chain steps while trees win.
+        max_probe_every: the largest gap between probes.
+        min_samples: steps each arm gets before the comparison is trusted (tree first, then chain).
     """
 
     ARMS = ("tree", "chain")
 
-    def __init__(self, window: int = 16, explore_every: int = 8, min_samples: int = 2) -> None:
-        self.history = {arm: deque(maxlen=window) for arm in self.ARMS}
-        self.explore_every = explore_every
+    def __init__(self, window: int = 16, probe_every: int = 8, max_probe_every: int = 64,
+                 min_samples: int = 2) -> None:
+        self.tree_steps: deque[tuple[int, float, int, int]] = deque(maxlen=window)  # (emitted, ms, chain's, depth)
+        self.chain_steps: deque[tuple[int, float, int]] = deque(maxlen=window)  # (emitted, ms, depth)
+        self.probe_every = self.gap = probe_every
+        self.max_probe_every = max_probe_every
         self.min_samples = min_samples
-        self.steps = 0
+        self.since_tree = 0
+        self.since_chain = 0
         self.choices = {arm: 0 for arm in self.ARMS}
 
     def goodput(self, arm: str) -> float | None:
         """Tokens emitted per ms over the arm's remembered steps (None before any)."""
-        h = self.history[arm]
-        ms = sum(t for _, t in h)
-        return sum(n for n, _ in h) / ms if h and ms > 0 else None
+        steps = self.tree_steps if arm == "tree" else self.chain_steps
+        ms = sum(s[1] for s in steps)
+        return sum(s[0] for s in steps) / ms if steps and ms > 0 else None
+
+    def chain_ms(self, depth: int) -> float | None:
+        """Measured ms of a chain step of ``depth`` drafted tokens: the mean over remembered chain steps of that
+        depth, else of the nearest depth measured (None before any chain step)."""
+        if not self.chain_steps:
+            return None
+        nearest = min({d for _, _, d in self.chain_steps}, key=lambda d: (abs(d - depth), d))
+        times = [ms for _, ms, d in self.chain_steps if d == nearest]
+        return sum(times) / len(times)
+
+    def paired(self) -> tuple[float, float] | None:
+        """``(tree tokens per ms, the contained chains' tokens per ms)`` over the remembered tree steps: the chains
+        emitting what they would have on those steps, at the chain steps' measured cost of their depth."""
+        if not self.tree_steps or not self.chain_steps:
+            return None
+        tree_ms = sum(ms for _, ms, _, _ in self.tree_steps)
+        chain_ms = sum(self.chain_ms(d) for _, _, _, d in self.tree_steps)
+        if tree_ms <= 0 or chain_ms <= 0:
+            return None
+        return (sum(e for e, _, _, _ in self.tree_steps) / tree_ms,
+                sum(c for _, _, c, _ in self.tree_steps) / chain_ms)
+
+    def trees_win(self) -> bool | None:
+        """Whether trees beat their contained chains on the same steps (None before enough of both)."""
+        if len(self.tree_steps) < self.min_samples or len(self.chain_steps) < self.min_samples:
+            return None
+        pair = self.paired()
+        return None if pair is None else pair[0] > pair[1]
 
     def use_tree(self) -> bool:
         """True: propose a tree this step; False: a chain."""
-        self.steps += 1
-        short = [arm for arm in self.ARMS if len(self.history[arm]) < self.min_samples]
-        if short:
-            arm = short[0]
+        if len(self.tree_steps) < self.min_samples:
+            arm = "tree"
+        elif len(self.chain_steps) < self.min_samples:
+            arm = "chain"
+        elif self.trees_win():
+            arm = "chain" if self.since_chain >= self.probe_every else "tree"  # keep the chain's cost measured
         else:
-            best = max(self.ARMS, key=lambda a: self.goodput(a))
-            worse = "chain" if best == "tree" else "tree"
-            arm = worse if self.steps % self.explore_every == 0 else best
+            arm = "tree" if self.since_tree >= self.gap else "chain"
+        self.since_tree = 0 if arm == "tree" else self.since_tree + 1
+        self.since_chain = 0 if arm == "chain" else self.since_chain + 1
         self.choices[arm] += 1
         return arm == "tree"
 
-    def update(self, tree: bool, emitted: int, step_ms: float) -> None:
-        """Record one speculative step of the arm that ran (``emitted`` tokens in ``step_ms`` ms)."""
-        self.history["tree" if tree else "chain"].append((emitted, step_ms))
+    def update(self, tree: bool, emitted: int, step_ms: float, chain_emitted: int | None = None,
+               depth: int = 0) -> None:
+        """Record one speculative step of the arm that ran: ``emitted`` tokens in ``step_ms`` ms at draft depth
+        ``depth``; for a tree step, ``chain_emitted`` is what its main path alone would have emitted (default:
+        ``emitted``, a tree without branches)."""
+        before = self.trees_win()
+        if tree:
+            self.tree_steps.append((emitted, step_ms, emitted if chain_emitted is None else chain_emitted, depth))
+        else:
+            self.chain_steps.append((emitted, step_ms, depth))
+        after = self.trees_win()
+        if after or before is not False:  # trees win, or have just stopped winning: probe soon
+            self.gap = self.probe_every
+        elif tree and after is False:  # a probe that lost while trees were losing: wait longer before the next
+            self.gap = min(2 * self.gap, self.max_probe_every)
