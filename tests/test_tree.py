@@ -366,3 +366,27 @@ def test_trees_through_compares_prompt_cache(qwen):
         assert any(s.tree for s in out.stats.steps) and any(s.drafted > s.k for s in out.stats.steps)
         assert cached._ids == prompt + out.token_ids[:-1] and cached.inner.seq_len == len(cached._ids)
     assert cached.reused_tokens == len(prompt) - 1
+
+
+def test_controllers_count_a_trees_acceptance_along_its_path():
+    """A tree step's ``drafted`` counts every node; acceptance per position is judged along the path (its depth),
+    so a tree that accepted its whole path of depth 4 records no rejection at position 5 (it drafted nothing
+    there), while a chain of 8 that accepted 4 does."""
+    from adaspec.controllers import make_controller
+    from adaspec.stats import StepRecord
+
+    def step(**kw):
+        return StepRecord(emitted=kw["accepted"] + 1, context_len=100, draft_ms=1.0, verify_ms=60.0, total_ms=61.0,
+                          drafter="ngram", **kw)
+
+    tree = step(k=4, drafted=8, accepted=4, tree=True)
+    chain = step(k=8, drafted=8, accepted=4)
+    assert tree.depth == 4 and chain.depth == 8 and step(k=4, drafted=3, accepted=1, tree=True).depth == 3
+    reached = {}
+    for name, s in [("tree", tree), ("chain", chain)]:
+        c = make_controller("goodput")
+        before = list(c._acceptance("ngram").reached)
+        c.update(s)
+        reached[name] = [a - b for a, b in zip(c._acceptance("ngram").reached, before)]
+    assert reached["tree"][4] == pytest.approx(0.0) and reached["chain"][4] > 0.5
+    assert reached["tree"][3] == pytest.approx(reached["chain"][3])

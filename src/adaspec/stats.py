@@ -46,6 +46,13 @@ class StepRecord:
     batch: int = 1
     tree: bool = False
 
+    @property
+    def depth(self) -> int:
+        """Draft positions in a row that the verifier judged along one path: ``drafted`` for a chain; for a tree
+        (whose ``drafted`` counts every node), its depth ``k``. Acceptance per position is counted over these: a
+        tree that accepted its whole path of depth k was rejected at no position, however many nodes it had."""
+        return min(self.drafted, self.k) if self.tree else self.drafted
+
 
 @dataclass
 class GenerationStats:

@@ -104,7 +104,7 @@ class AdaptiveController(Controller):
 
     @property
     def window_alpha(self) -> float:
-        drafted = sum(s.drafted for s in self.window)
+        drafted = sum(s.depth for s in self.window)  # a tree: the positions along its path
         return sum(s.accepted for s in self.window) / drafted if drafted else 0.0
 
     def update(self, step: StepRecord) -> None:
@@ -120,7 +120,7 @@ class AdaptiveController(Controller):
             return  # judge cost only on evidence
         if self._pays(alpha):
             self.backoff = c.backoff_init
-            if step.accepted == step.drafted == step.k and alpha >= c.grow_threshold:
+            if step.accepted == step.depth == step.k and alpha >= c.grow_threshold:
                 self.k = min(self.k + 1, c.k_max, self.k_ceiling)
         elif self.k > c.k_min and alpha >= c.alpha_floor:
             self.k_ceiling = self.k - 1  # this K did not pay: do not grow back into it

@@ -503,7 +503,7 @@ class GoodputController(Controller):
         self.request_ms += step.total_ms
         self.fresh = False
         if step.drafted:
-            self._acceptance(step.drafter).observe(step.drafted, step.accepted)
+            self._acceptance(step.drafter).observe(step.depth, step.accepted)  # a tree: along its path
             if self._q:  # this drafter asked the stop rule about its tokens
                 self.stoppable.add(step.drafter)
                 self.calibration.observe(self._q, step.drafted, step.accepted)

@@ -28,7 +28,7 @@ class HeuristicController(Controller):
     def update(self, step: StepRecord) -> None:
         if step.drafted == 0:
             return
-        if step.accepted == step.drafted:
+        if step.accepted == step.depth:
             self.k = min(self.k + 2, self.k_max)
         else:
             self.k = max(self.k - 1, self.k_min)
