@@ -158,10 +158,11 @@ class GgufBackend(Backend):
         return result
 
     def _decode_items(self, items: list[tuple[tuple[int, ...], int, int, bool]], num_logits: int,
-                      undo) -> np.ndarray:
+                      undo, rows: Sequence[int] | None = None) -> np.ndarray:
         """``llama_decode`` over ``items`` = ``(sequence ids, position, token, wants logits)`` in chunks of at most
         ``n_batch`` (never a last chunk of one token after others when batch-invariant); ``[num_logits, V]`` float32
-        logits of the wanted items, in order. On a runtime error ``undo()`` restores the caches, then RuntimeError."""
+        logits of the wanted items, in order, or the k-th wanted item's in row ``rows[k]``. On a runtime error
+        ``undo()`` restores the caches, then RuntimeError."""
         lib, batch = self._lib, self._batch
         total = len(items)
         starts = list(range(0, total, self.n_batch))
@@ -188,7 +189,8 @@ class GgufBackend(Backend):
                     rc, f"{self.runtime} error")
                 raise RuntimeError(f"{self.name}: llama_decode returned {rc} ({why}) at batch token {start}")
             for j in wanted:  # copied straight into the result: the runtime reuses its buffer on the next decode
-                out[row] = np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, j), shape=(self.vocab_size,))
+                out[row if rows is None else rows[row]] = np.ctypeslib.as_array(
+                    lib.llama_get_logits_ith(self._ctx, j), shape=(self.vocab_size,))
                 row += 1
         return out
 
@@ -252,13 +254,13 @@ class GgufBackend(Backend):
                 self._seq_rm(0, s)
             self._seq_rm(prefix, 0)
 
-        out = self._decode_items(items, n, undo)
+        out = self._decode_items(items, n, undo, rows=[0] + [1 + i for i in order])  # logits in node order
         slot = [0] * (n - 1)  # node i's row in the batch
         for row, i in enumerate(order, start=1):
             slot[i] = row
         self._tree = (prefix, ids, parents, tree_seqs, [seqs[0] for seqs in node_seqs], slot)
         self._seqs[0].extend(ids)  # as :meth:`Backend.forward_tree` says: every node counted until a path is kept
-        return torch.from_numpy(out[[0] + slot])
+        return torch.from_numpy(out)
 
     def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
         """See :meth:`Backend.forward_tree`: ``base`` must be the prefix plus the pending token, and ``path`` a
