@@ -27,7 +27,7 @@ from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
 from adaspec.text import TextStream
-from adaspec.tree import check_budget, main_path, path_rows, verify_tree_greedy, verify_tree_sampling
+from adaspec.tree import check_budget, path_rows, verify_tree_greedy, verify_tree_sampling
 from adaspec.verify import parse_lossy, verify_greedy, verify_lossy, verify_sampling
 
 
@@ -431,7 +431,7 @@ def chain_emitted(draft: Draft, accepted: list[int], emitted: int) -> int:
     draft: ``emitted``."""
     if not draft.is_tree:
         return emitted
-    main = [int(draft.tokens[i]) for i in main_path(draft.parents)]
+    main = draft.as_chain().tokens.tolist()
     n = 0
     while n < min(len(main), len(accepted)) and main[n] == accepted[n]:
         n += 1

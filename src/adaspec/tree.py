@@ -151,6 +151,20 @@ def path_rows(path: Sequence[int]) -> list[int]:
     return [0] + [i + 1 for i in path]
 
 
+def depth_first_order(parents: Sequence[int]) -> list[int]:
+    """The nodes in depth-first order, children in index order, so the main path (:func:`main_path`) comes first:
+    a batch laid out this way keeps a prefix of the main path contiguous after the pending token."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    order, stack = [], list(reversed(children.get(-1, [])))
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(children.get(node, [])))
+    return order
+
+
 def main_path(parents: Sequence[int]) -> list[int]:
     """The chain a tree falls back to: from the root, always the first child (the drafter's best guess)."""
     first_child: dict[int, int] = {}

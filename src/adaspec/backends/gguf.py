@@ -11,12 +11,24 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from adaspec.backends.base import Backend, BatchRow
 from adaspec.errors import ConfigError
+
+
+class _PendingTree(NamedTuple):
+    """A tree decoded by :meth:`GgufBackend.forward_tree` whose path is not kept yet."""
+
+    prefix: int  # sequence 0's length before the tree (the pending token sits at this position)
+    ids: list[int]  # [pending] + nodes
+    parents: list[int]
+    leaf_seqs: list[int]  # the leaves' sequence ids
+    node_seq: list[int]  # each node's first sequence id: a leaf below it, whose cells are exactly its ancestors
+    order: list[int]  # the nodes in batch (and so cell) order
 
 
 class GgufBackend(Backend):
@@ -54,8 +66,7 @@ class GgufBackend(Backend):
     supports_batch_invariance = True
     _invariant = False
     tree_sequences = 0  # sequence ids after the rows' own held for tree leaves (0: no trees on this runtime)
-    _tree: tuple | None = None  # the pending tree: (prefix length, token ids, parents, leaf sequences, each node's
-    # first sequence, each node's row in the batch)
+    _tree: _PendingTree | None = None  # between forward_tree and keep_tree_path
 
     @property
     def batch_invariant(self) -> bool:
@@ -215,7 +226,7 @@ class GgufBackend(Backend):
                 has more leaves than ``tree_sequences``, or a tree is already pending.
             ContextLengthError: the prefix plus every node exceeds ``max_context``.
         """
-        from adaspec.tree import check_parents, depths
+        from adaspec.tree import check_parents, depth_first_order, depths
 
         if not self.tree_sequences:
             raise NotImplementedError(f"{self.name}: {self.runtime} here cannot verify token trees")
@@ -245,7 +256,7 @@ class GgufBackend(Backend):
         for s in tree_seqs:  # the prefix's cells join every branch (a unified cache shares them, no data moves)
             self._lib.llama_kv_cache_seq_cp(self._ctx, 0, s, 0, -1)
         depth = depths(parents)
-        order = _first_child_order(parents)  # the batch (and so the cells) in depth-first order, first path first
+        order = depth_first_order(parents)  # the batch (and so the cells) with the main path first
         items = [((0, *tree_seqs), prefix, ids[0], True)]
         items += [(tuple(node_seqs[i]), prefix + depth[i], ids[i + 1], True) for i in order]
 
@@ -255,10 +266,7 @@ class GgufBackend(Backend):
             self._seq_rm(prefix, 0)
 
         out = self._decode_items(items, n, undo, rows=[0] + [1 + i for i in order])  # logits in node order
-        slot = [0] * (n - 1)  # node i's row in the batch
-        for row, i in enumerate(order, start=1):
-            slot[i] = row
-        self._tree = (prefix, ids, parents, tree_seqs, [seqs[0] for seqs in node_seqs], slot)
+        self._tree = _PendingTree(prefix, ids, parents, tree_seqs, [seqs[0] for seqs in node_seqs], order)
         self._seqs[0].extend(ids)  # as :meth:`Backend.forward_tree` says: every node counted until a path is kept
         return torch.from_numpy(out)
 
@@ -271,7 +279,7 @@ class GgufBackend(Backend):
         """
         if self._tree is None:
             raise ValueError(f"{self.name}: keep_tree_path without a tree forward before it")
-        prefix, ids, parents, tree_seqs, node_seq, slot = self._tree
+        prefix, ids, parents, _, node_seq, order = self._tree
         if base != prefix + 1:
             raise ValueError(f"{self.name}: the pending tree starts after {prefix + 1} cached entries, not {base}")
         prev = -1
@@ -283,7 +291,7 @@ class GgufBackend(Backend):
             self._lib.llama_kv_cache_seq_cp(self._ctx, node_seq[path[-1]], 0, base, base + len(path))
         self._drop_tree()
         self._seqs[0][base:] = [ids[1 + p] for p in path]
-        if [slot[p] for p in path] != list(range(1, len(path) + 1)):
+        if list(path) != order[:len(path)]:
             # a side branch was kept: rejected nodes left holes between the kept cells. ik_llama.cpp's attention
             # depends on the cells' layout (with holes left in, SmolLM2-135M's logits drifted 4-9 logits from a
             # chain fed the same tokens within 7-24 steps; tests/test_tree_gguf.py), so the cache is compacted at
@@ -298,7 +306,7 @@ class GgufBackend(Backend):
     def _drop_tree(self) -> None:
         """Remove the tree's sequences (cells only they hold are freed)."""
         if self._tree is not None:
-            for s in self._tree[3]:
+            for s in self._tree.leaf_seqs:
                 self._seq_rm(0, s)
             self._tree = None
 
@@ -322,9 +330,9 @@ class GgufBackend(Backend):
         if not 0 <= length <= len(ids):
             raise ValueError(f"cannot truncate a cache of {len(ids)} tokens to {length}")
         if self._tree is not None and seq == 0:  # the nodes are not in sequence 0's cells: only back to the root
-            if length > self._tree[0] + 1:
+            if length > self._tree.prefix + 1:
                 raise ValueError(f"{self.name}: a token tree is pending; keep a path (keep_tree_path) or truncate "
-                                 f"to at most {self._tree[0] + 1} entries")
+                                 f"to at most {self._tree.prefix + 1} entries")
             self._drop_tree()
         if length < len(ids):
             if not self._seq_rm(length, seq):
@@ -366,17 +374,3 @@ class GgufBackend(Backend):
             self.close()
         except Exception:  # interpreter shutdown
             pass
-
-
-def _first_child_order(parents: Sequence[int]) -> list[int]:
-    """The nodes of a tree (``parents[i] < i``, -1 = root) in depth-first order, children in index order: the
-    first path (node 0, its first child, ...) first."""
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        children.setdefault(p, []).append(i)
-    order, stack = [], list(reversed(children.get(-1, [])))
-    while stack:
-        node = stack.pop()
-        order.append(node)
-        stack.extend(reversed(children.get(node, [])))
-    return order
