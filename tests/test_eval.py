@@ -159,3 +159,14 @@ def test_eval_end_to_end_on_a_real_model(tmp_path):
     assert len(rows) == 2 * len(methods) and all(len(json.loads(r)["margins"]) for r in rows)
     evaluate.run_eval(**kw)  # resumes: nothing left to generate
     assert len((tmp_path / "humaneval.jsonl").read_text().splitlines()) == len(rows)
+
+
+def test_score_rows_gsm8k_cot_uses_the_gsm8k_answers(tmp_path):
+    """gsm8k-cot rows are scored against the same GSM8K references as gsm8k, with the chain-of-thought answer form."""
+    pid = load_workload("gsm8k-cot", 1)[0].id
+    rows = [_row(pid, "plain", [1, 2], "A: She sells 16 - 3 - 4 = 9 eggs. 9 * 2 = 18. The answer is 18.", [1.0, 0.1]),
+            _row(pid, "ngram/goodput", [1, 3], "A: 16 - 3 = 13. 13 * 2 = 26. The answer is 26.", [1.0, 0.1])]
+    scores = score_rows("gsm8k-cot", rows, tmp_path / "s.jsonl", progress=False)
+    assert [scores[(pid, evaluate._hash(r["text"]))] for r in rows] == [True, False]
+    stats = analyse("gsm8k-cot", rows, scores, threshold=1.0)
+    assert stats["ngram/goodput"]["stated"]["accuracy"] == 0.0 and stats["plain"]["stated"]["accuracy"] == 1.0

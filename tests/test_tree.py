@@ -390,3 +390,58 @@ def test_controllers_count_a_trees_acceptance_along_its_path():
         reached[name] = [a - b for a, b in zip(c._acceptance("ngram").reached, before)]
     assert reached["tree"][4] == pytest.approx(0.0) and reached["chain"][4] > 0.5
     assert reached["tree"][3] == pytest.approx(reached["chain"][3])
+
+
+def test_accepted_nodes_walks_the_first_child_with_each_token():
+    from adaspec.tree import accepted_nodes
+
+    tokens, parents = [7, 9, 8, 1, 9], [-1, 0, 0, 1, 2]  # 7 -> 9 -> 1 (main), 7 -> 8 -> 9
+    assert accepted_nodes(tokens, parents, [7, 8, 9]) == [0, 2, 4]
+    assert accepted_nodes(tokens, parents, [7, 9, 1]) == [0, 1, 3]
+    assert accepted_nodes(tokens, parents, []) == []
+    with pytest.raises(ValueError, match="depth 2"):
+        accepted_nodes(tokens, parents, [7, 1])
+
+
+def test_tree_width_keeps_the_branches_that_pay_for_their_nodes():
+    """Width from acceptance by rank and the measured cost of a node: full-width steps of depth 3 and 9 nodes, the
+    main path 0-2, then branches 3-4, 5-6, 7-8; the first branch is the accepted path on half the steps, the others
+    never. At 10 ms per node (a 50 ms step) the first branch pays for its 2 nodes and the others do not: the width
+    is 5 nodes. At 40 ms per node no branch pays and the width is the narrowest tree (the main path and one node);
+    whether such a tree beats the chain is use_tree's call."""
+    from adaspec.controllers.tree_choice import TreeChoice
+
+    def run(node_ms: float) -> TreeChoice:
+        choice = TreeChoice(window=8, probe_every=4, min_samples=2)
+        for depth in (2, 3, 4):  # chain steps price a node: verification = 50 ms + node_ms per node
+            choice.update(False, 2, 50.0 + node_ms * depth, depth=depth, verify_ms=50.0 + node_ms * depth)
+        for i in range(4):
+            assert choice.width(3, 9) == 9  # full width until two full steps (and every 4th tree step)
+            path = (0, 3, 4) if i % 2 == 0 else (0, 1, 2)  # the second branch wins half the steps
+            choice.update(True, len(path) + 1, 50.0 + node_ms * 9, 2, 3, nodes=9, path=path,
+                          verify_ms=50.0 + node_ms * 9)
+            if len(choice.full_steps) >= 2:
+                break
+        return choice
+
+    cheap = run(10.0)
+    assert cheap.node_ms() == pytest.approx(10.0)
+    assert cheap.width(3, 9) == 5
+    dear = run(40.0)
+    assert dear.width(3, 9) == 4
+    # every probe_every-th tree step runs at full width again, and only those steps feed the width's curves
+    for _ in range(4):
+        w = cheap.width(3, 9)
+        assert w == 5
+        cheap.update(True, 4, 100.0, 2, 3, nodes=w, path=(0, 3, 4), verify_ms=100.0)
+    assert len(cheap.full_steps) == 2 and cheap.width(3, 9) == 9
+    # no node cost measurable (a single node count): full width
+    flat = TreeChoice(min_samples=1)
+    for _ in range(3):
+        flat.update(False, 2, 60.0, depth=4, verify_ms=60.0)
+    flat.update(True, 3, 90.0, 2, 4, nodes=8, path=(0, 5), verify_ms=90.0)
+    assert flat.node_ms() is not None  # 4 and 8 nodes
+    flat2 = TreeChoice(min_samples=1)
+    for _ in range(3):
+        flat2.update(False, 2, 60.0, depth=4, verify_ms=60.0)
+    assert flat2.node_ms() is None and flat2.width(4, 8) == 8

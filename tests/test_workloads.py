@@ -49,10 +49,10 @@ def test_workload_sizes_and_aliases(packaged):
 def test_categories_differ_between_workloads(packaged):
     """compare summarizes per category: two workloads must not pool different prompts under one name."""
     seen: dict[str, str] = {}
-    for name in ("humaneval", "gsm8k", "specbench", "code-edit", "multi-turn"):
+    for name in ("humaneval", "gsm8k", "specbench", "code-edit", "multi-turn", "gsm8k-cot"):
         for category in {p.category for p in load_workload(name)}:
             assert seen.setdefault(category, name) == name, (category, seen[category], name)
-    assert len(seen) == 1 + 1 + 13 + len(EDITS) + len(REVISIONS)
+    assert len(seen) == 1 + 1 + 13 + len(EDITS) + len(REVISIONS) + 1
 
 
 def test_data_override_wins(monkeypatch, tmp_path):
@@ -150,3 +150,27 @@ def test_unknown_workload_names_the_choices(packaged):
         assert name in str(err.value)
     with pytest.raises(AdaspecError, match="translation"):
         load_workload("specbench:nope")
+
+
+def test_gsm8k_cot_prompts_are_eight_shot_conversations(packaged):
+    """gsm8k-cot: the eight chain-of-thought exemplars (Wei et al. 2022) as chat turns, then the question; ids and
+    order as in gsm8k, so both score against the same rows."""
+    plain, cot = load_workload("gsm8k"), load_workload("gsm8k-cot")
+    assert [p.id for p in cot] == [p.id for p in plain] and len(cot) == 600
+    first = cot[0]
+    assert first.category == "gsm8k-cot" and len(first.messages) == 17
+    assert [m["role"] for m in first.messages] == ["user", "assistant"] * 8 + ["user"]
+    assert first.messages[-1]["content"] == first.text == f"Q: {plain[0].text}"
+    assert first.messages[0]["content"].startswith("Q: There are 15 trees in the grove.")
+    answers = [m["content"] for m in first.messages[1::2]]
+    assert answers[0].endswith("The answer is 6.") and answers[-1].endswith("The answer is 8.")
+    assert all(a.startswith("A: ") for a in answers)
+    assert cot[1].messages[:16] == first.messages[:16]  # a shared prefix: the prompt cache keeps it across questions
+
+
+def test_gsm8k_cot_exemplars_come_with_the_package(monkeypatch, tmp_path):
+    """ADASPEC_DATA replaces the data set, not the prompt format: the exemplars are found without it."""
+    import shutil
+    shutil.copy(data_dir() / "gsm8k_dev.jsonl", tmp_path / "gsm8k_dev.jsonl")
+    monkeypatch.setenv("ADASPEC_DATA", str(tmp_path))
+    assert len(load_workload("gsm8k-cot", 2)) == 2

@@ -147,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="task accuracy of plain vs speculative (and strict, lossy) decoding: HumanEval "
                                      "pass@1, GSM8K; paired tests, identity, divergence margins")
     _add_model_args(ev, DEFAULT_DRAFT)
-    ev.add_argument("--tasks", default="humaneval,gsm8k", help="comma-separated: humaneval, gsm8k (default: both)")
+    ev.add_argument("--tasks", default="humaneval,gsm8k",
+                    help="comma-separated: humaneval, gsm8k (zero-shot), gsm8k-cot (8-shot chain of thought) "
+                         "(default: humaneval,gsm8k)")
     ev.add_argument("--methods", default=None,
                     help="comma-separated compare methods, with +strict and lossy modifiers +typical[:eps], "
                          "+topk[:k], +bild[:nats] (default: plain, hybrid/goodput, their strict versions and the "

@@ -27,7 +27,7 @@ from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
 from adaspec.text import TextStream
-from adaspec.tree import check_budget, path_rows, verify_tree_greedy, verify_tree_sampling
+from adaspec.tree import accepted_nodes, check_budget, path_rows, verify_tree_greedy, verify_tree_sampling
 from adaspec.verify import parse_lossy, verify_greedy, verify_lossy, verify_sampling
 
 
@@ -294,6 +294,8 @@ class SpeculativeEngine:
             budget = min(tree_budget, self.target.max_context - len(ids), self.target.max_tree_nodes)
             as_tree = bool(k > 0 and budget > 1 and (chooser is None or chooser.use_tree()))
             if as_tree:
+                if chooser is not None:
+                    budget = chooser.width(k, budget)
                 draft = self.drafter.propose_tree(ids, k, budget, params, generator)
             else:
                 draft = self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft()
@@ -319,7 +321,10 @@ class SpeculativeEngine:
             stats.record(step)
             self.controller.update(step)
             if chooser is not None and k > 0:
-                chooser.update(as_tree, step.emitted, step.total_ms, chain_emitted(draft, accepted, len(new)), k)
+                path = (accepted_nodes(draft.tokens.tolist(), draft.parents, accepted) if draft.is_tree
+                        else range(len(accepted)))  # a chain's accepted nodes are its first ones
+                chooser.update(as_tree, step.emitted, step.total_ms, chain_emitted(draft, accepted, len(new)), k,
+                               nodes=len(draft), path=path, verify_ms=step.verify_ms)
             if finish is None:
                 yield StreamChunk(new, text.delta() if text else "", logprobs=lp)
             else:

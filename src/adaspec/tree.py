@@ -146,6 +146,25 @@ def verify_tree_sampling(tokens: Sequence[int], parents: Sequence[int], probs: t
         node = accepted
 
 
+def accepted_nodes(tokens: Sequence[int], parents: Sequence[int], accepted: Sequence[int]) -> list[int]:
+    """The node indices of an accepted path given its tokens: from the root, the first child carrying each accepted
+    token (the child :func:`verify_tree_greedy` and :func:`verify_tree_sampling` take).
+
+    Raises:
+        ValueError: ``accepted`` does not follow the tree.
+    """
+    children: dict[int, dict[int, int]] = {}
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        children.setdefault(p, {}).setdefault(int(t), i)
+    path, node = [], -1
+    for t in accepted:
+        node = children.get(node, {}).get(int(t), -2)
+        if node == -2:
+            raise ValueError(f"accepted token {int(t)} at depth {len(path) + 1} is no child of the path so far")
+        path.append(node)
+    return path
+
+
 def path_rows(path: Sequence[int]) -> list[int]:
     """Logits rows of the accepted path followed by the bonus row: ``[0] + [i + 1 for i in path]``."""
     return [0] + [i + 1 for i in path]

@@ -3,7 +3,10 @@
 Workload names (``load_workload``; ``NAME:<category>`` keeps one category of any named workload):
 
 - ``humaneval``: complete a HumanEval function (82 tasks).
-- ``gsm8k``: a GSM8K grade-school maths problem (600).
+- ``gsm8k``: a GSM8K grade-school maths problem (600), the question alone (zero-shot).
+- ``gsm8k-cot``: the same problems, 8-shot chain of thought: the eight exemplars of Wei et al. 2022 (arXiv
+  2201.11903, the set lm-evaluation-harness's ``gsm8k_cot`` uses) as earlier chat turns (``Q: ...`` / ``A: ...
+  The answer is N.``), then ``Q: <question>``. Answers come out short and end with a stated answer.
 - ``specbench``: every Spec-Bench category, first turn (480); ``specbench:<category>`` one category
   (``translation``, ``summarization``, ``qa``, ``math_reasoning``, ``rag`` and MT-bench's ``writing``, ``roleplay``,
   ``reasoning``, ``math``, ``coding``, ``extraction``, ``stem``, ``humanities``).
@@ -43,6 +46,7 @@ EDITS = ("rename", "type-hints", "comments", "fix-bug")
 REVISIONS = {"revise-example": "add a docstring example", "revise-types": "add type hints",
              "revise-names": "rename the variables to be more descriptive", "revise-empty": "handle empty input"}
 REWRITE_REPLY = "Reply with the complete rewritten function only."
+COT_EXEMPLARS = "gsm8k_cot_exemplars.jsonl"
 
 
 @dataclass(frozen=True)
@@ -200,8 +204,26 @@ def _multi_turn(row: dict, revision: str) -> Prompt:
     return Prompt(f"{row['task_id']}:{revision}", revision, last, messages)
 
 
+def _gsm8k_cot() -> list[Prompt]:
+    """The ``gsm8k-cot`` prompts: each GSM8K question after the eight chain-of-thought exemplars as chat turns,
+    with the ids of ``gsm8k`` (the row index), so both score against the same rows."""
+    exemplars = Path(str(resources.files("adaspec") / "data" / COT_EXEMPLARS))  # the format's, not ADASPEC_DATA's
+    shots: list[dict] = []
+    for ex in _rows(exemplars):
+        shots += [{"role": "user", "content": f"Q: {ex['question']}"},
+                  {"role": "assistant", "content": f"A: {ex['answer']}"}]
+    prompts = []
+    for i, row in enumerate(_rows(data_dir() / FILES["gsm8k"])):
+        last = f"Q: {row['question']}"
+        prompts.append(Prompt(str(i), "gsm8k-cot", last, (*shots, {"role": "user", "content": last})))
+    return prompts
+
+
 def _built(base: str) -> list[Prompt]:
-    """The prompts of a workload built from HumanEval (``code-edit`` or ``multi-turn``), one per task."""
+    """The prompts of a workload built from the shipped data: ``code-edit`` or ``multi-turn`` (one per HumanEval
+    task) or ``gsm8k-cot`` (one per GSM8K row)."""
+    if base == "gsm8k-cot":
+        return _gsm8k_cot()
     rows = _rows(data_dir() / FILES["humaneval"])
     if base == "code-edit":
         prompts = []
@@ -215,7 +237,8 @@ def _built(base: str) -> list[Prompt]:
     return [_multi_turn(row, kinds[i % len(kinds)]) for i, row in enumerate(rows)]
 
 
-NAMES = (*FILES, *ALIASES, "code-edit", "multi-turn")
+BUILT = ("code-edit", "multi-turn", "gsm8k-cot")
+NAMES = (*FILES, *ALIASES, *BUILT)
 
 
 def load_workload(name: str, limit: int | None = None) -> list[Prompt]:
@@ -226,7 +249,7 @@ def load_workload(name: str, limit: int | None = None) -> list[Prompt]:
             prompts (the message lists the categories), or a missing data file.
     """
     base, _, category = ALIASES.get(name, name).partition(":")
-    if base in ("code-edit", "multi-turn"):
+    if base in BUILT:
         prompts = _built(base)
     elif base in FILES:
         path = data_dir() / FILES[base]

@@ -16,13 +16,23 @@ so the chains' cost stays measured; otherwise chains run and a tree is probed ag
 steps, a gap that doubles each time a probe loses (8, 16, 32, 64), as the goodput controller backs off its
 probes.
 
-The draft length K (the tree's depth) stays the controller's choice; the node budget is the request's
-``tree_budget``. Both arms are exact: the choice changes speed only.
+**Width.** The draft length K (the tree's depth) stays the controller's choice; the tree's width (its node budget,
+at most the request's ``tree_budget``) is chosen here from the same kind of evidence: the measured acceptance by
+depth and rank on this request's full-width tree steps and the measured cost of a verified node. Drafters add nodes
+in rank order (the main path first, then each next branch: prompt lookup's next match, a draft model's next most
+likely alternative) and a budget of B keeps the first B nodes, so for a full-width step whose accepted path ran
+through nodes ``path`` (indices increase along a path) the tree cut to B nodes would have accepted the path's nodes
+below B: exactly, for greedy verification. Its cost is the step's measured time less the marginal cost of the nodes
+cut, a least-squares slope of verification ms over verified nodes on this request's steps (chains and trees). The
+width chosen is the one with the most tokens per ms over the remembered full-width steps, at least one node beside
+the main path (whether any tree pays at all is the paired comparison above); every ``probe_every``-th tree step
+runs at full width to keep those curves measured. Both arms are exact: the choice changes speed only.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 
 class TreeChoice:
@@ -33,7 +43,8 @@ class TreeChoice:
         probe_every: chain steps before a tree is tried again after trees lost (doubled per lost probe), and tree
             steps between chain steps while trees win.
         max_probe_every: the largest gap between probes.
-        min_samples: steps each arm gets before the comparison is trusted (tree first, then chain).
+        min_samples: steps each arm gets before the comparison is trusted (tree first, then chain), and full-width
+            tree steps before a narrower width is chosen.
     """
 
     ARMS = ("tree", "chain")
@@ -48,6 +59,11 @@ class TreeChoice:
         self.since_tree = 0
         self.since_chain = 0
         self.choices = {arm: 0 for arm in self.ARMS}
+        # full-width tree steps: (depth, nodes, accepted path's node indices, total ms)
+        self.full_steps: deque[tuple[int, int, tuple[int, ...], float]] = deque(maxlen=window)
+        self.costs: deque[tuple[int, float]] = deque(maxlen=2 * window)  # (verified draft nodes, verification ms)
+        self.since_full = 0
+        self._full = True  # the width() just given was the full budget
 
     def goodput(self, arm: str) -> float | None:
         """Tokens emitted per ms over the arm's remembered steps (None before any)."""
@@ -98,11 +114,58 @@ class TreeChoice:
         self.choices[arm] += 1
         return arm == "tree"
 
+    def node_ms(self) -> float | None:
+        """Marginal verification ms per draft node: the least-squares slope of verification ms over verified
+        nodes on the remembered steps; None until the steps span at least two node counts (or the slope is not
+        positive)."""
+        if len(self.costs) < 3:
+            return None
+        xs, ys = [x for x, _ in self.costs], [y for _, y in self.costs]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        if sxx <= 0:
+            return None
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+        return slope if slope > 0 else None
+
+    def width(self, depth: int, budget: int) -> int:
+        """The node budget of the next tree step of ``depth`` levels, at most ``budget`` (see the module
+        docstring): the full budget until ``min_samples`` full-width steps and a node cost are measured, and on
+        every ``probe_every``-th tree step; otherwise the width with the most tokens per ms on the remembered
+        full-width steps, at least ``depth + 1``."""
+        node_ms = self.node_ms()
+        self._full = (len(self.full_steps) < self.min_samples or node_ms is None
+                      or self.since_full >= self.probe_every or budget <= depth + 1)
+        if self._full:
+            return budget
+        best, best_rate = budget, -1.0
+        for side in range(1, budget - depth + 1):
+            emitted = ms = 0.0
+            for d, n, path, step_ms in self.full_steps:
+                cut = min(d + side, n)
+                emitted += 1 + sum(1 for i in path if i < cut)
+                ms += step_ms - node_ms * (n - cut)
+            rate = emitted / ms if ms > 0 else 0.0
+            if rate > best_rate * (1 + 1e-9):  # ties: the narrower tree
+                best, best_rate = depth + side, rate
+        return best
+
     def update(self, tree: bool, emitted: int, step_ms: float, chain_emitted: int | None = None,
-               depth: int = 0) -> None:
+               depth: int = 0, *, nodes: int | None = None, path: Sequence[int] = (),
+               verify_ms: float | None = None) -> None:
         """Record one speculative step of the arm that ran: ``emitted`` tokens in ``step_ms`` ms at draft depth
         ``depth``; for a tree step, ``chain_emitted`` is what its main path alone would have emitted (default:
-        ``emitted``, a tree without branches)."""
+        ``emitted``, a tree without branches), ``nodes`` its node count and ``path`` the accepted nodes' indices
+        (:func:`adaspec.tree.accepted_nodes`). ``verify_ms``, the step's verification time, prices a node for the
+        width choice (``nodes`` verified, ``depth`` for a chain)."""
+        if verify_ms is not None:
+            self.costs.append((nodes if tree and nodes is not None else depth, verify_ms))
+        if tree:
+            if self._full and nodes is not None:
+                self.full_steps.append((depth, nodes, tuple(path), step_ms))
+                self.since_full = 0
+            else:
+                self.since_full += 1
         before = self.trees_win()
         if tree:
             self.tree_steps.append((emitted, step_ms, emitted if chain_emitted is None else chain_emitted, depth))

@@ -40,7 +40,8 @@ from adaspec.quality.gsm8k import is_correct, reference_answer
 from adaspec.quality.sandbox import check_humaneval
 from adaspec.quality.stats import paired_difference, wilson_interval
 
-TASKS = ("humaneval", "gsm8k")
+TASKS = ("humaneval", "gsm8k", "gsm8k-cot")
+GSM8K_TASKS = ("gsm8k", "gsm8k-cot")  # scored on the same rows: zero-shot and 8-shot chain of thought
 DEFAULT_METHODS = ("plain", "hybrid/goodput", "plain+strict", "hybrid/goodput+strict", "hybrid/goodput+typical",
                    "hybrid/goodput+topk:2", "hybrid/goodput+bild")
 NOISE_FACTOR = 4.0
@@ -96,7 +97,7 @@ def humaneval_completion(text: str, problem: dict) -> str:
 def _problems(task: str) -> dict[str, dict]:
     from adaspec.workloads import FILES, _rows, data_dir
 
-    rows = list(_rows(data_dir() / FILES[task]))
+    rows = list(_rows(data_dir() / FILES["gsm8k" if task in GSM8K_TASKS else task]))
     if task == "humaneval":
         return {r["task_id"]: r for r in rows}
     return {str(i): r for i, r in enumerate(rows)}  # the ids load_workload gives GSM8K rows
@@ -164,7 +165,7 @@ def analyse(task: str, rows: list[dict], scores: dict[tuple[str, str], bool], th
         return r.get("finish_reason") == "length"
 
     references = {pid: reference_answer(row["answer"]) for pid, row in _problems(task).items()} \
-        if task == "gsm8k" else {}
+        if task in GSM8K_TASKS else {}
 
     def stated(r: dict) -> bool:
         return is_correct(r["text"], references[r["prompt_id"]], stated_only=True)
