@@ -445,3 +445,21 @@ def test_tree_width_keeps_the_branches_that_pay_for_their_nodes():
     for _ in range(3):
         flat2.update(False, 2, 60.0, depth=4, verify_ms=60.0)
     assert flat2.node_ms() is None and flat2.width(4, 8) == 8
+
+
+def test_a_smaller_tree_budget_keeps_a_prefix_of_the_nodes(qwen):
+    """TreeChoice.width prices a budget B as the first B nodes of a full-width tree: both tree drafters must build
+    their trees in rank order, so a smaller budget gives exactly that prefix."""
+    from adaspec.drafters import ModelDrafter
+
+    ids = [1, 2, 3, 4, 9, 1, 2, 3, 5, 9, 1, 2, 7, 9, 1, 2, 3, 6, 1, 2]
+    ngram = NgramTreeDrafter(max_ngram=2, min_ngram=1)
+    ngram.prefill(ids)
+    model = ModelDrafter(_draft_model(qwen))
+    for drafter, depth, full in ((ngram, 3, 16), (model, 4, 12)):
+        big = drafter.propose_tree(ids, depth, full, GREEDY)
+        assert len(big) > depth + 2
+        for budget in range(depth + 1, len(big)):
+            small = drafter.propose_tree(ids, depth, budget, GREEDY)
+            assert small.tokens.tolist() == big.tokens.tolist()[:budget], (drafter.name, budget)
+            assert small.parents == big.parents[:budget]

@@ -129,8 +129,9 @@ class ModelDrafter(Drafter):
         q at each position: softmax of the logits when greedy, the sampling distribution otherwise); the
         alternatives cost no draft forward, only target verification width. They are ranked across depths by the
         draft's probability of reaching them, ``Π_{j<i} q_j(chain_j) · q_i(t)`` (EAGLE-2's ranking by path
-        confidence, Li et al. 2024, here one level deep: an alternative is a leaf). Siblings follow the chain's
-        node in descending q, so the chain is the tree's main path (:meth:`Draft.as_chain`).
+        confidence, Li et al. 2024, here one level deep: an alternative is a leaf). The alternatives follow the
+        chain in that rank order, so the chain is the tree's main path (:meth:`Draft.as_chain`) and a smaller budget
+        keeps a prefix of the nodes (what :meth:`~adaspec.controllers.tree_choice.TreeChoice.width` assumes).
 
         The candidates are fixed given the sequence (no sampling), so the returned draft has ``probs`` None and a
         sampled request verifies it with the multi-candidate rule for deterministic trees
@@ -172,7 +173,7 @@ class ModelDrafter(Drafter):
                 alternatives += [(reach * float(v), i, int(t)) for v, t in zip(top.values, top.indices)
                                  if int(t) != token and float(v) > 0]
             reach *= float(q[token])
-        chosen = sorted(sorted(alternatives, reverse=True)[:max(spare, 0)], key=lambda a: (a[1], -a[0]))
+        chosen = sorted(alternatives, reverse=True)[:max(spare, 0)]  # rank order: a smaller budget keeps a prefix
         tokens = chain + [t for _, _, t in chosen]
         parents = list(range(-1, len(chain) - 1)) + [i - 1 for _, i, _ in chosen]
         return Draft(torch.tensor(tokens, dtype=torch.long), None, parents=parents)
