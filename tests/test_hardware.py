@@ -203,6 +203,50 @@ def test_predicted_report_checks_measured_micro_rows(tmp_path):
         predicted_report("h200", "7b", ["ngram"], tmp_path / "q.md", measured=[results])
 
 
+def test_replay_prices_measured_steps_on_another_machine(tmp_path):
+    """Measured steps keep what they emitted and verified; their times come from the cost model: a fake machine
+    where T(n) = 10 + n ms and a draft-model token costs 2 ms, lookup 0.5 ms."""
+    from adaspec.bench.predicted import predicted_report, replay_steps
+
+    class Cost:
+        def verify_ms(self, n, context):
+            return 10.0 + n
+
+        def draft_ms(self, drafter, context):
+            return {"ngram-lookup": 0.5, "0.5b": 2.0}[drafter]
+
+    def step(k, drafted, emitted, drafter, tree=False):
+        return {"k": k, "drafted": drafted, "accepted": emitted - 1, "emitted": emitted, "context_len": 300,
+                "drafter": drafter if drafted else "", "tree": tree}
+
+    rows = [{"method": "plain", "decode_ms": 1000.0, "decode_tokens": 10, "step_records": [step(0, 0, 1, "")] * 3},
+            {"method": "ngram-tree/fixed:4+tree:8:always", "decode_ms": 400.0, "decode_tokens": 10,
+             "step_records": [step(4, 8, 5, "ngram-tree", True), step(4, 4, 2, "ngram-tree", True), step(0, 0, 1, "")]},
+            {"method": "draft/fixed:2", "decode_ms": 500.0, "decode_tokens": 10,
+             "step_records": [step(2, 2, 3, "qwen2.5-coder-0.5b-instruct")]}]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = {r["method"]: r for r in replay_steps(Cost(), [path], draft="0.5b")}
+    assert out["plain"]["predicted"] == pytest.approx(1.0) and out["plain"]["tau"] is None
+    tree = out["ngram-tree/fixed:4+tree:8:always"]
+    # plain: 8 tokens x 11 ms; the steps: (0.5 + 19) + (0.5 + 15) + 11
+    assert tree["predicted"] == pytest.approx(8 * 11 / (19.5 + 15.5 + 11))
+    assert (tree["tau"], tree["nodes"], tree["tree_steps"], tree["measured"]) == (3.5, 6.0, 2, 2.5)
+    assert out["draft/fixed:2"]["predicted"] == pytest.approx(3 * 11 / (2 * 2.0 + 13))  # k draft forwards + T(3)
+    with pytest.raises(ConfigError, match="need a draft model shape"):
+        replay_steps(Cost(), [path])
+    empty = tmp_path / "e.jsonl"
+    empty.write_text(json.dumps({"method": "plain"}) + "\n")
+    with pytest.raises(ConfigError, match="no adaspec compare rows with step records"):
+        replay_steps(Cost(), [empty])
+    # in the report: trees priced on an H200, where a 9-token forward costs about what a 5-token one does
+    out = predicted_report("h200", "7b", ["0.5b", "ngram"], tmp_path / "p.md", replay=[path])
+    md = (tmp_path / "p.md").read_text()
+    assert "## Measured speculation steps replayed on h200 (PREDICTED)" in md
+    assert "| ngram-tree/fixed:4+tree:8:always | 1 | 3.50 | 6.00 | 2 |" in md
+    assert {r["method"] for r in out["replay"]} == {"plain", "ngram-tree/fixed:4+tree:8:always", "draft/fixed:2"}
+
+
 def test_map_cli_hardware(tmp_path, capsys):
     assert main(["map", "--hardware", "h200", "--shape", "7b", "--report", str(tmp_path / "h.md")]) == 0
     assert "PREDICTED" in capsys.readouterr().out

@@ -441,6 +441,20 @@ def test_tree_width_keeps_the_branches_that_pay_for_their_nodes():
         flat.update(False, 2, 60.0, depth=4, verify_ms=60.0)
     flat.update(True, 3, 90.0, 2, 4, nodes=8, path=(0, 5), verify_ms=90.0)
     assert flat.node_ms() is not None  # 4 and 8 nodes
+    # a chain step is priced at the nodes it verified (a lookup that found nothing verified none), not at its K
+    short = TreeChoice()
+    short.update(False, 1, 20.0, depth=6, nodes=0, verify_ms=20.0)
+    short.update(False, 6, 30.0, depth=6, nodes=5, verify_ms=30.0)
+    short.update(False, 1, 20.0, depth=6, nodes=0, verify_ms=20.0)
+    assert short.node_ms() == pytest.approx(2.0)
+    # an overestimated node cost cannot make a narrow tree free (its cost stays at least its share of the step),
+    # so dearer nodes never give a wider tree: branches never accepted, 16-node 60 ms steps
+    for node_ms in (2.0, 4.0, 5.0, 6.0):
+        dear = TreeChoice(window=8, probe_every=8, min_samples=2)
+        for _ in range(2):
+            dear.update(True, 4, 60.0, 4, 3, nodes=16, path=(0, 1, 2))
+        dear.costs.extend([(4, 10.0), (16, 10.0 + 12 * node_ms), (8, 10.0 + 4 * node_ms)])
+        assert dear.width(3, 16) == 4, node_ms
     flat2 = TreeChoice(min_samples=1)
     for _ in range(3):
         flat2.update(False, 2, 60.0, depth=4, verify_ms=60.0)
@@ -463,3 +477,23 @@ def test_a_smaller_tree_budget_keeps_a_prefix_of_the_nodes(qwen):
             small = drafter.propose_tree(ids, depth, budget, GREEDY)
             assert small.tokens.tolist() == big.tokens.tolist()[:budget], (drafter.name, budget)
             assert small.parents == big.parents[:budget]
+
+
+def test_draft_model_tree_prefix_holds_with_tied_alternatives():
+    """Tied draft probabilities (common in bf16): which tied tokens topk returns depends on k, so the alternatives
+    are taken with every tie at the cut and ordered by (probability, depth, id): each smaller budget is still a
+    prefix of the full tree."""
+    from conftest import MarkovBackend
+
+    from adaspec.drafters import ModelDrafter
+
+    table = torch.full((8, 8, 8), -10.0)
+    table[..., 0] = 5.0  # the chain: always token 0
+    table[..., 1:6] = 1.0  # five tied alternatives at every depth
+    drafter = ModelDrafter(MarkovBackend(table))
+    for depth in (1, 2):
+        full = drafter.propose_tree([3, 4], depth, depth + 5, GREEDY)
+        assert full.tokens.tolist()[depth:] == [1, 2, 3, 4, 5]  # the shallower first, then the lower id
+        for budget in range(depth + 1, depth + 5):
+            small = drafter.propose_tree([3, 4], depth, budget, GREEDY)
+            assert small.tokens.tolist() == full.tokens.tolist()[:budget] and small.parents == full.parents[:budget]

@@ -107,10 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--logprobs", type=int, default=None, metavar="N",
                      help="with --json: each token's log-probability and its N most likely alternatives")
     gen.add_argument("--tree-budget", type=int, default=0, metavar="N",
-                     help="verify token trees of up to N draft nodes per step (with --draft ngram-tree; greedy, "
-                          "PyTorch target; 0 = chains)")
+                     help="verify token trees of up to N draft nodes per step (--draft ngram-tree, or a draft model; "
+                          "PyTorch or ik_llama.cpp target; 0 = chains)")
     gen.add_argument("--tree-choice", default="goodput", choices=("goodput", "always"),
-                     help="with --tree-budget: chain or tree per step from measured goodput, or always a tree")
+                     help="with --tree-budget: chain or tree, and the tree's width, per step from measured goodput; "
+                          "or always a full-width tree")
     gen.set_defaults(func=cmd_generate)
 
     cmp = sub.add_parser("compare", help="compare decoding methods on workloads (interleaved, resumable)")
@@ -126,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: plain,hybrid/goodput,goodput,fixed:2,fixed:4)")
     cmp.add_argument("--workloads", default=None,
                      help="comma-separated: humaneval, gsm8k, specbench, specbench:<category>, rag, summarization, "
-                          "code-edit, multi-turn, or JSONL paths (default: humaneval)")
+                          "code-edit, multi-turn, gsm8k-cot, or JSONL paths (default: humaneval)")
     cmp.add_argument("--limit", type=int, default=None,
                      help="prompts per workload, per category (default 10)")
     cmp.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
@@ -439,11 +440,15 @@ def _add_bench_parsers(sub) -> None:
                     help="bfloat16, float16, float32, q4_k_m, q8_0 (default: %(default)s)")
     hw.add_argument("--layer-ms", type=float, default=None,
                     help="host time per decoder layer, ms (default: the profile's; about 0 for CUDA graphs)")
+    hw.add_argument("--replay", action="append", default=[], metavar="FILE",
+                    help="adaspec compare results whose measured speculation steps (chains, trees) are replayed on "
+                         "this hardware: predicted speedups per method (repeatable)")
     mp.set_defaults(func=cmd_map)
 
     prof = sub.add_parser("profile", help="measure a workload sample and advise whether and how to speculate")
-    prof.add_argument("workload", help="a workload name (humaneval, gsm8k, specbench[:<category>], rag, summarization, "
-                                       "code-edit, multi-turn) or a JSONL of prompts (fields prompt/text/question/turns)")
+    prof.add_argument("workload", help="a workload name (humaneval, gsm8k, specbench[:<category>], rag, "
+                                       "summarization, code-edit, multi-turn, gsm8k-cot) or a JSONL of prompts "
+                                       "(fields prompt/text/question/turns)")
     prof.add_argument("--target", default=DEFAULT_TARGET, help="target model (default: %(default)s)")
     prof.add_argument("--drafts", default=f"{DEFAULT_DRAFT},ngram",
                       help="comma-separated candidate drafters (default: %(default)s)")
@@ -577,7 +582,8 @@ def cmd_map(args: argparse.Namespace) -> int:
 
         out = predicted_report(args.hardware, args.shape, args.draft or ["0.5b", "ngram"], Path(args.report),
                                dtype=args.dtype, img_dir=Path(args.img_dir) if args.img_dir else None,
-                               layer_ms=args.layer_ms, measured=[Path(r) for r in args.results])
+                               layer_ms=args.layer_ms, measured=[Path(r) for r in args.results],
+                               replay=[Path(r) for r in args.replay])
         print(f"wrote {out['report']} (PREDICTED, {out['profile'].name})"
               + "".join(f"\n  {p}" for p in out["figures"].values()))
         return 0

@@ -69,9 +69,10 @@ class GenerationConfig:
             multi-candidate rule of :func:`~adaspec.tree.verify_tree_sampling`); chains otherwise, with the
             reason in :attr:`GenerationStats.tree_fallback`. 0 (default) = chains.
         tree_choice: with a tree budget, ``"goodput"`` (default) chooses chain or tree before each step from the
-            measured tokens per ms of trees against the chains they contain on the same steps
+            measured tokens per ms of trees against the chains they contain on the same steps, and the tree's width
+            (at most ``tree_budget`` nodes) from the acceptance by rank and the measured cost of a node
             (:class:`~adaspec.controllers.tree_choice.TreeChoice`), so a tree that does not pay on this machine
-            and workload gives way to the chain; ``"always"`` verifies a tree every
+            and workload gives way to the chain; ``"always"`` verifies a full-width tree every
             speculative step. The goodput choice follows measured times, so a seeded sampled request repeats its
             output exactly only with ``"always"`` (greedy output is the target's either way).
     """

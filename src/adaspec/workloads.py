@@ -207,9 +207,9 @@ def _multi_turn(row: dict, revision: str) -> Prompt:
 def _gsm8k_cot() -> list[Prompt]:
     """The ``gsm8k-cot`` prompts: each GSM8K question after the eight chain-of-thought exemplars as chat turns,
     with the ids of ``gsm8k`` (the row index), so both score against the same rows."""
-    exemplars = Path(str(resources.files("adaspec") / "data" / COT_EXEMPLARS))  # the format's, not ADASPEC_DATA's
-    shots: list[dict] = []
-    for ex in _rows(exemplars):
+    exemplars = (resources.files("adaspec") / "data" / COT_EXEMPLARS).read_text(encoding="utf-8")  # the format's,
+    shots: list[dict] = []  # not ADASPEC_DATA's (and readable from a zipped install)
+    for ex in (json.loads(line) for line in exemplars.splitlines() if line.strip()):
         shots += [{"role": "user", "content": f"Q: {ex['question']}"},
                   {"role": "assistant", "content": f"A: {ex['answer']}"}]
     prompts = []

@@ -9,7 +9,9 @@ file name says so. The report holds
 * the best K and its speedup per α and context, next to the seed study's rules of thumb (α > 70 % pays, < 40 %
   hurts; K 4–8 for short, 3–5 for medium, 2–3 for long contexts), each marked confirmed or refuted by the model;
 * the published speedups of :data:`~adaspec.bench.hardware.PUBLISHED` on the same hardware, predicted from their
-  published τ, with the error.
+  published τ, with the error;
+* with ``--replay``, the speculation steps an ``adaspec compare`` run measured (on any machine) replayed on this
+  hardware (:func:`replay_steps`): token trees against chains, predicted.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def resolve_profile(name: str, *, dtype: str, layer_ms: float | None = None) -> 
 
 def predicted_report(hardware: str, target: str, drafts: list[str], report: Path, *, dtype: str = "bfloat16",
                      img_dir: Path | None = None, layer_ms: float | None = None,
-                     prof: HardwareProfile | None = None, measured: list[Path] = ()) -> dict:
+                     prof: HardwareProfile | None = None, measured: list[Path] = (),
+                     replay: list[Path] = ()) -> dict:
     """Write the predicted report (Markdown + PNGs) for ``target`` on ``hardware``; returns what it wrote.
 
     Args:
@@ -53,6 +56,8 @@ def predicted_report(hardware: str, target: str, drafts: list[str], report: Path
         layer_ms: host time per decoder layer (default: the profile's).
         measured: ``adaspec bench`` results files measured on this hardware: their micro rows of the same shape
             and dtype are compared with the predicted forward times (a validation table).
+        replay: ``adaspec compare`` results files whose speculation steps are replayed on this hardware
+            (:func:`replay_steps`; draft-model steps are priced with the first draft model of ``drafts``).
 
     Raises:
         ConfigError: unknown hardware or shape, or a target that does not fit the device.
@@ -74,9 +79,96 @@ def predicted_report(hardware: str, target: str, drafts: list[str], report: Path
             "boundary": _fig_boundary(cost, names, prof, target, img_dir / f"{slug}-boundary.png")}
     published = [r for r in validate_published() if r["hardware"] == prof.name]
     checks = compare_measured(measured, prof, target, dtype) if measured else []
-    md = _markdown(prof, target, dtype, names, cost, figs, published, report.parent) + _validation(checks, measured)
+    replayed = replay_steps(cost, list(replay), draft=next(iter(models), None)) if replay else []
+    md = (_markdown(prof, target, dtype, names, cost, figs, published, report.parent) + _validation(checks, measured)
+          + _replay_section(replayed, replay, prof, target))
     report.write_text(md, encoding="utf-8")
-    return {"report": report, "figures": figs, "model": cost, "profile": prof, "checks": checks}
+    return {"report": report, "figures": figs, "model": cost, "profile": prof, "checks": checks,
+            "replay": replayed}
+
+
+def replay_steps(cost, paths: list[Path], *, draft: str | None = None, lookup: str = LOOKUP) -> list[dict]:
+    """Speculation steps measured by ``adaspec compare`` (its rows' ``step_records``) replayed on ``cost``'s
+    hardware, per method: what each step emitted and verified stays as measured (greedy acceptance does not depend
+    on the machine), its time becomes the model's. A step that drafted d nodes (a chain of d tokens or a tree of d
+    nodes) at draft depth k, context L, costs ``T(d + 1, L)`` plus its drafting: one lookup (``lookup``'s cost)
+    for prompt lookup, ``k · T_d(L)`` for a draft model (``draft``, a draft name of ``cost``); a step without a
+    draft costs ``T(1, L)``. The predicted speedup is plain decoding's time for the same tokens, ``Σ emitted ·
+    T(1, L)``, over the steps' time.
+
+    Replaying keeps the step sequence the measuring machine chose: exact for fixed K and always-on trees, an
+    approximation for controllers whose choices follow the measured costs (goodput, the chain/tree chooser), which
+    would choose differently on other hardware.
+
+    Returns:
+        one dict per method: ``method``, ``prompts``, ``steps``, ``tau`` (tokens per speculation step), ``nodes``
+        (draft nodes verified per speculation step), ``tree_steps``, ``predicted`` (speedup), ``measured`` (the
+        file's own decode speedup over its ``plain`` rows, on the machine that measured it; None without them).
+
+    Raises:
+        ConfigError: no step records in the files, or draft-model steps and no ``draft``.
+    """
+    from collections import defaultdict
+
+    from adaspec.compare import read_results
+
+    rows = [r for path in paths for r in read_results(Path(path)) if r.get("step_records") is not None]
+    if not rows:
+        raise ConfigError(f"no adaspec compare rows with step records in {', '.join(map(str, paths))}")
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by[r["method"]].append(r)
+
+    def rate(rs: list[dict]) -> float | None:
+        ms = sum(r.get("decode_ms") or 0.0 for r in rs)
+        return sum(r.get("decode_tokens") or 0 for r in rs) / ms if ms > 0 else None
+
+    plain_rate = rate(by.get("plain", []))
+    out = []
+    for method, rs in by.items():
+        emitted = plain_ms = spec_ms = 0.0
+        spec = [s for r in rs for s in r["step_records"] if s["drafted"]]
+        for s in (s for r in rs for s in r["step_records"]):
+            ctx = s["context_len"]
+            one = cost.verify_ms(1, ctx)
+            emitted += s["emitted"]
+            plain_ms += s["emitted"] * one
+            if not s["drafted"]:
+                spec_ms += one
+                continue
+            if str(s.get("drafter", "")).startswith("ngram"):
+                drafting = cost.draft_ms(lookup, ctx)
+            elif draft is None:
+                raise ConfigError(f"{method}: steps drafted by {s.get('drafter')!r} need a draft model shape to price "
+                                  "(--draft)")
+            else:
+                drafting = s["k"] * cost.draft_ms(draft, ctx)
+            spec_ms += drafting + cost.verify_ms(s["drafted"] + 1, ctx)
+        measured = rate(rs)
+        out.append({"method": method, "prompts": len(rs), "steps": sum(len(r["step_records"]) for r in rs),
+                    "tau": sum(s["emitted"] for s in spec) / len(spec) if spec else None,
+                    "nodes": sum(s["drafted"] for s in spec) / len(spec) if spec else None,
+                    "tree_steps": sum(1 for s in spec if s.get("tree")),
+                    "predicted": plain_ms / spec_ms if spec_ms > 0 else None,
+                    "measured": measured / plain_rate if measured and plain_rate else None})
+    return out
+
+
+def _replay_section(rows: list[dict], paths, prof, target: str) -> str:
+    if not rows:
+        return ""
+    lines = ["", f"## Measured speculation steps replayed on {prof.name} (PREDICTED)", "",
+             f"Steps of {', '.join(f'`{p}`' for p in paths)} (acceptance as measured there; times from the model of "
+             f"{target} on {prof.name}; see `adaspec.bench.predicted.replay_steps`). \"measured there\" is the "
+             "file's own decode speedup on the machine that ran it.", "",
+             "| method | prompts | τ | draft nodes per step | tree steps | predicted speedup | measured there |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        def f(x, fmt):
+            return "—" if x is None else format(x, fmt)
+        lines.append(f"| {r['method']} | {r['prompts']} | {f(r['tau'], '.2f')} | {f(r['nodes'], '.2f')} | "
+                     f"{r['tree_steps']} | {f(r['predicted'], '.2f')}× | {f(r['measured'], '.2f')}× |")
+    return "\n".join(lines) + "\n"
 
 
 def compare_measured(paths: list[Path], prof: HardwareProfile, target: str, dtype: str) -> list[dict]:

@@ -23,10 +23,11 @@ in rank order (the main path first, then each next branch: prompt lookup's next 
 likely alternative) and a budget of B keeps the first B nodes, so for a full-width step whose accepted path ran
 through nodes ``path`` (indices increase along a path) the tree cut to B nodes would have accepted the path's nodes
 below B: exactly, for greedy verification. Its cost is the step's measured time less the marginal cost of the nodes
-cut, a least-squares slope of verification ms over verified nodes on this request's steps (chains and trees). The
-width chosen is the one with the most tokens per ms over the remembered full-width steps, at least one node beside
-the main path (whether any tree pays at all is the paired comparison above); every ``probe_every``-th tree step
-runs at full width to keep those curves measured. Both arms are exact: the choice changes speed only.
+cut (at most their share of the step), a least-squares slope of verification ms over verified nodes on this
+request's steps (chains and trees). The width chosen is the one with the most tokens per ms over the remembered
+full-width steps, at least one node beside the main path (whether any tree pays at all is the paired comparison
+above); every ``probe_every``-th tree step runs at full width to keep those curves measured. Both arms are exact:
+the choice changes speed only.
 """
 
 from __future__ import annotations
@@ -144,7 +145,10 @@ class TreeChoice:
             for d, n, path, step_ms in self.full_steps:
                 cut = min(d + side, n)
                 emitted += 1 + sum(1 for i in path if i < cut)
-                ms += step_ms - node_ms * (n - cut)
+                # less the cut nodes' cost, but never below their share of the step: a forward's cost has a fixed
+                # part, so cutting tokens saves at most in proportion (an overestimated slope cannot make narrow
+                # trees free)
+                ms += max(step_ms - node_ms * (n - cut), step_ms * (cut + 1) / (n + 1))
             rate = emitted / ms if ms > 0 else 0.0
             if rate > best_rate * (1 + 1e-9):  # ties: the narrower tree
                 best, best_rate = depth + side, rate
@@ -157,9 +161,9 @@ class TreeChoice:
         ``depth``; for a tree step, ``chain_emitted`` is what its main path alone would have emitted (default:
         ``emitted``, a tree without branches), ``nodes`` its node count and ``path`` the accepted nodes' indices
         (:func:`adaspec.tree.accepted_nodes`). ``verify_ms``, the step's verification time, prices a node for the
-        width choice (``nodes`` verified, ``depth`` for a chain)."""
+        width choice, against ``nodes`` (the draft's length, chain or tree; ``depth`` when not given)."""
         if verify_ms is not None:
-            self.costs.append((nodes if tree and nodes is not None else depth, verify_ms))
+            self.costs.append((nodes if nodes is not None else depth, verify_ms))  # what was verified
         if tree:
             if self._full and nodes is not None:
                 self.full_steps.append((depth, nodes, tuple(path), step_ms))

@@ -168,12 +168,13 @@ class ModelDrafter(Drafter):
         alternatives: list[tuple[float, int, int]] = []  # (path probability, depth, token)
         reach = 1.0
         for i, (q, token) in enumerate(zip(dists, chain)):
-            if spare > 0:
-                top = torch.topk(q, min(spare + 1, q.shape[0]))
-                alternatives += [(reach * float(v), i, int(t)) for v, t in zip(top.values, top.indices)
-                                 if int(t) != token and float(v) > 0]
+            if spare > 0:  # every token tied with the (spare + 1)-th best too: which of them topk returns varies
+                floor = torch.topk(q, min(spare + 1, q.shape[0])).values[-1]
+                ids = torch.nonzero((q >= floor) & (q > 0)).flatten().tolist()
+                alternatives += [(reach * float(q[t]), i, t) for t in ids if t != token]
             reach *= float(q[token])
-        chosen = sorted(alternatives, reverse=True)[:max(spare, 0)]  # rank order: a smaller budget keeps a prefix
+        # rank order, ties to the shallower and the lower id: a smaller budget keeps a prefix of the nodes
+        chosen = sorted(alternatives, key=lambda a: (-a[0], a[1], a[2]))[:max(spare, 0)]
         tokens = chain + [t for _, _, t in chosen]
         parents = list(range(-1, len(chain) - 1)) + [i - 1 for _, i, _ in chosen]
         return Draft(torch.tensor(tokens, dtype=torch.long), None, parents=parents)
