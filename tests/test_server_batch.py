@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 
@@ -268,3 +269,55 @@ def test_n_choices_and_logprobs_through_the_batch(single, batched):
     assert [c["text"] for c in got["choices"]] == [c["text"] for c in want["choices"]]
     for a, b in zip(got["choices"], want["choices"]):
         assert a["logprobs"]["token_logprobs"] == pytest.approx(b["logprobs"]["token_logprobs"], abs=1e-4)
+
+
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_every_forward_runs_on_the_one_generation_thread(tiny, max_batch):
+    """adaspec serve's start-up warm-up and calibration and every request's forwards run on the host's generation
+    thread: a GGUF runtime's OpenMP gives each thread that starts a forward its own team, and two teams on a small
+    machine make libgomp sleep between the steps of every forward (ModelHost.on_generation_thread)."""
+    host = ModelHost.load(tiny, tiny, controller="fixed", k=3, dtype="float32", threads=1, progress=False,
+                          max_batch=max_batch)
+    threads: set[str] = set()
+    backends = {host.target.backend} | {d.backend for d in host._model_drafters.values()}
+    for backend in backends:
+        forward = backend.forward
+
+        def recorded(*args, _forward=forward, **kw):
+            threads.add(threading.current_thread().name)
+            return _forward(*args, **kw)
+
+        backend.forward = recorded
+    try:
+        host.on_generation_thread(host.warmup, 2)
+        if max_batch > 1:
+            host.on_generation_thread(host.calibrate_batch)
+        with live(host, max_queue=8) as srv:
+            got = _all(srv.url, REQUESTS[:3])
+        assert all(code == 200 for code, _ in got)
+    finally:
+        host.shutdown()
+    assert len(threads) == 1 and next(iter(threads)).startswith("adaspec-generate"), threads
+
+
+def test_serve_warms_up_on_the_generation_thread(tiny, monkeypatch):
+    """`adaspec serve` itself (uvicorn stubbed out) runs its warm-up and batch calibration on the generation thread."""
+    import uvicorn
+
+    from adaspec.cli import build_parser
+
+    seen: list[tuple[str, str]] = []
+    for name in ("warmup", "calibrate_batch"):
+        real = getattr(ModelHost, name)
+
+        def spy(self, *a, _real=real, _name=name, **kw):
+            seen.append((_name, threading.current_thread().name))
+            return _real(self, *a, **kw)
+
+        monkeypatch.setattr(ModelHost, name, spy)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: None)
+    args = build_parser().parse_args(["serve", "--target", tiny, "--draft", "ngram", "--backend", "torch",
+                                      "--dtype", "float32", "--threads", "1", "--max-batch", "2"])
+    assert args.func(args) == 0
+    assert [n for n, _ in seen] == ["warmup", "calibrate_batch"]
+    assert all(t.startswith("adaspec-generate") for _, t in seen), seen

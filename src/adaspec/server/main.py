@@ -47,10 +47,10 @@ def serve(args: argparse.Namespace) -> int:
     host = ModelHost.load(args.target, args.draft, controller=args.controller, k=args.k, dtype=args.dtype,
                           threads=args.threads, extra_drafters=args.allow_drafter, backend=args.backend,
                           device=args.device, max_batch=args.max_batch, strict=args.strict)
-    if not args.no_warmup:
-        host.warmup()
+    if not args.no_warmup:  # on the generation thread, like every forward (ModelHost.on_generation_thread)
+        host.on_generation_thread(host.warmup)
         if host.batch is not None:
-            curve = host.calibrate_batch()
+            curve = host.on_generation_thread(host.calibrate_batch)
             print("adaspec: batch cost curve (ms by tokens in one forward): "
                   + ", ".join(f"{n}: {ms:.0f}" for n, ms in curve.items()), file=sys.stderr)
             for name, (draft_ms, feed_ms) in host.batch.draft_costs.items():

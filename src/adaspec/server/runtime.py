@@ -307,6 +307,17 @@ class ModelHost:
         return self.encoder.has_chat_template
 
     # Warm-up and the plain-step reference ------------------------------------------------------------------------
+    def on_generation_thread(self, fn, *args):
+        """Run ``fn(*args)`` on the generation thread and return its result (raising what it raised).
+
+        Every forward of the server's models runs on that one thread, start-up warm-up and calibration included:
+        the GGUF runtimes parallelise with OpenMP, whose libgomp gives each thread that starts a parallel region a
+        team of its own and, once it manages more threads than there are CPUs, stops spinning between the steps of
+        a forward and sleeps on a futex instead. Warming up on the main thread and serving from the generation
+        thread left two teams on this 2-core machine and made every plain decoding step about 10 % slower
+        (`docs/results/issue15/omp_teams.py`: 0 vs about 30,000 futex sleeps per 96-token request)."""
+        return self.generate_executor.submit(fn, *args).result()
+
     def warmup(self, steps: int = 8) -> None:
         """Run the default engine once, and plain decoding for ``steps`` tokens to measure a plain step's time."""
         ids = list(range(1, 9))
@@ -338,7 +349,7 @@ class ModelHost:
         if self.batch is None:
             raise ConfigError("continuous batching needs max_batch > 1")
         if self.runner is None:
-            self.runner = BatchRunner(self.batch, metrics)
+            self.runner = BatchRunner(self.batch, metrics, executor=self.generate_executor)
         return self.runner
 
     def cancel_current(self) -> None:
@@ -583,7 +594,8 @@ class BatchRunner:
     Thread-safe entry points: :meth:`submit`, :meth:`cancel_all`, :meth:`stop`.
     """
 
-    def __init__(self, engine: BatchEngine, metrics: ServerMetrics) -> None:
+    def __init__(self, engine: BatchEngine, metrics: ServerMetrics, executor: ThreadPoolExecutor | None = None
+                 ) -> None:
         self.engine = engine
         self.metrics = metrics
         self._inbox: deque[Job] = deque()
@@ -591,8 +603,12 @@ class BatchRunner:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name="adaspec-batch", daemon=True)
-        self._thread.start()
+        if executor is not None:  # the host's generation thread, where warm-up ran (see on_generation_thread)
+            self._done = executor.submit(self._loop)
+        else:
+            thread = threading.Thread(target=self._loop, name="adaspec-batch", daemon=True)
+            thread.start()
+            self._done = thread
 
     @property
     def running(self) -> int:
@@ -614,7 +630,13 @@ class BatchRunner:
         self.cancel_all()
         self._stopped = True
         self._wake.set()
-        self._thread.join(timeout=10)
+        if isinstance(self._done, threading.Thread):
+            self._done.join(timeout=10)
+        else:
+            try:
+                self._done.result(timeout=10)
+            except Exception:  # a timeout or the loop's own failure: stopping goes on
+                pass
 
     def _loop(self) -> None:
         while not (self._stopped and not self._jobs):
