@@ -223,7 +223,9 @@ def test_replay_prices_measured_steps_on_another_machine(tmp_path):
             {"method": "ngram-tree/fixed:4+tree:8:always", "decode_ms": 400.0, "decode_tokens": 10,
              "step_records": [step(4, 8, 5, "ngram-tree", True), step(4, 4, 2, "ngram-tree", True), step(0, 0, 1, "")]},
             {"method": "draft/fixed:2", "decode_ms": 500.0, "decode_tokens": 10,
-             "step_records": [step(2, 2, 3, "qwen2.5-coder-0.5b-instruct")]}]
+             "step_records": [step(2, 2, 3, "qwen2.5-coder-0.5b-instruct")]},
+            {"method": "draft/fixed:2+short", "decode_ms": 500.0, "decode_tokens": 10,
+             "step_records": [step(2, 1, 2, "qwen2.5-coder-0.5b-instruct")]}]  # a chain that stopped early
     path = tmp_path / "c.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = {r["method"]: r for r in replay_steps(Cost(), [path], draft="0.5b")}
@@ -232,7 +234,8 @@ def test_replay_prices_measured_steps_on_another_machine(tmp_path):
     # plain: 8 tokens x 11 ms; the steps: (0.5 + 19) + (0.5 + 15) + 11
     assert tree["predicted"] == pytest.approx(8 * 11 / (19.5 + 15.5 + 11))
     assert (tree["tau"], tree["nodes"], tree["tree_steps"], tree["measured"]) == (3.5, 6.0, 2, 2.5)
-    assert out["draft/fixed:2"]["predicted"] == pytest.approx(3 * 11 / (2 * 2.0 + 13))  # k draft forwards + T(3)
+    assert out["draft/fixed:2"]["predicted"] == pytest.approx(3 * 11 / (2 * 2.0 + 13))  # 2 draft forwards + T(3)
+    assert out["draft/fixed:2+short"]["predicted"] == pytest.approx(2 * 11 / (1 * 2.0 + 12))  # stopped after 1
     with pytest.raises(ConfigError, match="need a draft model shape"):
         replay_steps(Cost(), [path])
     empty = tmp_path / "e.jsonl"
@@ -244,7 +247,8 @@ def test_replay_prices_measured_steps_on_another_machine(tmp_path):
     md = (tmp_path / "p.md").read_text()
     assert "## Measured speculation steps replayed on h200 (PREDICTED)" in md
     assert "| ngram-tree/fixed:4+tree:8:always | 1 | 3.50 | 6.00 | 2 |" in md
-    assert {r["method"] for r in out["replay"]} == {"plain", "ngram-tree/fixed:4+tree:8:always", "draft/fixed:2"}
+    assert {r["method"] for r in out["replay"]} == {"plain", "ngram-tree/fixed:4+tree:8:always", "draft/fixed:2",
+                                                    "draft/fixed:2+short"}
 
 
 def test_map_cli_hardware(tmp_path, capsys):

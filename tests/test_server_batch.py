@@ -280,14 +280,19 @@ def test_every_forward_runs_on_the_one_generation_thread(tiny, max_batch):
                           max_batch=max_batch)
     threads: set[str] = set()
     backends = {host.target.backend} | {d.backend for d in host._model_drafters.values()}
+    calls = {"forward": 0, "forward_batch": 0}
     for backend in backends:
-        forward = backend.forward
+        for method in ("forward", "forward_batch", "forward_tree"):
+            real = getattr(backend, method, None)
+            if real is None:
+                continue
 
-        def recorded(*args, _forward=forward, **kw):
-            threads.add(threading.current_thread().name)
-            return _forward(*args, **kw)
+            def recorded(*args, _real=real, _method=method, **kw):
+                threads.add(threading.current_thread().name)
+                calls[_method] = calls.get(_method, 0) + 1
+                return _real(*args, **kw)
 
-        backend.forward = recorded
+            setattr(backend, method, recorded)
     try:
         host.on_generation_thread(host.warmup, 2)
         if max_batch > 1:
@@ -295,9 +300,29 @@ def test_every_forward_runs_on_the_one_generation_thread(tiny, max_batch):
         with live(host, max_queue=8) as srv:
             got = _all(srv.url, REQUESTS[:3])
         assert all(code == 200 for code, _ in got)
+        if max_batch > 1:
+            with pytest.raises(RuntimeError, match="batch loop holds the generation thread"):
+                host.on_generation_thread(host.warmup, 2)  # would wait forever behind the loop
     finally:
         host.shutdown()
+    assert calls["forward"] > 0 and (max_batch == 1 or calls["forward_batch"] > 0), calls  # batched rows: batch calls
     assert len(threads) == 1 and next(iter(threads)).startswith("adaspec-generate"), threads
+
+
+def test_a_batched_host_never_shut_down_lets_the_process_exit(tiny):
+    """The generation thread is a daemon: a program that starts a batched server's loop and never calls
+    host.shutdown() still exits (a ThreadPoolExecutor worker would be joined at exit, forever)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from adaspec.server.runtime import ModelHost; from adaspec.server.app import create_app\n"
+            f"h = ModelHost.load({tiny!r}, 'ngram', controller='fixed', k=2, dtype='float32', threads=1, "
+            "progress=False, max_batch=2)\n"
+            "create_app(h)\n"  # starts the batch loop on the generation thread
+            "assert h.runner is not None\n"
+            "print('started', flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "started" in out.stdout, out.stderr[-2000:]
 
 
 def test_serve_warms_up_on_the_generation_thread(tiny, monkeypatch):

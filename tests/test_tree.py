@@ -491,6 +491,9 @@ def test_draft_model_tree_prefix_holds_with_tied_alternatives():
     table[..., 0] = 5.0  # the chain: always token 0
     table[..., 1:6] = 1.0  # five tied alternatives at every depth
     drafter = ModelDrafter(MarkovBackend(table))
+    flat = ModelDrafter(MarkovBackend(torch.zeros(8, 8, 2000)))  # a flat distribution: all 2000 tokens tied
+    tree = flat.propose_tree([3, 4], 3, 8, GREEDY)  # ties by id, the shallower level first
+    assert tree.tokens.tolist() == [0, 0, 0, 1, 2, 3, 4, 5] and tree.parents == [-1, 0, 1, -1, -1, -1, -1, -1]
     for depth in (1, 2):
         full = drafter.propose_tree([3, 4], depth, depth + 5, GREEDY)
         assert full.tokens.tolist()[depth:] == [1, 2, 3, 4, 5]  # the shallower first, then the lower id

@@ -70,3 +70,17 @@ date
 .venv/bin/python -m adaspec.server.loadtest --spawn --repeat 20 --prompts 5 --out $OUT/repeat.json \
   --markdown $OUT/repeat.md -- --threads 2 > $OUT/repeat-log.txt 2>&1
 date
+# 7. (2026-12-02) llama.cpp mainline (--backend llamacpp), all 82 HumanEval tasks, plain vs the default configuration
+#    (47 minutes; tests shared the cores: not a speed measurement).
+mkdir -p $OUT/llamacpp
+$A eval --tasks humaneval --backend llamacpp --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 \
+  --out $OUT/llamacpp --time-limit 55 > $OUT/llamacpp/log-1.txt 2>&1
+date
+# 8. (2026-12-02) GSM8K 8-shot chain of thought (the exemplars of Wei et al. 2022 as chat turns, workload gsm8k-cot):
+#    answers end with "The answer is N." and seldom reach the token limit, so the score does not rest on the
+#    last-number fallback of cut answers (step 3g). Default configuration vs plain decoding, as many questions as
+#    the time limit allows; the test suite shared the cores for part of it (not a speed measurement).
+mkdir -p $OUT/gguf-cot
+$A eval --tasks gsm8k-cot --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 --out $OUT/gguf-cot \
+  --time-limit 60 > $OUT/gguf-cot/log-1.txt 2>&1
+date

@@ -92,7 +92,8 @@ def replay_steps(cost, paths: list[Path], *, draft: str | None = None, lookup: s
     hardware, per method: what each step emitted and verified stays as measured (greedy acceptance does not depend
     on the machine), its time becomes the model's. A step that drafted d nodes (a chain of d tokens or a tree of d
     nodes) at draft depth k, context L, costs ``T(d + 1, L)`` plus its drafting: one lookup (``lookup``'s cost)
-    for prompt lookup, ``k · T_d(L)`` for a draft model (``draft``, a draft name of ``cost``); a step without a
+    for prompt lookup, ``d · T_d(L)`` for a draft model's chain and ``k · T_d(L)`` for its tree (``draft``, a draft
+    name of ``cost``); a step without a
     draft costs ``T(1, L)``. The predicted speedup is plain decoding's time for the same tokens, ``Σ emitted ·
     T(1, L)``, over the steps' time.
 
@@ -141,8 +142,8 @@ def replay_steps(cost, paths: list[Path], *, draft: str | None = None, lookup: s
             elif draft is None:
                 raise ConfigError(f"{method}: steps drafted by {s.get('drafter')!r} need a draft model shape to price "
                                   "(--draft)")
-            else:
-                drafting = s["k"] * cost.draft_ms(draft, ctx)
+            else:  # a chain runs a draft forward per token it drafted (it may stop early); a tree one per level
+                drafting = (s["k"] if s.get("tree") else s["drafted"]) * cost.draft_ms(draft, ctx)
             spec_ms += drafting + cost.verify_ms(s["drafted"] + 1, ctx)
         measured = rate(rs)
         out.append({"method": method, "prompts": len(rs), "steps": sum(len(r["step_records"]) for r in rs),

@@ -26,8 +26,8 @@ below B: exactly, for greedy verification. Its cost is the step's measured time 
 cut (at most their share of the step), a least-squares slope of verification ms over verified nodes on this
 request's steps (chains and trees). The width chosen is the one with the most tokens per ms over the remembered
 full-width steps, at least one node beside the main path (whether any tree pays at all is the paired comparison
-above); every ``probe_every``-th tree step runs at full width to keep those curves measured. Both arms are exact:
-the choice changes speed only.
+above); after every ``probe_every`` narrower tree steps one runs at full width to keep those curves measured.
+Both arms are exact: the choice changes speed only.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ class TreeChoice:
 
     def width(self, depth: int, budget: int) -> int:
         """The node budget of the next tree step of ``depth`` levels, at most ``budget`` (see the module
-        docstring): the full budget until ``min_samples`` full-width steps and a node cost are measured, and on
-        every ``probe_every``-th tree step; otherwise the width with the most tokens per ms on the remembered
+        docstring): the full budget until ``min_samples`` full-width steps and a node cost are measured, and after
+        every ``probe_every`` narrower tree steps; otherwise the width with the most tokens per ms on the remembered
         full-width steps, at least ``depth + 1``."""
         node_ms = self.node_ms()
         self._full = (len(self.full_steps) < self.min_samples or node_ms is None

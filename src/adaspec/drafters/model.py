@@ -168,10 +168,12 @@ class ModelDrafter(Drafter):
         alternatives: list[tuple[float, int, int]] = []  # (path probability, depth, token)
         reach = 1.0
         for i, (q, token) in enumerate(zip(dists, chain)):
-            if spare > 0:  # every token tied with the (spare + 1)-th best too: which of them topk returns varies
-                floor = torch.topk(q, min(spare + 1, q.shape[0])).values[-1]
-                ids = torch.nonzero((q >= floor) & (q > 0)).flatten().tolist()
-                alternatives += [(reach * float(q[t]), i, t) for t in ids if t != token]
+            if spare > 0:  # the spare + 1 best, ties at the cut broken by id (which ties topk returns varies with k)
+                want = min(spare + 1, q.shape[0])
+                floor = torch.topk(q, want).values[-1]
+                above = torch.nonzero(q > floor).flatten().tolist()
+                ids = above + torch.nonzero(q == floor).flatten().tolist()[:want - len(above)]
+                alternatives += [(reach * float(q[t]), i, t) for t in ids if t != token and float(q[t]) > 0]
             reach *= float(q[token])
         # rank order, ties to the shallower and the lower id: a smaller budget keeps a prefix of the nodes
         chosen = sorted(alternatives, key=lambda a: (-a[0], a[1], a[2]))[:max(spare, 0)]

@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from adaspec.errors import AdaspecError
 
@@ -44,9 +45,14 @@ def serve(args: argparse.Namespace) -> int:
     print(f"adaspec: loading {args.target} (drafter {args.draft}, controller {args.controller})...", file=sys.stderr)
     if args.max_batch < 1:
         raise AdaspecError(f"--max-batch must be >= 1, got {args.max_batch}")
-    host = ModelHost.load(args.target, args.draft, controller=args.controller, k=args.k, dtype=args.dtype,
-                          threads=args.threads, extra_drafters=args.allow_drafter, backend=args.backend,
-                          device=args.device, max_batch=args.max_batch, strict=args.strict)
+    # Loaded on a thread that then ends: loading may run parallel work (the runtime probe of --backend auto, a
+    # PyTorch dtype conversion), and an OpenMP team left on the main thread would slow every forward of the
+    # generation thread (ModelHost.on_generation_thread); a thread's team ends with it.
+    with ThreadPoolExecutor(1, thread_name_prefix="adaspec-load") as once:
+        host = once.submit(ModelHost.load, args.target, args.draft, controller=args.controller, k=args.k,
+                           dtype=args.dtype, threads=args.threads, extra_drafters=args.allow_drafter,
+                           backend=args.backend, device=args.device, max_batch=args.max_batch,
+                           strict=args.strict).result()
     if not args.no_warmup:  # on the generation thread, like every forward (ModelHost.on_generation_thread)
         host.on_generation_thread(host.warmup)
         if host.batch is not None:

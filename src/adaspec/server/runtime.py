@@ -20,13 +20,14 @@ import asyncio
 import copy
 import logging
 import os
+import queue
 import statistics
 import sys
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from adaspec.api import LoadedModel, SpeculativeLM, builtin_drafter, load_model, make_drafter, set_threads
@@ -170,7 +171,7 @@ class ModelHost:
         tok = copy.deepcopy(target.tokenizer)
         self.encoder = SpeculativeLM(LoadedModel(target.backend, tok, target.name), None, FixedController(0))
         self.tokenizer = target.tokenizer
-        self.generate_executor = ThreadPoolExecutor(1, thread_name_prefix="adaspec-generate")
+        self.generate_executor = GenerationThread()
         self.encode_executor = ThreadPoolExecutor(1, thread_name_prefix="adaspec-encode")
         self.plain_ms: float | None = None  # EMA of a plain decoding step's wall time
         self.service_s: float | None = None  # EMA of a request's generation time (for Retry-After)
@@ -315,7 +316,15 @@ class ModelHost:
         team of its own and, once it manages more threads than there are CPUs, stops spinning between the steps of
         a forward and sleeps on a futex instead. Warming up on the main thread and serving from the generation
         thread left two teams on this 2-core machine and made every plain decoding step about 10 % slower
-        (`docs/results/issue15/omp_teams.py`: 0 vs about 30,000 futex sleeps per 96-token request)."""
+        (`docs/results/issue15/omp_teams.py`: 0 vs about 30,000 futex sleeps per 96-token request).
+
+        Raises:
+            RuntimeError: the batch loop holds the generation thread (after :meth:`start_runner`).
+        """
+        if threading.current_thread() is self.generate_executor.thread:
+            return fn(*args)
+        if self.runner is not None:
+            raise RuntimeError("the batch loop holds the generation thread: run this before start_runner")
         return self.generate_executor.submit(fn, *args).result()
 
     def warmup(self, steps: int = 8) -> None:
@@ -361,10 +370,57 @@ class ModelHost:
 
     def shutdown(self) -> None:
         self.cancel_current()
+        self.generate_executor.shutdown(wait=False, cancel_futures=True)  # nothing queued runs after this
         if self.runner is not None:
             self.runner.stop()
-        self.generate_executor.shutdown(wait=False, cancel_futures=True)
         self.encode_executor.shutdown(wait=False, cancel_futures=True)
+
+
+class GenerationThread(Executor):
+    """The one thread that runs every forward of a server's models (see :meth:`ModelHost.on_generation_thread`):
+    an :class:`~concurrent.futures.Executor` over a single **daemon** thread, so a process that never shuts its
+    host down still exits, even while the batch loop holds the thread. Tasks run in submission order."""
+
+    def __init__(self, name: str = "adaspec-generate") -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        if self._closed:
+            raise RuntimeError("the generation thread is shut down")
+        future: Future = Future()
+        self._tasks.put((future, fn, args, kwargs))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            item = self._tasks.get()
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # handed to whoever waits on the future
+                log.exception("a task on the generation thread failed")
+                future.set_exception(e)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._closed = True
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._tasks.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        self._tasks.put(None)
+        if wait and threading.current_thread() is not self.thread:
+            self.thread.join()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -594,8 +650,7 @@ class BatchRunner:
     Thread-safe entry points: :meth:`submit`, :meth:`cancel_all`, :meth:`stop`.
     """
 
-    def __init__(self, engine: BatchEngine, metrics: ServerMetrics, executor: ThreadPoolExecutor | None = None
-                 ) -> None:
+    def __init__(self, engine: BatchEngine, metrics: ServerMetrics, executor: Executor | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self._inbox: deque[Job] = deque()
@@ -635,8 +690,8 @@ class BatchRunner:
         else:
             try:
                 self._done.result(timeout=10)
-            except Exception:  # a timeout or the loop's own failure: stopping goes on
-                pass
+            except BaseException:  # a timeout, or the loop's own failure (logged where it ran): stopping goes on
+                log.warning("the batch loop did not end cleanly", exc_info=True)
 
     def _loop(self) -> None:
         while not (self._stopped and not self._jobs):
