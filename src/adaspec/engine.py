@@ -27,7 +27,7 @@ from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
 from adaspec.text import TextStream
-from adaspec.tree import accepted_nodes, check_budget, path_rows, verify_tree_greedy, verify_tree_sampling
+from adaspec.tree import check_budget, path_rows, verify_tree_greedy, verify_tree_sampling
 from adaspec.verify import parse_lossy, verify_greedy, verify_lossy, verify_sampling
 
 
@@ -302,7 +302,8 @@ class SpeculativeEngine:
                 draft = self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft()
             draft_end = time.perf_counter()
 
-            accepted, token, logits = self._verify(ids, draft, params, generator, lossy, controls, len(prompt))
+            accepted, token, logits, path = self._verify(ids, draft, params, generator, lossy, controls,
+                                                         len(prompt))
             n_accepted = len(accepted)
             self.target.synchronize()
             verify_end = time.perf_counter()
@@ -322,8 +323,6 @@ class SpeculativeEngine:
             stats.record(step)
             self.controller.update(step)
             if chooser is not None and k > 0:
-                path = (accepted_nodes(draft.tokens.tolist(), draft.parents, accepted) if draft.is_tree
-                        else range(len(accepted)))  # a chain's accepted nodes are its first ones
                 chooser.update(as_tree, step.emitted, step.total_ms, chain_emitted(draft, accepted, len(new)), k,
                                nodes=len(draft), path=path, verify_ms=step.verify_ms)
             if finish is None:
@@ -354,10 +353,11 @@ class SpeculativeEngine:
 
     def _verify(self, ids: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator,
                 lossy: tuple[str, float] | None = None, controls: LogitsControls | None = None,
-                prompt_len: int = 0) -> tuple[list[int], int, torch.Tensor]:
+                prompt_len: int = 0) -> tuple[list[int], int, torch.Tensor, list[int]]:
         """One target forward over ``[pending] + draft`` (a chain, or a token tree), the accept/reject decision
-        and the cache rollback: ``(accepted draft tokens, next token, the target's logits along them)``, the
-        logits ``[accepted + 1, V]`` (a tree's path) or ``[K + 1, V]`` (a chain), after the request's controls."""
+        and the cache rollback: ``(accepted draft tokens, next token, the target's logits along them, the accepted
+        nodes' indices in the draft)``, the logits ``[accepted + 1, V]`` (a tree's path) or ``[K + 1, V]`` (a chain),
+        after the request's controls."""
         if draft.is_tree:
             tokens = draft.tokens.tolist()
             logits = self.target.forward_tree([ids[-1]] + tokens, draft.parents)
@@ -368,12 +368,12 @@ class SpeculativeEngine:
             else:
                 raise ConfigError("sampling a token tree with draft probabilities is not implemented")
             self.target.keep_tree_path(len(ids), path)
-            return [tokens[i] for i in path], token, logits[path_rows(path)]
+            return [tokens[i] for i in path], token, logits[path_rows(path)], path
         logits = self.target.forward([ids[-1]] + draft.tokens.tolist(), len(draft) + 1)
         logits = controlled(logits, controls, ids, prompt_len, draft.tokens)
         n_accepted, token = decide(logits, draft, params, generator, lossy)
         self.target.truncate(len(ids) + n_accepted)
-        return draft.tokens[:n_accepted].tolist(), token, logits
+        return draft.tokens[:n_accepted].tolist(), token, logits, list(range(n_accepted))
 
     def _accept(self, ids: list[int], new: list[int], cfg: GenerationConfig, eos: tuple[int, ...],
                 text: TextStream | None, generated: int) -> tuple[list[int], str | None]:

@@ -76,6 +76,15 @@ def tree_attention_mask(parents: Sequence[int], past: int, dtype: torch.dtype,
     return mask[None, None]
 
 
+def child_map(tokens: Sequence[int], parents: Sequence[int]) -> dict[int, dict[int, int]]:
+    """``{parent: {token: child}}`` (parent -1 = the pending token); when siblings carry the same token the first
+    one is kept, the child every acceptance rule here takes."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        children.setdefault(p, {}).setdefault(int(t), i)
+    return children
+
+
 def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor) -> tuple[list[int], int]:
     """Greedy acceptance of a token tree.
 
@@ -88,9 +97,7 @@ def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int], logits: to
         target's first argmax is no child of the root) and the target's argmax after the last of them. When
         siblings carry the same token the first one is taken.
     """
-    children: dict[int, dict[int, int]] = {}
-    for i, (t, p) in enumerate(zip(tokens, parents)):
-        children.setdefault(p, {}).setdefault(int(t), i)
+    children = child_map(tokens, parents)
     best = logits.argmax(dim=-1).tolist()
     path: list[int] = []
     node = -1
@@ -124,9 +131,7 @@ def verify_tree_sampling(tokens: Sequence[int], parents: Sequence[int], probs: t
     Returns:
         ``(path, next_token)`` as :func:`verify_tree_greedy`.
     """
-    children: dict[int, dict[int, int]] = {}
-    for i, (t, p) in enumerate(zip(tokens, parents)):
-        children.setdefault(p, {}).setdefault(int(t), i)
+    children = child_map(tokens, parents)
     path: list[int] = []
     node = -1
     while True:
@@ -153,9 +158,7 @@ def accepted_nodes(tokens: Sequence[int], parents: Sequence[int], accepted: Sequ
     Raises:
         ValueError: ``accepted`` does not follow the tree.
     """
-    children: dict[int, dict[int, int]] = {}
-    for i, (t, p) in enumerate(zip(tokens, parents)):
-        children.setdefault(p, {}).setdefault(int(t), i)
+    children = child_map(tokens, parents)
     path, node = [], -1
     for t in accepted:
         node = children.get(node, {}).get(int(t), -2)
