@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 import torch
@@ -372,9 +373,16 @@ def test_cost_model_seeded_curve_is_interpolated_extended_and_overridden():
     assert costs.verify_ms(9, 0) == pytest.approx(174.0)  # beyond 8: the last segment's slope, 17 ms per token
     assert costs.verify_ms(10, 0) == pytest.approx(191.0)
     assert costs.verify_ms(9, bucket_of(5000)) == pytest.approx(174.0)  # an empty bucket: the nearest one's
-    # Real observations win in their bucket; the seeded values stay for the widths not observed.
-    costs.observe(rec(2, 1, draft_ms=20.0, verify_ms=95.0))  # n = 3
-    assert costs.verify_ms(3, 0) == 95.0 and costs.verify_ms(2, 0) == 80.0 and costs.verify_ms(4, 0) == 99.0
+    # Real observations win in their bucket, and set the seeded curve's level there: a width not observed is its
+    # nearest observed width scaled by the seed's shape, never the seed's own value next to observed ones.
+    costs.observe(rec(2, 1, draft_ms=20.0, verify_ms=95.0))  # n = 3, observed 95 / 87 of the seed
+    assert costs.verify_ms(3, 0) == 95.0
+    assert costs.verify_ms(2, 0) == pytest.approx(95.0 * 80.0 / 87.0)
+    assert costs.verify_ms(4, 0) == pytest.approx(95.0 * 99.0 / 87.0)
+    assert costs.verify_ms(9, 0) == pytest.approx(95.0 * 174.0 / 87.0)
+    costs.observe(rec(0, 0, verify_ms=65.0))  # n = 1 as seeded: the nearest observed width anchors each n
+    assert costs.verify_ms(2, 0) == pytest.approx(65.0 * 80.0 / 65.0)  # 1 and 3 tie for 2: the smaller
+    assert costs.verify_ms(5, 0) == pytest.approx(95.0 * 111.0 / 87.0)
     # A bucket with observations of its own: its nearest observed width scaled by the seeded curve's shape.
     b = bucket_of(5000)
     costs.observe(rec(0, 0, verify_ms=130.0, ctx=5000))  # twice the seeded t_v(1)
@@ -415,6 +423,36 @@ def test_cheap_verification_reaches_long_drafts_and_expensive_stays_short():
     ctrl.costs.observe(rec(1, 1, verify_ms=CHEAP[2], overhead=3.0), behind=2)
     ctrl.set_synced({"d": ctrl.context_len})
     assert ctrl.costs.verify_ms(9, 0) == pytest.approx(65.0 + 8 * 15.0)  # linear through (1, 65) and (2, 80)
+
+
+@pytest.mark.parametrize("slow", [1.5, 1.25, 0.8])
+def test_a_curve_seeded_while_the_machine_ran_slow_or_fast_does_not_change_the_decisions(slow):
+    """The warm-up's curve was measured while the VM ran ``slow`` times as slow as while decoding (it drifts 10-20 %
+    within minutes; an `adaspec serve` warm-up measured 80 ms per plain step against 63-69 ms). Before the seed's
+    level followed the live steps, a seed measured slow priced every width not yet run above the observations of
+    the widths run, and the controller kept to the short drafts it kept confirming: on this machine (α = 0.8,
+    best K = 5) it drafted at mean K 2.0-2.2 and reached 89 % of the best goodput with a 1.5x seed (90-93 % with
+    1.25x). Now the seed gives only the shape: every decision is the one the controller seeded at the true level
+    makes."""
+    true = {n: 52.0 + 9.0 * n for n in range(1, 10)}  # ik_llama.cpp 1.5B Q4_K_M on 2 AVX2 cores: 61 / 97 ms at 1 / 5
+    ks = {}
+    for level in (1.0, slow):
+        machine = Machine(0.3, lambda n: true[n], [0.8] * 8, seed=1)
+        ctrl = GoodputController()
+        ctrl.costs.seed_verify({n: level * ms for n, ms in true.items()}, 100)
+        ks[level] = drive(ctrl, machine, 200)
+    assert ks[slow] == ks[1.0]
+    assert machine.best_k() == 5
+    efficiency = statistics.mean(machine.goodput(k) for k in ks[slow][100:]) / machine.goodput(5)
+    assert efficiency > 0.95
+    # Observed widths at the machine's true speed, the rest from the seed: the seed's level cancels, so every
+    # width is priced at its true cost (the old rule priced n = 7 at the seed's slow x 115 ms next to K = 2's
+    # observed 79 ms).
+    costs = CostModel()
+    costs.seed_verify({n: slow * ms for n, ms in true.items()}, 100)
+    for n in (1, 3):
+        costs.observe(rec(n - 1, 0, verify_ms=true[n]))
+    assert [costs.verify_ms(n, 0) for n in true] == pytest.approx(list(true.values()))
 
 
 class FakeClock:

@@ -170,6 +170,54 @@ def test_unknown_hardware_names_the_choices():
     assert all(p.source for p in PROFILES.values())
 
 
+@pytest.mark.parametrize("key", ["qwen2.5-0.5b", "qwen2.5-7b", "vicuna-68m"])
+def test_a_shapes_matrices_are_its_matmul_parameters(key):
+    s = SHAPES[key]
+    m = s.matrices()
+    assert sum(o * i * count for (o, i), count in m.items()) == s.matmul_params
+    assert m[(s.vocab, s.hidden)] == 1  # the LM head, once
+    assert m[(s.intermediate, s.hidden)] == 2 * s.layers and m[(s.hidden, s.intermediate)] == s.layers
+
+
+def test_linear_curves_price_a_model_matrix_by_matrix():
+    """With a measured curve for every matrix shape of the model, the weights cost Σ count · curve(n) · size; the
+    host time per layer loses its 7 linear calls (they are inside the curves); a missing shape falls back to
+    ``matmul_curve``."""
+    s = SHAPES["qwen2.5-0.5b"]
+    kv = s.kv_heads * s.head_dim
+    per_gparam = {(s.hidden, s.hidden): 100.0, (kv, s.hidden): 400.0, (s.intermediate, s.hidden): 200.0,
+                  (s.hidden, s.intermediate): 250.0, (s.vocab, s.hidden): 300.0}  # ms per 10^9 weights at n = 1
+    curves = tuple((d, ((1, v), (5, 3 * v))) for d, v in per_gparam.items())
+    hw = HardwareProfile("toy", "cpu", 1.0, 1.0, 64, bandwidth_efficiency=1.0, layer_ms=0.5, forward_ms=0.0,
+                         matmul_curve=((1, 10.0), (5, 30.0)), linear_curves=curves, linear_call_ms=0.01)
+    by_hand = (s.layers * (2 * s.hidden ** 2 * 100.0 + 2 * kv * s.hidden * 400.0 + 2 * s.intermediate * s.hidden
+                           * 200.0 + s.hidden * s.intermediate * 250.0) + s.vocab * s.hidden * 300.0) / 1e9
+    kv_ms = s.kv_bytes_per_token(2) * 100 / 1e9 * 1e3
+    host = s.layers * (0.5 - 7 * 0.01)
+    assert hw.linear_ms(s, 1) == pytest.approx(by_hand)
+    assert hw.forward_time_ms(s, 1, 100) == pytest.approx(by_hand + kv_ms + host)
+    assert hw.forward_time_ms(s, 3, 100) == pytest.approx(2 * by_hand + kv_ms + host)  # interpolated: 2x at n = 3
+    other = SHAPES["qwen2.5-1.5b"]  # no curve of its own: the per-10^9-weights curve, full host time per layer
+    assert hw.linear_ms(other, 1) is None
+    assert hw.forward_time_ms(other, 1, 100) == pytest.approx(10.0 * other.matmul_params / 1e9
+                                                               + other.kv_bytes_per_token(2) * 100 / 1e6
+                                                               + other.layers * 0.5)
+
+
+def test_measure_linear_curve_streams_enough_copies(monkeypatch):
+    from adaspec.bench import hardware
+
+    made = []
+    real = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: made.append(a) or real(*a, **k))
+    curve = hardware.measure_linear_curve(64, 32, widths=(1, 3), repeats=2, stream_bytes=64 * 32 * 4 * 10)
+    assert [n for n, _ in curve] == [1, 3] and all(v > 0 for _, v in curve)
+    assert made.count((64, 32)) == 10  # ten distinct copies of the matrix pass 10 matrices' worth of bytes
+    made.clear()
+    hardware.measure_linear_curve(64, 32, widths=(1,), repeats=1, stream_bytes=1)
+    assert made.count((64, 32)) == 1
+
+
 def test_predicted_report(tmp_path):
     from adaspec.bench.predicted import predicted_report
 

@@ -206,6 +206,7 @@ class SpeculativeEngine:
             raise ConfigError("a draft length K > 0 needs a drafter")
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else default_eos_ids(tokenizer)
+        self.verify_curve: dict[int, float] = {}  # ms per forward of n tokens, measured by warmup() (goodput only)
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         """Generate a continuation of ``prompt_ids`` (list of int token ids); see :meth:`stream`."""
@@ -382,14 +383,15 @@ class SpeculativeEngine:
     def warmup(self, prompt_ids: Sequence[int] = tuple(range(100, 148)), steps: int = 3) -> None:
         """Run a short greedy generation so one-time allocation costs stay out of measurements; then let a controller
         with a ``calibrate(backend)`` method (goodput) measure the target's verification cost curve (a few short
-        forwards at the warm-up's context; the target's cache is left as it was). The default prompt has 48 tokens,
-        as many as a short chat prompt, so that a draft model's first catch-up is timed at a realistic size: the
-        goodput controller prices later catch-ups per token from it (ids are taken modulo the vocabulary)."""
+        forwards at the warm-up's context; the target's cache is left as it was; kept as ``verify_curve``, ms by
+        tokens per forward). The default prompt has 48 tokens, as many as a short chat prompt, so that a draft
+        model's first catch-up is timed at a realistic size: the goodput controller prices later catch-ups per
+        token from it (ids are taken modulo the vocabulary)."""
         ids = [int(t) % self.target.vocab_size for t in prompt_ids]
         self.generate(ids, GenerationConfig(max_new_tokens=steps, ignore_eos=True, seed=0))
         calibrate = getattr(self.controller, "calibrate", None)
         if calibrate is not None:
-            calibrate(self.target)
+            self.verify_curve = dict(calibrate(self.target))
 
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

@@ -84,3 +84,7 @@ mkdir -p $OUT/gguf-cot
 $A eval --tasks gsm8k-cot --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 --out $OUT/gguf-cot \
   --time-limit 60 > $OUT/gguf-cot/log-1.txt 2>&1
 date
+# 8b. (2026-12-02, next session) step 8 continued to 200 questions (it resumes: questions 136-199), alone on the cores.
+$A eval --tasks gsm8k-cot --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 --out $OUT/gguf-cot \
+  --limit 200 --time-limit 40 > $OUT/gguf-cot/log-3.txt 2>&1
+date

@@ -68,6 +68,14 @@ class HardwareProfile:
             streamed from memory (:func:`measure_profile`). Where given it replaces the two-number roofline for the
             weights: CPU kernels change with the width (a one-token GEMV reaches a fraction of the streaming
             bandwidth, small GEMMs a width-dependent throughput), which two numbers cannot describe.
+        linear_curves: measured ``((out_features, in_features), ((n, ms per 10^9 weights), ...))`` per matrix
+            shape (:func:`measure_profile` with ``shapes``). Where every matrix of a model has one, the model's
+            weights are priced matrix by matrix instead of by ``matmul_curve``: CPU GEMM kernels run a 896-wide
+            projection, a 4864-wide MLP and a 151,936-row LM head at different speeds per weight and with
+            differently shaped curves in n (Qwen2.5-0.5B fp32 on 2 AVX2 cores: T(9)/T(1) = 2.7 for the model
+            against 6.0 for a 2560 x 10240 probe).
+        linear_call_ms: host time of one linear-layer call (dispatch), ms; included in ``linear_curves``, so taken
+            out of ``layer_ms`` (7 linear calls per decoder layer) when they price a model.
     """
 
     name: str
@@ -82,6 +90,21 @@ class HardwareProfile:
     source: str = ""
     measured: bool = False
     matmul_curve: tuple[tuple[int, float], ...] = ()
+    linear_curves: tuple[tuple[tuple[int, int], tuple[tuple[int, float], ...]], ...] = ()
+    linear_call_ms: float = 0.0
+
+    def linear_ms(self, s: ModelShape, n: float) -> float | None:
+        """Time of all of ``s``'s matrix products over ``n`` tokens from :attr:`linear_curves`, ms; None when a
+        matrix of ``s`` has no measured curve."""
+        curves = dict(self.linear_curves)
+        if not curves:
+            return None
+        total = 0.0
+        for dims, count in s.matrices().items():
+            if dims not in curves:
+                return None
+            total += count * _interpolate(curves[dims], n) * dims[0] * dims[1] / 1e9
+        return total
 
     # The roofline -----------------------------------------------------------------------------------------------
     def forward_time_ms(self, s: ModelShape, n: float, context: float, *, dtype: str = "bfloat16",
@@ -91,7 +114,12 @@ class HardwareProfile:
         b = bytes_per_param(dtype)
         kv = 2.0 if b < 4 else 4.0  # the KV cache is kept in the activation dtype (16-bit for quantised weights)
         kv_bytes = batch * s.kv_bytes_per_token(kv) * context
-        if self.matmul_curve:  # measured linear-layer times per width, plus reading the KV cache
+        linear = self.linear_ms(s, batch * n)
+        host_layer = self.layer_ms
+        if linear is not None:  # measured per matrix shape (dispatch included), plus reading the KV cache
+            device = linear + kv_bytes / (self.bandwidth_gbs * 1e9 * self.bandwidth_efficiency) * 1e3
+            host_layer = max(self.layer_ms - 7 * self.linear_call_ms, 0.0)
+        elif self.matmul_curve:  # measured linear-layer times per width, plus reading the KV cache
             device = (_interpolate(self.matmul_curve, batch * n) * s.matmul_params / 1e9
                       + kv_bytes / (self.bandwidth_gbs * 1e9 * self.bandwidth_efficiency) * 1e3)
         else:
@@ -99,7 +127,7 @@ class HardwareProfile:
             flops = batch * s.flops(n, context)
             device = max(moved / (self.bandwidth_gbs * 1e9 * self.bandwidth_efficiency),
                          flops / (self.matmul_tflops * 1e12 * self.matmul_efficiency)) * 1e3
-        host = s.layers * self.layer_ms
+        host = s.layers * host_layer
         # a GPU runs asynchronously to its host, so the slower of the two sets the pace; a CPU does both in turn
         return (max(device, host) if self.kind == "gpu" else device + host) + self.forward_ms
 
@@ -211,12 +239,64 @@ def _median_ms(fn, repeats: int, sync) -> float:
     return statistics.median(times)
 
 
+LINEAR_WIDTHS = (1, 2, 3, 5, 9, 17)
+"""Tokens per forward at which linear layers are timed."""
+
+
+def measure_linear_curve(out_features: int, in_features: int, *, dtype: str = "float32", device: str = "cpu",
+                         widths=LINEAR_WIDTHS, repeats: int = 5, stream_bytes: int = 256 * 2**20,
+                         max_copies: int = 4096) -> tuple[tuple[int, float], ...]:
+    """Time ``F.linear`` of ``[n, in_features]`` by ``[out_features, in_features]`` weights at each n of ``widths``,
+    with the weights streamed from memory as in a forward: enough distinct copies of the matrix (at most
+    ``max_copies``) to pass ``stream_bytes``, run one after another, so that none is still in a cache. Returns
+    ``((n, ms per 10^9 weights), ...)``, medians of ``repeats`` passes (dispatch included)."""
+    import torch
+
+    from adaspec.backends.torch_backend import resolve_dtype
+
+    dt = resolve_dtype(dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    size = out_features * in_features
+    copies = max(1, min(max_copies, math.ceil(stream_bytes / (size * torch.finfo(dt).bits // 8))))
+    weights = [torch.randn(out_features, in_features, dtype=dt, device=device) for _ in range(copies)]
+    curve = []
+    with torch.inference_mode():
+        for n in widths:
+            x = torch.randn(n, in_features, dtype=dt, device=device)
+
+            def run(x=x):
+                for w in weights:
+                    torch.nn.functional.linear(x, w)
+
+            ms = _median_ms(run, repeats, sync)
+            curve.append((int(n), ms / (copies * size / 1e9)))
+    return tuple(curve)
+
+
+def measure_linear_call_ms(*, device: str = "cpu", repeats: int = 7, calls: int = 200) -> float:
+    """Host time of one ``F.linear`` call on an 8 x 8 matrix (dispatch; its arithmetic is negligible), ms."""
+    import torch
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    w = torch.randn(8, 8, device=device)
+    x = torch.randn(1, 8, device=device)
+
+    def run():
+        for _ in range(calls):
+            torch.nn.functional.linear(x, w)
+
+    with torch.inference_mode():
+        return _median_ms(run, repeats, sync) / calls
+
+
 def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: int | None = None,
-                    hidden: int = 2560, repeats: int = 7) -> tuple[HardwareProfile, dict]:
+                    hidden: int = 2560, repeats: int = 7, shapes=()) -> tuple[HardwareProfile, dict]:
     """Measure this machine's numbers with PyTorch: streaming read bandwidth (a reduction over a 256 MiB tensor)
     and the linear layer a model runs (``F.linear`` of ``[n, hidden]`` by ``[4 hidden, hidden]`` weights, larger
     than the caches, in ``dtype``) at n = 1, 2, 3, 5, 9, 17 tokens, kept as the profile's ``matmul_curve`` (ms per
     10^9 weights); ``matmul_tflops`` is the throughput at n = 17. Efficiencies are 1: the numbers are achieved ones.
+    With ``shapes`` (:class:`~adaspec.models.synthetic.ModelShape` objects), every matrix shape of those models is timed
+    too (:func:`measure_linear_curve`), kept as ``linear_curves``: the models are then priced matrix by matrix.
 
     Returns:
         ``(profile, raw)``: the profile (``measured=True``, ``layer_ms`` from :func:`measure_dispatch_ms`) and
@@ -241,8 +321,12 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
             ms = _median_ms(lambda x=x: torch.nn.functional.linear(x, w), repeats, sync)
             raw["matmul"][n] = {"ms": ms, "tflops": 2 * n * w.numel() / (ms / 1e3) / 1e12,
                                 "ms_per_gparam": ms / (w.numel() / 1e9)}
+    dims = sorted({d for sh in shapes for d in sh.matrices()})
+    linear_curves = tuple((d, measure_linear_curve(*d, dtype=dtype, device=device)) for d in dims)
+    raw["linear"] = {f"{o}x{i}": dict(curve) for (o, i), curve in linear_curves}
     layer_ms = measure_dispatch_ms(device=device, repeats=repeats)
     raw["layer_ms"] = layer_ms
+    raw["linear_call_ms"] = linear_call_ms = measure_linear_call_ms(device=device) if dims else 0.0
     from adaspec.backends.select import cpu_label
 
     name = "this-cpu" if device == "cpu" else "this-gpu"
@@ -252,7 +336,8 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
                            memory, bandwidth_efficiency=1.0, matmul_efficiency=1.0, layer_ms=layer_ms,
                            forward_ms=0.0, source=f"measured on {label} ({dtype}, {torch.get_num_threads()} threads)",
                            measured=True,
-                           matmul_curve=tuple((n, v["ms_per_gparam"]) for n, v in raw["matmul"].items()))
+                           matmul_curve=tuple((n, v["ms_per_gparam"]) for n, v in raw["matmul"].items()),
+                           linear_curves=linear_curves, linear_call_ms=linear_call_ms)
     return prof, raw
 
 

@@ -35,10 +35,11 @@ SEED_K = {512: (4, 8), 4096: (3, 5), 16384: (2, 3)}
 LOOKUP = "ngram-lookup"
 
 
-def resolve_profile(name: str, *, dtype: str, layer_ms: float | None = None) -> HardwareProfile:
-    """A named profile, or ``this-cpu`` (measured now, see :func:`~adaspec.bench.hardware.measure_profile`)."""
+def resolve_profile(name: str, *, dtype: str, layer_ms: float | None = None, shapes=()) -> HardwareProfile:
+    """A named profile, or ``this-cpu`` (measured now, see :func:`~adaspec.bench.hardware.measure_profile`, with
+    the matrices of ``shapes`` timed one by one)."""
     if name.strip().lower() in ("this-cpu", "this"):
-        prof, _ = measure_profile(dtype=dtype if dtype in ("bfloat16", "float32") else "float32")
+        prof, _ = measure_profile(dtype=dtype if dtype in ("bfloat16", "float32") else "float32", shapes=shapes)
         return prof if layer_ms is None else replace(prof, layer_ms=layer_ms)
     return profile(name, layer_ms=layer_ms)
 
@@ -62,12 +63,12 @@ def predicted_report(hardware: str, target: str, drafts: list[str], report: Path
     Raises:
         ConfigError: unknown hardware or shape, or a target that does not fit the device.
     """
-    prof = prof or resolve_profile(hardware, dtype=dtype, layer_ms=layer_ms)
     t_shape = shape(target)
+    models = {d: shape(d) for d in drafts if d.lower() != "ngram"}
+    prof = prof or resolve_profile(hardware, dtype=dtype, layer_ms=layer_ms, shapes=[t_shape, *models.values()])
     if not prof.fits(t_shape, dtype):
         raise ConfigError(f"{target} in {dtype} ({t_shape.total_params / 1e9:.1f} B parameters) does not fit in "
                           f"{prof.name}'s {prof.memory_gib:g} GiB")
-    models = {d: shape(d) for d in drafts if d.lower() != "ngram"}
     names = [d for d in drafts if d.lower() != "ngram"] + ([LOOKUP] if any(d.lower() == "ngram" for d in drafts)
                                                            else [])
     cost = prof.cost_model(t_shape, models, dtype=dtype)
@@ -282,7 +283,13 @@ def _markdown(prof, target, dtype, names, cost, figs, published, base: Path) -> 
              f"{prof.forward_ms:g} ms per forward. Source: {prof.source}.",
              *(["- Measured linear-layer time per 10^9 weights by tokens n (replaces the two-number roofline for "
                 "the weights): " + ", ".join(f"n={n}: {v:.1f} ms" for n, v in prof.matmul_curve) + "."]
-               if prof.matmul_curve else []),
+               if prof.matmul_curve and prof.linear_ms(t, 1) is None else []),
+             *(["- Measured time per 10^9 weights of each matrix shape (out × in) by tokens n, streamed from "
+                "memory, dispatch included (prices the models matrix by matrix; host per layer less 7 linear calls "
+                f"of {prof.linear_call_ms:.3f} ms): "
+                + "; ".join(f"{o}×{i}: " + ", ".join(f"n={n}: {v:.0f}" for n, v in curve) + " ms"
+                            for (o, i), curve in prof.linear_curves) + "."]
+               if prof.linear_ms(t, 1) is not None else []),
              f"- Target: {target}: {t.total_params / 1e9:.2f} B parameters, {t.layers} layers; "
              f"predicted plain step {cost.plain_step_ms(CONTEXTS[0]):.2f} ms at {CONTEXTS[0]} tokens, "
              f"{cost.plain_step_ms(min(CONTEXTS[-1], t.max_positions)):.2f} ms at "

@@ -19,7 +19,9 @@ machine, per context-length bucket, while decoding:
     t_v(n, L)  target verification time of n = K + 1 tokens at context bucket L: median of recent verify_ms per
                measured n; for an n not yet run in that bucket, a value seeded from a measured curve
                (:meth:`CostModel.seed_verify`, which :meth:`GoodputController.calibrate` fills in the engine's
-               warm-up with :func:`~adaspec.controllers.costcurve.measure_verify_curve`): real observations win. A
+               warm-up with :func:`~adaspec.controllers.costcurve.measure_verify_curve`): real observations win,
+               and once a bucket has any, they set the seeded curve's level there (the seed gives only the shape:
+               a curve measured while the machine ran slow must not make the widths not yet run look dear). A
                bucket lacking some n takes it from its nearest known n scaled by the curve's shape: the seeded
                curve (of the nearest seeded bucket) when there is one, else all buckets' observations pooled. The
                shape is piecewise linear between its points and extended with the slope of its last segment beyond
@@ -47,8 +49,8 @@ time was never measured without catch-up is tried at ``k_init`` (twice in a row 
 the first try feeds it the prompt tokens it lacks, the second measures t_d, and the first is then booked as
 catch-up f_d), unless its t_d and f_d were seeded from a measurement made elsewhere
 (:meth:`GoodputController.seed_draft_costs`: a batched row gets what the batch engine measured), in which case its
-first proposal is priced like any other, catch-up included. The first step of every request is plain (it costs nothing against plain decoding and tells the
-controller the context length, which the catch-up cost needs). Costs persist across requests (they belong to the
+first proposal is priced like any other, catch-up included. The first step of every request is plain (it costs
+nothing against plain decoding and tells the controller the context length, which the catch-up cost needs). Costs persist across requests (they belong to the
 machine); acceptance counts are scaled by ``carry`` at each new request (they belong to the text).
 
 **Stop within a step** (``confidence_stop``; SpecDec++'s threshold policy, Huang et al. 2024, with the threshold
@@ -204,18 +206,27 @@ class CostModel:
     def verify_ms(self, n: int, b: int) -> float:
         """Verification time (ms) of ``n`` tokens at bucket ``b``. Needs a measurement or a seed (``measured``).
 
-        The nearest bucket with any data gives its observed median for n, else its seeded value for n, else its
-        nearest known width m scaled by the shape: ``t(m) · shape(n) / shape(m)``."""
+        The nearest bucket with any data gives its observed median for n; else, once it has observed any width,
+        its nearest observed width m scaled by the shape, ``t(m) · shape(n) / shape(m)``; else (seeded only) its
+        seeded value for n, or its nearest seeded width scaled so.
+
+        A seeded value is never mixed with observed ones as it stands: the seed gives the curve's shape, the live
+        steps its level. The machine's speed drifts (10-20 % within minutes on a shared VM), and a curve measured
+        while it was slow, next to fast observations of the widths the controller runs, made every width it had
+        not run look dear: it kept drafting short and never observed the longer drafts that would have shown it
+        wrong (the likely cause of an `adaspec serve` run at mean K 2.9 instead of 5-6 and half the speed, whose
+        warm-up ran 20 % slow: `docs/results/issue15`)."""
         own = _nearest(self.verify.keys() | self.seeded.keys(), b)
         observed, seeded = self.verify.get(own, {}), self.seeded.get(own, {})
-
-        def known(m: int) -> float:
-            return observed[m].value if m in observed else seeded[m]
-
-        if n in observed or n in seeded:
-            return known(n)
-        ref = min(observed.keys() | seeded.keys(), key=lambda m: (abs(m - n), m))
-        return known(ref) * self._shape(n, b) / self._shape(ref, b)
+        if n in observed:
+            return observed[n].value
+        if observed:
+            ref = min(observed, key=lambda m: (abs(m - n), m))
+            return observed[ref].value * self._shape(n, b) / self._shape(ref, b)
+        if n in seeded:
+            return seeded[n]
+        ref = min(seeded, key=lambda m: (abs(m - n), m))
+        return seeded[ref] * self._shape(n, b) / self._shape(ref, b)
 
     def _shape(self, n: int, b: int) -> float:
         """The curve's shape at ``n``: the seeded curve of the bucket nearest ``b`` when one was seeded, else the

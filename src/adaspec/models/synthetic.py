@@ -69,6 +69,17 @@ class ModelShape:
         """Parameters multiplied per token: every layer's matrices plus the LM head (the embedding is a lookup)."""
         return self.layers * self.layer_params + self.vocab * self.hidden
 
+    def matrices(self) -> dict[tuple[int, int], int]:
+        """The weight matrices a forward multiplies, as ``{(out_features, in_features): count}``: per layer q, k, v,
+        o and the MLP's gate, up and down, and the LM head once."""
+        kv = self.kv_heads * self.head_dim
+        out: dict[tuple[int, int], int] = {}
+        for dims, count in (((self.hidden, self.hidden), 2), ((kv, self.hidden), 2),
+                            ((self.intermediate, self.hidden), 2), ((self.hidden, self.intermediate), 1)):
+            out[dims] = out.get(dims, 0) + count * self.layers
+        out[(self.vocab, self.hidden)] = out.get((self.vocab, self.hidden), 0) + 1
+        return out
+
     @property
     def total_params(self) -> int:
         """All parameters (embedding counted once when tied)."""

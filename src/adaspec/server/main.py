@@ -55,6 +55,10 @@ def serve(args: argparse.Namespace) -> int:
                            strict=args.strict).result()
     if not args.no_warmup:  # on the generation thread, like every forward (ModelHost.on_generation_thread)
         host.on_generation_thread(host.warmup)
+        curve = host.engine_for(host.default).engine.verify_curve
+        if curve:  # the goodput controller's seed: its shape prices the draft lengths not yet run
+            print("adaspec: verification cost curve (ms by tokens in one forward): "
+                  + ", ".join(f"{n}: {ms:.0f}" for n, ms in curve.items()), file=sys.stderr)
         if host.batch is not None:
             curve = host.on_generation_thread(host.calibrate_batch)
             print("adaspec: batch cost curve (ms by tokens in one forward): "
