@@ -380,9 +380,11 @@ def test_cost_model_seeded_curve_is_interpolated_extended_and_overridden():
     assert costs.verify_ms(2, 0) == pytest.approx(95.0 * 80.0 / 87.0)
     assert costs.verify_ms(4, 0) == pytest.approx(95.0 * 99.0 / 87.0)
     assert costs.verify_ms(9, 0) == pytest.approx(95.0 * 174.0 / 87.0)
-    costs.observe(rec(0, 0, verify_ms=65.0))  # n = 1 as seeded: the nearest observed width anchors each n
-    assert costs.verify_ms(2, 0) == pytest.approx(65.0 * 80.0 / 65.0)  # 1 and 3 tie for 2: the smaller
-    assert costs.verify_ms(5, 0) == pytest.approx(95.0 * 111.0 / 87.0)
+    costs.observe(rec(0, 0, verify_ms=65.0))  # n = 1 as seeded: one level for the bucket, the median of the two
+    level = (95.0 / 87.0 + 65.0 / 65.0) / 2
+    assert costs.verify_ms(2, 0) == pytest.approx(80.0 * level)
+    assert costs.verify_ms(5, 0) == pytest.approx(111.0 * level)
+    assert costs.verify_ms(1, 0) == 65.0 and costs.verify_ms(3, 0) == 95.0  # observed widths as observed
     # A bucket with observations of its own: its nearest observed width scaled by the seeded curve's shape.
     b = bucket_of(5000)
     costs.observe(rec(0, 0, verify_ms=130.0, ctx=5000))  # twice the seeded t_v(1)
@@ -455,6 +457,38 @@ def test_a_curve_seeded_while_the_machine_ran_slow_or_fast_does_not_change_the_d
     assert [costs.verify_ms(n, 0) for n in true] == pytest.approx(list(true.values()))
 
 
+def test_a_noisy_seed_is_made_non_decreasing_and_one_level_serves_the_bucket():
+    """A seed sample that went the wrong way (`adaspec serve` run 6c's warm-up: t(5) = 134, t(6) = 124 ms) is pooled,
+    so K = 5 is not priced below K = 4; and observed widths timed in different spells of the VM set one level for
+    the bucket (a median), so the widths between them keep rising with n."""
+    seed = {1: 93.0, 2: 101.0, 3: 103.0, 4: 115.0, 5: 134.0, 6: 124.0, 7: 154.0, 9: 203.0}
+    costs = CostModel()
+    costs.seed_verify(seed, 100)
+    assert costs.seeded[0][5] == costs.seeded[0][6] == pytest.approx(129.0)
+    assert {n: v for n, v in costs.seeded[0].items() if n not in (5, 6)} == {n: v for n, v in seed.items()
+                                                                            if n not in (5, 6)}
+    true = {n: 52.0 + 9.0 * n for n in range(1, 10)}
+    costs = CostModel()
+    costs.seed_verify(true, 100)
+    costs.observe(rec(0, 0, verify_ms=1.2 * true[1]))  # plain steps timed in a slow spell
+    costs.observe(rec(4, 4, verify_ms=true[5]))  # K = 4 steps at the true speed
+    curve = [costs.verify_ms(n, 0) for n in range(1, 10)]
+    assert all(a <= b for a, b in zip(curve, curve[1:])), curve
+    level = (1.2 + 1.0) / 2
+    assert costs.verify_ms(3, 0) == pytest.approx(level * true[3])
+
+
+def test_a_batched_rows_seed_stands_as_measured():
+    """A batched row's observed steps time the whole batch's forward, while the batch's seed is indexed by the tokens
+    in that forward: they are not on one curve, so the row keeps the seed's values as measured beside them."""
+    ctrl = GoodputController()
+    ctrl.seed_verify_costs(CHEAP, 100, level_from_steps=False)
+    ctrl.costs.observe(rec(2, 1, verify_ms=150.0))  # n = 3 in a batch: the whole forward
+    assert ctrl.costs.verify_ms(3, 0) == 150.0
+    assert ctrl.costs.verify_ms(5, 0) == CHEAP[5] and ctrl.costs.verify_ms(8, 0) == CHEAP[8]
+    assert ctrl.costs.verify_ms(7, 0) == pytest.approx(140.0)
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.ms = 0.0
@@ -522,11 +556,21 @@ def test_calibrate_seeds_the_controller_and_the_warm_up_calls_it(monkeypatch):
     from adaspec.engine import SpeculativeEngine
 
     ctrl = GoodputController()
-    SpeculativeEngine(CurveBackend(CHEAP, clock), NgramDrafter(), ctrl).warmup(list(range(1, 9)), steps=3)
+    full = {**CHEAP, 7: 140.0, 9: 174.0}  # every default width (the fake backend takes n ms for a width it lacks)
+    engine = SpeculativeEngine(CurveBackend(full, clock), NgramDrafter(), ctrl)
+    engine.warmup(list(range(1, 9)), steps=3)
     seeded = ctrl.costs.seeded[0]
     assert list(ctrl.costs.seeded) == [0] and sorted(seeded) == list(DEFAULT_WIDTHS)  # n = K + 1 up to k_max + 1
-    assert {n: seeded[n] for n in CHEAP if n in seeded} == pytest.approx({n: CHEAP[n] for n in CHEAP if n in seeded})
-    SpeculativeEngine(CurveBackend(CHEAP, clock), NgramDrafter(), make_controller("fixed", 3)).warmup()  # no calibrate
+    assert seeded == pytest.approx({n: full[n] for n in DEFAULT_WIDTHS})
+    assert engine.verify_curve == pytest.approx(seeded)  # kept for the server to print
+    fixed = SpeculativeEngine(CurveBackend(CHEAP, clock), NgramDrafter(), make_controller("fixed", 3))
+    fixed.warmup()  # no calibrate
+    assert fixed.verify_curve == {}
+    quiet = GoodputController()
+    quiet.calibrate = lambda backend: None  # a controller whose calibrate returns nothing
+    engine = SpeculativeEngine(CurveBackend(CHEAP, clock), NgramDrafter(), quiet)
+    engine.warmup()
+    assert engine.verify_curve == {}
 
 
 # Catch-up when a draft model kept its cache from an earlier request ---------------------------------------------

@@ -310,6 +310,15 @@ def test_map_cli_hardware(tmp_path, capsys):
     assert "unknown model shape 'gpt-9'" in capsys.readouterr().err
 
 
+def test_this_cpu_refuses_a_target_too_big_before_timing_its_matrices(monkeypatch, tmp_path):
+    from adaspec.bench import predicted
+
+    monkeypatch.setattr(predicted, "ram_bytes", lambda: 16 * 2**30)
+    monkeypatch.setattr(predicted, "measure_profile", lambda **kw: pytest.fail("measured a model that cannot fit"))
+    with pytest.raises(ConfigError, match=r"32b in bfloat16 \(32\.\d B parameters\) does not fit in this-cpu's 16 GiB"):
+        predicted.predicted_report("this-cpu", "32b", ["ngram"], tmp_path / "p.md")
+
+
 # Energy ---------------------------------------------------------------------------------------------------------
 def test_meter_reads_nvml_energy(monkeypatch, tmp_path):
     counters = {0: 1_000_000, 1: 2_000_000}  # mJ

@@ -257,7 +257,8 @@ class BatchEngine:
                 row.controller = row.controller_factory()
                 row.controller.reset()
                 if self.pricer.curve:  # the batch's measured costs, so a goodput row does not start from priors
-                    row.controller.seed_verify_costs(self.pricer.curve, self.pricer.context_len)
+                    row.controller.seed_verify_costs(self.pricer.curve, self.pricer.context_len,
+                                                     level_from_steps=False)
                 seeds = self._seeds_for(row.drafter)
                 if seeds:  # its draft model's first proposal (and the prompt it feeds) is priced, not tried blind
                     row.controller.seed_draft_costs(seeds)

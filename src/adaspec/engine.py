@@ -391,7 +391,7 @@ class SpeculativeEngine:
         self.generate(ids, GenerationConfig(max_new_tokens=steps, ignore_eos=True, seed=0))
         calibrate = getattr(self.controller, "calibrate", None)
         if calibrate is not None:
-            self.verify_curve = dict(calibrate(self.target))
+            self.verify_curve = dict(calibrate(self.target) or {})
 
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

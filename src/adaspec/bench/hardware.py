@@ -331,7 +331,7 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
 
     name = "this-cpu" if device == "cpu" else "this-gpu"
     label = cpu_label() if device == "cpu" else torch.cuda.get_device_name()
-    memory = (torch.cuda.get_device_properties(0).total_memory if device == "cuda" else _ram_bytes()) / 2**30
+    memory = (torch.cuda.get_device_properties(0).total_memory if device == "cuda" else ram_bytes()) / 2**30
     prof = HardwareProfile(name, "cpu" if device == "cpu" else "gpu", bandwidth, raw["matmul"][17]["tflops"],
                            memory, bandwidth_efficiency=1.0, matmul_efficiency=1.0, layer_ms=layer_ms,
                            forward_ms=0.0, source=f"measured on {label} ({dtype}, {torch.get_num_threads()} threads)",
@@ -341,7 +341,8 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
     return prof, raw
 
 
-def _ram_bytes() -> int:
+def ram_bytes() -> int:
+    """This machine's physical memory, bytes (0 where the OS does not say)."""
     import os
 
     try:

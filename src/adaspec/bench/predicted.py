@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from adaspec.bench.hardware import HardwareProfile, measure_profile, profile, validate_published
+from adaspec.bench.hardware import HardwareProfile, measure_profile, profile, ram_bytes, validate_published
 from adaspec.errors import ConfigError
 from adaspec.models.synthetic import shape, shape_key
 
@@ -65,10 +65,16 @@ def predicted_report(hardware: str, target: str, drafts: list[str], report: Path
     """
     t_shape = shape(target)
     models = {d: shape(d) for d in drafts if d.lower() != "ngram"}
+
+    def check_fit(p: HardwareProfile) -> None:
+        if not p.fits(t_shape, dtype):
+            raise ConfigError(f"{target} in {dtype} ({t_shape.total_params / 1e9:.1f} B parameters) does not fit in "
+                              f"{p.name}'s {p.memory_gib:g} GiB")
+
+    if prof is None and hardware.strip().lower() in ("this-cpu", "this"):  # refuse before timing its matrices
+        check_fit(HardwareProfile("this-cpu", "cpu", 1.0, 1.0, ram_bytes() / 2**30))
     prof = prof or resolve_profile(hardware, dtype=dtype, layer_ms=layer_ms, shapes=[t_shape, *models.values()])
-    if not prof.fits(t_shape, dtype):
-        raise ConfigError(f"{target} in {dtype} ({t_shape.total_params / 1e9:.1f} B parameters) does not fit in "
-                          f"{prof.name}'s {prof.memory_gib:g} GiB")
+    check_fit(prof)
     names = [d for d in drafts if d.lower() != "ngram"] + ([LOOKUP] if any(d.lower() == "ngram" for d in drafts)
                                                            else [])
     cost = prof.cost_model(t_shape, models, dtype=dtype)

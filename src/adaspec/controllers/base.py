@@ -37,10 +37,12 @@ class Controller(ABC):
         """After ``reset`` and the drafter's prefill: per drafter name, how many leading tokens of the sequence it
         already holds (see :func:`~adaspec.drafters.multi.cached_prefixes`). Default: ignored."""
 
-    def seed_verify_costs(self, curve: Mapping[int, float], context_len: int) -> None:
+    def seed_verify_costs(self, curve: Mapping[int, float], context_len: int, *,
+                          level_from_steps: bool = True) -> None:
         """A measured verification cost curve (``{tokens in the forward: ms}`` at ``context_len``) for controllers
         that price steps (goodput), so a fresh controller does not start from priors; e.g. a batched request's own
-        controller, seeded from the batch's calibration. Default: ignored."""
+        controller, seeded from the batch's calibration (``level_from_steps=False``: its observed steps time the
+        whole batch's forward, so they do not set the seed's level). Default: ignored."""
 
     def seed_draft_costs(self, costs: Mapping[str, tuple[float, float]]) -> None:
         """Per drafter name, ``(draft_ms, feed_ms)``: a drafter's measured ms per drafted token and per token fed in

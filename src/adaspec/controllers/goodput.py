@@ -19,9 +19,10 @@ machine, per context-length bucket, while decoding:
     t_v(n, L)  target verification time of n = K + 1 tokens at context bucket L: median of recent verify_ms per
                measured n; for an n not yet run in that bucket, a value seeded from a measured curve
                (:meth:`CostModel.seed_verify`, which :meth:`GoodputController.calibrate` fills in the engine's
-               warm-up with :func:`~adaspec.controllers.costcurve.measure_verify_curve`): real observations win,
-               and once a bucket has any, they set the seeded curve's level there (the seed gives only the shape:
-               a curve measured while the machine ran slow must not make the widths not yet run look dear). A
+               warm-up with :func:`~adaspec.controllers.costcurve.measure_verify_curve`, made non-decreasing):
+               real observations win, and once a bucket has any, their median ratio to the seed sets its level
+               there (the seed gives only the shape: a curve measured while the machine ran slow must not make the
+               widths not yet run look dear; batched rows excepted, see :meth:`CostModel.seed_verify`). A
                bucket lacking some n takes it from its nearest known n scaled by the curve's shape: the seeded
                curve (of the nearest seeded bucket) when there is one, else all buckets' observations pooled. The
                shape is piecewise linear between its points and extended with the slope of its last segment beyond
@@ -50,8 +51,9 @@ the first try feeds it the prompt tokens it lacks, the second measures t_d, and 
 catch-up f_d), unless its t_d and f_d were seeded from a measurement made elsewhere
 (:meth:`GoodputController.seed_draft_costs`: a batched row gets what the batch engine measured), in which case its
 first proposal is priced like any other, catch-up included. The first step of every request is plain (it costs
-nothing against plain decoding and tells the controller the context length, which the catch-up cost needs). Costs persist across requests (they belong to the
-machine); acceptance counts are scaled by ``carry`` at each new request (they belong to the text).
+nothing against plain decoding and tells the controller the context length, which the catch-up cost needs). Costs
+persist across requests (they belong to the machine); acceptance counts are scaled by ``carry`` at each new
+request (they belong to the text).
 
 **Stop within a step** (``confidence_stop``; SpecDec++'s threshold policy, Huang et al. 2024, with the threshold
 derived from the cost model instead of tuned): a drafter that reports its token probabilities q (a draft model
@@ -129,6 +131,7 @@ class CostModel:
         self.verify: dict[int, dict[int, Recent]] = {}
         self.shape: dict[int, Recent] = {}  # verification time per n, all buckets pooled
         self.seeded: dict[int, dict[int, float]] = {}  # per bucket: a measured verification curve {n: ms}
+        self.seed_as_measured: set[int] = set()  # buckets whose seed is not levelled by observed steps (batch rows)
         self.draft_seed: dict[str, tuple[float, float]] = {}  # per drafter: measured (draft, feed) ms per token,
         # used until its own steps measure them (seed_draft)
         self.overhead = Recent(window)
@@ -160,13 +163,23 @@ class CostModel:
         per_token = self.draft_ms(d, b) or 0.0
         self.feed.setdefault(d, Recent(self.window)).add(max(draft_ms - drafted * per_token, 0.0) / extra)
 
-    def seed_verify(self, curve: Mapping[int, float], context_len: int) -> None:
+    def seed_verify(self, curve: Mapping[int, float], context_len: int, *, level_from_steps: bool = True) -> None:
         """Seed the verification curve with ``curve`` ({n tokens: ms per forward}) measured at ``context_len``
-        tokens of context. In that bucket a seeded n is used until a step of that width is observed there; in
-        every bucket the seeded curve gives the shape for the widths not known (see :meth:`verify_ms`)."""
+        tokens of context. It is made non-decreasing in n first (pool-adjacent-violators: verifying more tokens
+        never costs less; a noisy sample such as t(5) = 134, t(6) = 124 ms becomes 129, 129). Until a step is
+        observed in that bucket the seeded values are used as measured; in every bucket the seeded curve gives the
+        shape for the widths not observed (see :meth:`verify_ms`).
+
+        ``level_from_steps=False`` keeps the seeded values as measured beside observed widths in that bucket (the
+        rule before 2026-12-02): for a batched row, whose observed steps time the whole batch's forward while the
+        seed is indexed by the tokens in that forward, so the two are not on one curve."""
         if not curve or min(curve.values()) <= 0:
             raise ValueError(f"need a non-empty curve of positive times, got {dict(curve)}")
-        self.seeded.setdefault(bucket_of(context_len), {}).update({int(n): float(ms) for n, ms in curve.items()})
+        b = bucket_of(context_len)
+        self.seeded.setdefault(b, {}).update({int(n): float(ms) for n, ms in curve.items()})
+        self.seeded[b] = _non_decreasing(self.seeded[b])
+        if not level_from_steps:
+            self.seed_as_measured.add(b)
 
     def seed_draft(self, drafter: str, draft_ms: float, feed_ms: float) -> None:
         """Seed ``drafter``'s per-token draft and catch-up (feed) times in ms, measured outside decoding (e.g. by
@@ -207,26 +220,31 @@ class CostModel:
         """Verification time (ms) of ``n`` tokens at bucket ``b``. Needs a measurement or a seed (``measured``).
 
         The nearest bucket with any data gives its observed median for n; else, once it has observed any width,
-        its nearest observed width m scaled by the shape, ``t(m) · shape(n) / shape(m)``; else (seeded only) its
-        seeded value for n, or its nearest seeded width scaled so.
+        the bucket's level times the shape, ``level · shape(n)``, where the level is the median over the widths
+        m observed there of ``t(m) / shape(m)``; else (seeded only) its seeded value for n, or its nearest seeded
+        width scaled by the shape.
 
-        A seeded value is never mixed with observed ones as it stands: the seed gives the curve's shape, the live
+        A seeded value is not mixed with observed ones as it stands: the seed gives the curve's shape, the live
         steps its level. The machine's speed drifts (10-20 % within minutes on a shared VM), and a curve measured
         while it was slow, next to fast observations of the widths the controller runs, made every width it had
         not run look dear: it kept drafting short and never observed the longer drafts that would have shown it
         wrong (the likely cause of an `adaspec serve` run at mean K 2.9 instead of 5-6 and half the speed, whose
-        warm-up ran 20 % slow: `docs/results/issue15`)."""
+        warm-up ran 20 % slow: `docs/results/issue15`). One level per bucket, a median, so one width timed in
+        another spell does not bend the curve around it. A bucket seeded with ``level_from_steps=False`` (a
+        batched row) keeps the old rule: seeded values as measured, the rest scaled from its nearest known
+        width."""
         own = _nearest(self.verify.keys() | self.seeded.keys(), b)
         observed, seeded = self.verify.get(own, {}), self.seeded.get(own, {})
         if n in observed:
             return observed[n].value
-        if observed:
-            ref = min(observed, key=lambda m: (abs(m - n), m))
-            return observed[ref].value * self._shape(n, b) / self._shape(ref, b)
+        if observed and own not in self.seed_as_measured:
+            level = statistics.median(observed[m].value / self._shape(m, b) for m in observed)
+            return level * self._shape(n, b)
         if n in seeded:
             return seeded[n]
-        ref = min(seeded, key=lambda m: (abs(m - n), m))
-        return seeded[ref] * self._shape(n, b) / self._shape(ref, b)
+        known = {m: r.value for m, r in observed.items()} | {m: v for m, v in seeded.items() if m not in observed}
+        ref = min(known, key=lambda m: (abs(m - n), m))
+        return known[ref] * self._shape(n, b) / self._shape(ref, b)
 
     def _shape(self, n: int, b: int) -> float:
         """The curve's shape at ``n``: the seeded curve of the bucket nearest ``b`` when one was seeded, else the
@@ -238,6 +256,21 @@ class CostModel:
 
 def _nearest(table: Iterable[int], b: int) -> int:
     return min(table, key=lambda key: (abs(key - b), key))
+
+
+def _non_decreasing(curve: Mapping[int, float]) -> dict[int, float]:
+    """The least-squares non-decreasing fit of ``curve`` ({n: ms}) in n: pool-adjacent-violators (Barlow et al.
+    1972), each violating run replaced by its mean."""
+    blocks: list[list[float]] = []  # [sum, count] per pooled run, left to right
+    xs = sorted(curve)
+    for x in xs:
+        blocks.append([float(curve[x]), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    values = [total / count for total, count in blocks for _ in range(int(count))]
+    return dict(zip(xs, values))
 
 
 class Acceptance:
@@ -354,8 +387,9 @@ class GoodputController(Controller):
         keeps its cache across requests that share a prefix), so its catch-up counts only the tokens it lacks."""
         self.synced.update(synced)
 
-    def seed_verify_costs(self, curve: Mapping[int, float], context_len: int) -> None:
-        self.costs.seed_verify(dict(curve), context_len)
+    def seed_verify_costs(self, curve: Mapping[int, float], context_len: int, *,
+                          level_from_steps: bool = True) -> None:
+        self.costs.seed_verify(dict(curve), context_len, level_from_steps=level_from_steps)
 
     def seed_draft_costs(self, costs: Mapping[str, tuple[float, float]]) -> None:
         """Per drafter name, ``(draft_ms, feed_ms)`` per token measured elsewhere (see :meth:`CostModel.seed_draft`):
@@ -479,7 +513,7 @@ class GoodputController(Controller):
         alphas = self._acceptance(name).rates()
         per_token = self.costs.draft_ms(name, b) or 0.0
         verify = [self.costs.verify_ms(n, b) for n in range(1, k_top + 2)]  # verify[n - 1] = t_v(n)
-        self._thresholds = [gain * (per_token + verify[j + 2] - verify[j + 1]) / max(alphas[j + 1], 1e-6)
+        self._thresholds = [gain * (per_token + max(verify[j + 2] - verify[j + 1], 0.0)) / max(alphas[j + 1], 1e-6)
                             for j in range(k_top - 1)]
         return name, k_top
 

@@ -109,8 +109,8 @@ class ObservedController(Controller):
     def set_synced(self, synced) -> None:
         self.inner.set_synced(synced)
 
-    def seed_verify_costs(self, curve, context_len: int) -> None:
-        self.inner.seed_verify_costs(curve, context_len)
+    def seed_verify_costs(self, curve, context_len: int, *, level_from_steps: bool = True) -> None:
+        self.inner.seed_verify_costs(curve, context_len, level_from_steps=level_from_steps)
 
     def seed_draft_costs(self, costs) -> None:
         self.inner.seed_draft_costs(costs)
