@@ -482,11 +482,33 @@ def test_a_batched_rows_seed_stands_as_measured():
     """A batched row's observed steps time the whole batch's forward, while the batch's seed is indexed by the tokens
     in that forward: they are not on one curve, so the row keeps the seed's values as measured beside them."""
     ctrl = GoodputController()
-    ctrl.seed_verify_costs(CHEAP, 100, level_from_steps=False)
+    ctrl.seed_verify_costs(CHEAP, 64, level_from_steps=False)  # the batch pricer measures at 64 tokens
     ctrl.costs.observe(rec(2, 1, verify_ms=150.0))  # n = 3 in a batch: the whole forward
     assert ctrl.costs.verify_ms(3, 0) == 150.0
     assert ctrl.costs.verify_ms(5, 0) == CHEAP[5] and ctrl.costs.verify_ms(8, 0) == CHEAP[8]
     assert ctrl.costs.verify_ms(7, 0) == pytest.approx(140.0)
+    # A row whose context passed 512 tokens records its steps in a bucket of its own: the old rule there too (the
+    # nearest observed width scaled by the seed's shape), not a median level.
+    b = bucket_of(600)
+    for n, ms in ((1, 140.0), (5, 170.0)):
+        ctrl.costs.observe(rec(n - 1, 0, verify_ms=ms, ctx=600))
+    assert ctrl.costs.verify_ms(2, b) == pytest.approx(140.0 * 80.0 / 65.0)  # nearest: n = 1
+    assert ctrl.costs.verify_ms(6, b) == pytest.approx(170.0 * 123.0 / 111.0)  # nearest: n = 5
+
+
+def test_reseeding_smooths_the_raw_samples_and_bad_seeds_are_refused():
+    costs = CostModel()
+    costs.seed_verify({5: 134.0, 6: 124.0, 7: 154.0}, 100)
+    for _ in range(5):
+        costs.seed_verify({6: 124.0}, 100)  # the same sample again: no drift
+    assert costs.seeded[0] == pytest.approx({5: 129.0, 6: 129.0, 7: 154.0})
+    costs.seed_verify({1: 100.0, 2: 90.0}, 100)
+    for _ in range(5):
+        costs.seed_verify({2: 90.0, 3: 95.0}, 100)
+    assert costs.seeded[0][1] == costs.seeded[0][2] == pytest.approx(95.0)  # pooled {100, 90}
+    for bad in ({1: float("nan"), 2: 100.0}, {1: float("inf")}, {1: 0.0}, {}):
+        with pytest.raises(ValueError, match="positive, finite"):
+            costs.seed_verify(bad, 100)
 
 
 class FakeClock:

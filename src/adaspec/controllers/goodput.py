@@ -72,6 +72,7 @@ each step, which weighs every sub-drafter that can propose now (e.g. a free n-gr
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -131,7 +132,8 @@ class CostModel:
         self.verify: dict[int, dict[int, Recent]] = {}
         self.shape: dict[int, Recent] = {}  # verification time per n, all buckets pooled
         self.seeded: dict[int, dict[int, float]] = {}  # per bucket: a measured verification curve {n: ms}
-        self.seed_as_measured: set[int] = set()  # buckets whose seed is not levelled by observed steps (batch rows)
+        self.seed_raw: dict[int, dict[int, float]] = {}  # per bucket: the seeded samples before smoothing
+        self.seed_as_measured = False  # seeds are not levelled by observed steps, in any bucket (a batched row)
         self.draft_seed: dict[str, tuple[float, float]] = {}  # per drafter: measured (draft, feed) ms per token,
         # used until its own steps measure them (seed_draft)
         self.overhead = Recent(window)
@@ -170,16 +172,19 @@ class CostModel:
         observed in that bucket the seeded values are used as measured; in every bucket the seeded curve gives the
         shape for the widths not observed (see :meth:`verify_ms`).
 
-        ``level_from_steps=False`` keeps the seeded values as measured beside observed widths in that bucket (the
-        rule before 2026-12-02): for a batched row, whose observed steps time the whole batch's forward while the
-        seed is indexed by the tokens in that forward, so the two are not on one curve."""
-        if not curve or min(curve.values()) <= 0:
-            raise ValueError(f"need a non-empty curve of positive times, got {dict(curve)}")
+        ``level_from_steps=False`` keeps the seeded values as measured beside observed widths, in every bucket
+        from then on (the rule before 2026-12-02): for a batched row, whose observed steps time the whole batch's
+        forward while the seed is indexed by the tokens in that forward, so the two are not on one curve.
+
+        Raises:
+            ValueError: an empty curve, or a time that is not a positive finite number."""
+        if not curve or not all(math.isfinite(ms) and ms > 0 for ms in curve.values()):
+            raise ValueError(f"need a non-empty curve of positive, finite times, got {dict(curve)}")
         b = bucket_of(context_len)
-        self.seeded.setdefault(b, {}).update({int(n): float(ms) for n, ms in curve.items()})
-        self.seeded[b] = _non_decreasing(self.seeded[b])
+        self.seed_raw.setdefault(b, {}).update({int(n): float(ms) for n, ms in curve.items()})
+        self.seeded[b] = _non_decreasing(self.seed_raw[b])  # of the raw samples, so re-seeding does not drift
         if not level_from_steps:
-            self.seed_as_measured.add(b)
+            self.seed_as_measured = True
 
     def seed_draft(self, drafter: str, draft_ms: float, feed_ms: float) -> None:
         """Seed ``drafter``'s per-token draft and catch-up (feed) times in ms, measured outside decoding (e.g. by
@@ -230,16 +235,18 @@ class CostModel:
         not run look dear: it kept drafting short and never observed the longer drafts that would have shown it
         wrong (the likely cause of an `adaspec serve` run at mean K 2.9 instead of 5-6 and half the speed, whose
         warm-up ran 20 % slow: `docs/results/issue15`). One level per bucket, a median, so one width timed in
-        another spell does not bend the curve around it. A bucket seeded with ``level_from_steps=False`` (a
-        batched row) keeps the old rule: seeded values as measured, the rest scaled from its nearest known
-        width."""
+        another spell does not bend the curve around it (it can still bend where observed widths, which keep their
+        own medians, were timed in different spells). A cost model seeded with ``level_from_steps=False`` (a
+        batched row) keeps the old rule in every bucket: seeded values as measured, the rest scaled from the
+        nearest known width."""
         own = _nearest(self.verify.keys() | self.seeded.keys(), b)
         observed, seeded = self.verify.get(own, {}), self.seeded.get(own, {})
         if n in observed:
             return observed[n].value
-        if observed and own not in self.seed_as_measured:
-            level = statistics.median(observed[m].value / self._shape(m, b) for m in observed)
-            return level * self._shape(n, b)
+        ratios = [observed[m].value / shape for m in observed
+                  if not self.seed_as_measured and (shape := self._shape(m, b)) > 0]
+        if ratios:
+            return statistics.median(ratios) * self._shape(n, b)
         if n in seeded:
             return seeded[n]
         known = {m: r.value for m, r in observed.items()} | {m: v for m, v in seeded.items() if m not in observed}
