@@ -88,3 +88,9 @@ date
 $A eval --tasks gsm8k-cot --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 --out $OUT/gguf-cot \
   --limit 200 --time-limit 40 > $OUT/gguf-cot/log-3.txt 2>&1
 date
+# 4g. (2026-12-02, next session) bf16 HumanEval continued with the two lossless methods only (the strict ones
+#     stay at 17 tasks), 52 minutes; a code review's tests shared the cores for part of it (not a speed measurement).
+$A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype bfloat16 \
+  --methods plain,ngram/goodput --max-new-tokens 256 --threads 2 --out $OUT/torch-bfloat16 --time-limit 52 \
+  > $OUT/torch-bfloat16/log-3.txt 2>&1
+date
