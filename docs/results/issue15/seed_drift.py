@@ -4,7 +4,7 @@ live steps the level; CostModel.verify_ms). Simulated machine: the ik_llama.cpp 
 (52 + 9 n ms), a 0.3 ms lookup drafter, acceptance α at every position; 5 seeds, K over steps 100-199.
 Prints per rule and seed level: mean K per seed and the share of the best goodput reached.
 
-Usage: .venv/bin/python docs/results/issue15/seed_drift.py > docs/results/issue15/seed_drift.txt
+Also times decide() under both rules. Usage: .venv/bin/python docs/results/issue15/seed_drift.py > docs/results/issue15/seed_drift.txt
 """
 import statistics
 import sys
@@ -47,3 +47,18 @@ for alpha in (0.9, 0.8):
                 ks.append(statistics.mean(k))
             print(f"alpha {alpha} rule {rule} seed level {slow}: best K {m.best_k()}, mean K",
                   [round(x, 1) for x in ks], "share of the best goodput", [round(e, 3) for e in effs])
+
+# The cost of a decision on the hot path (once per step): decide() after 200 steps, 8 widths observed.
+import time  # noqa: E402
+
+for rule, fn in (("old", old_verify_ms), ("new", NEW)):
+    CostModel.verify_ms = fn
+    m = Machine(0.3, lambda n: TRUE[n], [0.8] * 8, seed=1)
+    c = GoodputController()
+    c.costs.seed_verify(TRUE, 100)
+    drive(c, m, 200)
+    start = time.perf_counter()
+    for _ in range(2000):
+        c.decide(None)
+    print(f"rule {rule}: decide() {(time.perf_counter() - start) / 2000 * 1e6:.0f} us "
+          f"({len(c.costs.verify[0])} widths observed)")
