@@ -22,5 +22,5 @@ srv() {
   kill $SERVE; wait $SERVE
 }
 cmp a; srv a; cmp b; srv b; cmp c; srv c; cmp d; srv d; cmp e
-.venv/bin/python $OUT/agreement.py $OUT/compare-$R{a,b,c,d,e}.jsonl -- $OUT/adaspec-serve-$R{a,b,c,d}.jsonl \
+.venv/bin/python $OUT/agreement.py $OUT/compare-${R}{a,b,c,d,e}.jsonl -- $OUT/adaspec-serve-${R}{a,b,c,d}.jsonl \
   > $OUT/agreement-$R.md
