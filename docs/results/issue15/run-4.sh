@@ -4,22 +4,5 @@
 # three times (compare, server, compare, server, compare, server, compare), each endpoint run against the mean of
 # the compare runs on either side of it. Same prompts and settings as run-2.sh (4 HumanEval prompts, 128 tokens,
 # greedy, default runtime and models); one endpoint round per server start.
-set -u
-cd "${ADASPEC_REPO:-$(dirname "$0")/../../..}"
-A=".venv/bin/adaspec"; OUT=docs/results/issue15
-wait_up() { for _ in $(seq 240); do curl -sf "$1/v1/models" > /dev/null && return 0; sleep 1; done; echo "no server at $1"; exit 1; }
-cmp() {
-  $A compare --workloads humaneval --limit 4 --methods plain,hybrid/goodput --max-new-tokens 128 --temperatures 0 \
-    --threads 2 --out $OUT/compare-4$1.jsonl --report $OUT/compare-4$1.md > $OUT/compare-4$1-log.txt 2>&1
-}
-srv() {
-  $A serve --threads 2 --port 8011 > $OUT/serve-4$1-log.txt 2>&1 & SERVE=$!
-  wait_up http://127.0.0.1:8011
-  $A bench --endpoint http://127.0.0.1:8011 --baseline-body '{"speculation": {"drafter": "none"}}' \
-    --workload humaneval --prompts 4 --max-tokens 128 --concurrency 1 --rounds 1 --out $OUT/adaspec-serve-4$1.jsonl \
-    > $OUT/adaspec-serve-4$1-log.txt 2>&1
-  kill $SERVE; wait $SERVE
-}
-cmp a; srv a; cmp b; srv b; cmp c; srv c; cmp d
-.venv/bin/python $OUT/agreement.py $OUT/compare-4{a,b,c,d}.jsonl -- $OUT/adaspec-serve-4{a,b,c}.jsonl \
-  > $OUT/agreement-4.md
+# The commands that ran are those of alternate.sh with the steps below (written out here when it ran).
+PORT=8011 exec bash "$(dirname "$0")/alternate.sh" 4 ca sa cb sb cc sc cd
