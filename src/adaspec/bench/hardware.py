@@ -76,6 +76,11 @@ class HardwareProfile:
             against 6.0 for a 2560 x 10240 probe).
         linear_call_ms: host time of one linear-layer call (dispatch), ms; included in ``linear_curves``, so taken
             out of ``layer_ms`` (7 linear calls per decoder layer) when they price a model.
+        layer_curves: measured ``(layer matrices, ((n, ms per layer), ...))``: a decoder layer's seven matrix
+            products run in model order (:meth:`ModelShape.layer_matrices`), layers streamed from memory
+            (:func:`measure_layer_curve`). Where a model's layer has one (and its LM head a ``linear_curves``
+            entry), its weights cost ``layers × curve(n) + head``: on this CPU in fp32 the same matrices cost about
+            20 % more interleaved by shape, as a forward runs them, than streamed one shape at a time.
     """
 
     name: str
@@ -92,13 +97,19 @@ class HardwareProfile:
     matmul_curve: tuple[tuple[int, float], ...] = ()
     linear_curves: tuple[tuple[tuple[int, int], tuple[tuple[int, float], ...]], ...] = ()
     linear_call_ms: float = 0.0
+    layer_curves: tuple[tuple[tuple[tuple[int, int], ...], tuple[tuple[int, float], ...]], ...] = ()
 
     def linear_ms(self, s: ModelShape, n: float) -> float | None:
-        """Time of all of ``s``'s matrix products over ``n`` tokens from :attr:`linear_curves`, ms; None when a
-        matrix of ``s`` has no measured curve."""
+        """Time of all of ``s``'s matrix products over ``n`` tokens, ms: from :attr:`layer_curves` (a layer's
+        sequence) plus the LM head's :attr:`linear_curves` entry where both exist, else matrix by matrix from
+        :attr:`linear_curves`; None when a matrix of ``s`` has no measured curve."""
         curves = dict(self.linear_curves)
         if not curves:
             return None
+        head = (s.vocab, s.hidden)
+        layer = dict(self.layer_curves).get(s.layer_matrices())
+        if layer is not None and head in curves:
+            return s.layers * _interpolate(layer, n) + _interpolate(curves[head], n) * head[0] * head[1] / 1e9
         total = 0.0
         for dims, count in s.matrices().items():
             if dims not in curves:
@@ -273,6 +284,43 @@ def measure_linear_curve(out_features: int, in_features: int, *, dtype: str = "f
     return tuple(curve)
 
 
+def measure_layer_curve(matrices: tuple[tuple[int, int], ...], *, dtype: str = "float32", device: str = "cpu",
+                        widths=LINEAR_WIDTHS, repeats: int = 5, stream_bytes: int = 256 * 2**20,
+                        max_copies: int = 4096) -> tuple[tuple[int, float], ...]:
+    """Time a decoder layer's matrix products run in model order (``matrices`` as from
+    :meth:`~adaspec.models.synthetic.ModelShape.layer_matrices`: ``F.linear`` of ``[n, in_features]`` by each
+    ``[out_features, in_features]``, one after another) at each n of ``widths``, over enough distinct copies of the
+    layer (at most ``max_copies``) to pass ``stream_bytes``, so that no weight is still in a cache. Returns
+    ``((n, ms per layer), ...)``, medians of ``repeats`` passes (dispatch included).
+
+    Raises:
+        ConfigError: ``matrices`` is empty.
+    """
+    import torch
+
+    from adaspec.backends.torch_backend import resolve_dtype
+
+    if not matrices:
+        raise ConfigError("measure_layer_curve needs at least one (out_features, in_features) matrix")
+    dt = resolve_dtype(dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    size = sum(o * i for o, i in matrices)
+    copies = max(1, min(max_copies, math.ceil(stream_bytes / (size * torch.finfo(dt).bits // 8))))
+    layers = [[torch.randn(o, i, dtype=dt, device=device) for o, i in matrices] for _ in range(copies)]
+    curve = []
+    with torch.inference_mode():
+        for n in widths:
+            x = {i: torch.randn(n, i, dtype=dt, device=device) for i in {i for _, i in matrices}}
+
+            def run(x=x):
+                for layer in layers:
+                    for w in layer:
+                        torch.nn.functional.linear(x[w.shape[1]], w)
+
+            curve.append((int(n), _median_ms(run, repeats, sync) / copies))
+    return tuple(curve)
+
+
 def measure_linear_call_ms(*, device: str = "cpu", repeats: int = 7, calls: int = 200) -> float:
     """Host time of one ``F.linear`` call on an 8 x 8 matrix (dispatch; its arithmetic is negligible), ms."""
     import torch
@@ -296,7 +344,9 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
     than the caches, in ``dtype``) at n = 1, 2, 3, 5, 9, 17 tokens, kept as the profile's ``matmul_curve`` (ms per
     10^9 weights); ``matmul_tflops`` is the throughput at n = 17. Efficiencies are 1: the numbers are achieved ones.
     With ``shapes`` (:class:`~adaspec.models.synthetic.ModelShape` objects), every matrix shape of those models is timed
-    too (:func:`measure_linear_curve`), kept as ``linear_curves``: the models are then priced matrix by matrix.
+    too (:func:`measure_linear_curve`), kept as ``linear_curves``, and each model's decoder layer as a sequence
+    (:func:`measure_layer_curve`), kept as ``layer_curves``: the models are then priced layer by layer plus the LM
+    head.
 
     Returns:
         ``(profile, raw)``: the profile (``measured=True``, ``layer_ms`` from :func:`measure_dispatch_ms`) and
@@ -324,6 +374,9 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
     dims = sorted({d for sh in shapes for d in sh.matrices()})
     linear_curves = tuple((d, measure_linear_curve(*d, dtype=dtype, device=device)) for d in dims)
     raw["linear"] = {f"{o}x{i}": dict(curve) for (o, i), curve in linear_curves}
+    layers = sorted({sh.layer_matrices() for sh in shapes})
+    layer_curves = tuple((m, measure_layer_curve(m, dtype=dtype, device=device)) for m in layers)
+    raw["layer"] = {"/".join(f"{o}x{i}" for o, i in m): dict(curve) for m, curve in layer_curves}
     layer_ms = measure_dispatch_ms(device=device, repeats=repeats)
     raw["layer_ms"] = layer_ms
     raw["linear_call_ms"] = linear_call_ms = measure_linear_call_ms(device=device) if dims else 0.0
@@ -337,7 +390,7 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
                            forward_ms=0.0, source=f"measured on {label} ({dtype}, {torch.get_num_threads()} threads)",
                            measured=True,
                            matmul_curve=tuple((n, v["ms_per_gparam"]) for n, v in raw["matmul"].items()),
-                           linear_curves=linear_curves, linear_call_ms=linear_call_ms)
+                           linear_curves=linear_curves, linear_call_ms=linear_call_ms, layer_curves=layer_curves)
     return prof, raw
 
 
@@ -382,6 +435,9 @@ class PublishedPoint:
         tau: published mean accepted tokens per step (τ, tokens emitted per target forward).
         speedup: published speedup over plain decoding.
         context: a typical context length of the benchmark, tokens.
+        dtype: the weights' dtype (a :data:`BYTES_PER_PARAM` key).
+        layer_ms: host time per decoder layer of the engine measured (0 for CUDA graphs, as vLLM captures them);
+            None = the profile's (eager PyTorch).
     """
 
     source: str
@@ -394,11 +450,24 @@ class PublishedPoint:
     speedup: float
     context: int = 512
     dtype: str = "float16"
+    layer_ms: float | None = None
 
 
 SPEC_BENCH = ("Spec-Bench leaderboard (Xia et al. 2024, github.com/hemingkx/Spec-Bench Leaderboard.md): greedy, "
               "FP16, batch 1, PyTorch 2.0.1, HF transformers eager; SpS = HF assisted generation (5 draft tokens "
               "by default) with vicuna-68m; PLD = prompt lookup, 10 candidate tokens")
+VLLM_H100 = ("T. Ruiz, \"Up to 3.55x faster: contributing speculative decoding with draft models to vLLM V1\" (blog, "
+             "Jan 2026; logs in github.com/tomasruizt/vllm-scripts results/logs-2026-01-23, concurrency 1): vLLM V1 "
+             "with CUDA graphs, one NVIDIA H100 96GB, Qwen3-32B bf16, temperature 0, 256 output tokens; speedup = "
+             "plain mean TPOT / speculative mean TPOT, τ = its \"Acceptance length\"")
+_VLLM_H100_ROWS = (  # dataset, plain mean TPOT (ms), draft, K, acceptance length τ, speculative mean TPOT (ms)
+    ("MT-Bench", 34.17, "1.7B", 2, 2.35, 17.86), ("MT-Bench", 34.17, "1.7B", 4, 3.15, 15.24),
+    ("MT-Bench", 34.17, "1.7B", 6, 3.58, 15.18), ("MT-Bench", 34.17, "4B", 2, 2.47, 19.28),
+    ("MT-Bench", 34.17, "4B", 4, 3.42, 17.38), ("MT-Bench", 34.17, "4B", 6, 4.05, 17.65),
+    ("InstructCoder", 33.97, "1.7B", 2, 2.24, 18.73), ("InstructCoder", 33.97, "1.7B", 4, 2.85, 16.98),
+    ("InstructCoder", 33.97, "1.7B", 6, 3.17, 17.18), ("InstructCoder", 33.97, "4B", 2, 2.35, 20.29),
+    ("InstructCoder", 33.97, "4B", 4, 3.16, 18.72), ("InstructCoder", 33.97, "4B", 6, 3.60, 19.88),
+)
 PUBLISHED: tuple[PublishedPoint, ...] = (
     PublishedPoint(SPEC_BENCH + ", RTX 3090 table", "rtx-3090", "vicuna-7b", "vicuna-68m", "SpS", 5, 2.29, 1.83),
     PublishedPoint(SPEC_BENCH + ", RTX 3090 table", "rtx-3090", "vicuna-7b", None, "PLD", 10, 1.74, 1.55),
@@ -408,6 +477,9 @@ PUBLISHED: tuple[PublishedPoint, ...] = (
     PublishedPoint(SPEC_BENCH + ", A100 table", "a100-80gb", "vicuna-13b", None, "PLD", 10, 1.68, 1.48),
     PublishedPoint(SPEC_BENCH + ", A100 table", "a100-80gb", "vicuna-33b", "vicuna-68m", "SpS", 5, 2.01, 1.61),
     PublishedPoint(SPEC_BENCH + ", A100 table", "a100-80gb", "vicuna-33b", None, "PLD", 10, 1.55, 1.42),
+    *(PublishedPoint(f"{VLLM_H100}, {data}", "h100-sxm", "qwen3-32b", f"qwen3-{draft.lower()}",
+                     f"{data}, draft {draft}", k, tau, plain_tpot / tpot, context=256, dtype="bfloat16", layer_ms=0.0)
+      for data, plain_tpot, draft, k, tau, tpot in _VLLM_H100_ROWS),
 )
 """Published speedups with their τ, so a prediction needs no α: speedup = τ T(1) / (K T_d + T(K + 1))."""
 
@@ -415,7 +487,7 @@ PUBLISHED: tuple[PublishedPoint, ...] = (
 def predict_published(p: PublishedPoint, prof: HardwareProfile | None = None, *, lookup_ms: float = 0.1) -> float:
     """Predicted speedup of a published point on its hardware profile (or ``prof``): the published τ over the
     predicted step-time ratio, speedup = τ T(1, L) / (K T_d(L) + T(K + 1, L))."""
-    prof = prof or profile(p.hardware)
+    prof = prof or profile(p.hardware, layer_ms=p.layer_ms)
     t = SHAPES[p.target]
     plain = prof.forward_time_ms(t, 1, p.context, dtype=p.dtype)
     draft = lookup_ms if p.draft is None else prof.forward_time_ms(SHAPES[p.draft], 1, p.context, dtype=p.dtype)
@@ -427,7 +499,7 @@ def validate_published(points=PUBLISHED, **overrides) -> list[dict]:
     """Each published point with its prediction and relative error (``overrides`` go to every profile)."""
     out = []
     for p in points:
-        pred = predict_published(p, profile(p.hardware, **overrides))
+        pred = predict_published(p, profile(p.hardware, **{"layer_ms": p.layer_ms, **overrides}))
         out.append({**asdict(p), "predicted": pred, "error": (pred - p.speedup) / p.speedup})
     return out
 

@@ -296,6 +296,12 @@ def _markdown(prof, target, dtype, names, cost, figs, published, base: Path) -> 
                 + "; ".join(f"{o}×{i}: " + ", ".join(f"n={n}: {v:.0f}" for n, v in curve) + " ms"
                             for (o, i), curve in prof.linear_curves) + "."]
                if prof.linear_ms(t, 1) is not None else []),
+             *(["- Measured time of one decoder layer's seven matrix products run in model order, layers streamed "
+                "from memory (prices the model as layers × this + its LM head): "
+                + "; ".join(f"{'/'.join(f'{o}×{i}' for o, i in m)}: "
+                            + ", ".join(f"n={n}: {v:.2f}" for n, v in curve) + " ms"
+                            for m, curve in prof.layer_curves if m == t.layer_matrices()) + "."]
+               if prof.linear_ms(t, 1) is not None and t.layer_matrices() in dict(prof.layer_curves) else []),
              f"- Target: {target}: {t.total_params / 1e9:.2f} B parameters, {t.layers} layers; "
              f"predicted plain step {cost.plain_step_ms(CONTEXTS[0]):.2f} ms at {CONTEXTS[0]} tokens, "
              f"{cost.plain_step_ms(min(CONTEXTS[-1], t.max_positions)):.2f} ms at "

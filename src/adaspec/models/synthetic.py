@@ -11,6 +11,7 @@ Spec: ``synthetic:<shape>`` with an optional ``:layers=N`` (the first N layers o
 ``synthetic:qwen2.5-7b`` or ``synthetic:qwen2.5-0.5b:layers=2``.
 
 Shapes come from each model's ``config.json`` on the Hugging Face hub (``Qwen/Qwen2.5-{0.5B,1.5B,3B,7B,14B,32B}``;
+``Qwen/Qwen3-{0.6B,1.7B,4B,8B,32B}``, whose heads are 128 wide whatever the hidden size, 8 KV heads each;
 ``lmsys/vicuna-7b-v1.3``, ``-13b-v1.3``, ``-33b-v1.3`` and ``double7/vicuna-68m``, the Llama shapes Spec-Bench
 measured), copied into :data:`SHAPES`; the package ships the table, not the files.
 
@@ -37,10 +38,14 @@ class ModelShape:
     q/k/v/o projections, a gated MLP of three matrices, RMSNorm).
 
     Attributes:
-        family: ``"qwen2"`` or ``"llama"`` (the transformers config class the synthetic model is built with).
+        family: ``"qwen2"``, ``"qwen3"`` or ``"llama"`` (the transformers config class the synthetic model is
+            built with).
         hidden, intermediate, layers, heads, kv_heads, vocab: as in the model's config.json.
         tied: input embedding and LM head share one matrix (read once per forward).
         qkv_bias: the q/k/v projections have biases (Qwen2).
+        max_positions: the context window, tokens.
+        explicit_head_dim: the config's ``head_dim`` where it is not ``hidden / heads`` (Qwen3: 128 with 64 heads
+            of a 5120-wide model, so q is 8192 × 5120); 0 = ``hidden // heads``.
     """
 
     family: str
@@ -53,30 +58,35 @@ class ModelShape:
     tied: bool
     qkv_bias: bool = False
     max_positions: int = 32768
+    explicit_head_dim: int = 0
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
 
     @property
     def layer_params(self) -> int:
         """Matrix parameters of one decoder layer (attention + MLP; norms and biases are negligible)."""
-        kv = self.kv_heads * self.head_dim
-        return self.hidden * (2 * self.hidden + 2 * kv) + 3 * self.hidden * self.intermediate
+        return sum(o * i for o, i in self.layer_matrices())
 
     @property
     def matmul_params(self) -> int:
         """Parameters multiplied per token: every layer's matrices plus the LM head (the embedding is a lookup)."""
         return self.layers * self.layer_params + self.vocab * self.hidden
 
+    def layer_matrices(self) -> tuple[tuple[int, int], ...]:
+        """One decoder layer's weight matrices in the order a forward multiplies them, ``(out_features,
+        in_features)``: q, k, v, o, then the MLP's gate, up and down."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        h, i = self.hidden, self.intermediate
+        return ((q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i))
+
     def matrices(self) -> dict[tuple[int, int], int]:
         """The weight matrices a forward multiplies, as ``{(out_features, in_features): count}``: per layer q, k, v,
         o and the MLP's gate, up and down, and the LM head once."""
-        kv = self.kv_heads * self.head_dim
         out: dict[tuple[int, int], int] = {}
-        for dims, count in (((self.hidden, self.hidden), 2), ((kv, self.hidden), 2),
-                            ((self.intermediate, self.hidden), 2), ((self.hidden, self.intermediate), 1)):
-            out[dims] = out.get(dims, 0) + count * self.layers
+        for dims in self.layer_matrices():
+            out[dims] = out.get(dims, 0) + self.layers
         out[(self.vocab, self.hidden)] = out.get((self.vocab, self.hidden), 0) + 1
         return out
 
@@ -105,6 +115,11 @@ def _qwen(hidden, intermediate, layers, heads, kv_heads, vocab, tied) -> ModelSh
     return ModelShape("qwen2", hidden, intermediate, layers, heads, kv_heads, vocab, tied, qkv_bias=True)
 
 
+def _qwen3(hidden, intermediate, layers, heads, vocab, tied) -> ModelShape:
+    return ModelShape("qwen3", hidden, intermediate, layers, heads, 8, vocab, tied, max_positions=40960,
+                      explicit_head_dim=128)
+
+
 def _llama(hidden, intermediate, layers, heads, vocab=32000) -> ModelShape:
     return ModelShape("llama", hidden, intermediate, layers, heads, heads, vocab, False, max_positions=2048)
 
@@ -116,6 +131,11 @@ SHAPES: dict[str, ModelShape] = {
     "qwen2.5-7b": _qwen(3584, 18944, 28, 28, 4, 152064, False),
     "qwen2.5-14b": _qwen(5120, 13824, 48, 40, 8, 152064, False),
     "qwen2.5-32b": _qwen(5120, 27648, 64, 40, 8, 152064, False),
+    "qwen3-0.6b": _qwen3(1024, 3072, 28, 16, 151936, True),
+    "qwen3-1.7b": _qwen3(2048, 6144, 28, 16, 151936, True),
+    "qwen3-4b": _qwen3(2560, 9728, 36, 32, 151936, True),
+    "qwen3-8b": _qwen3(4096, 12288, 36, 32, 151936, False),
+    "qwen3-32b": _qwen3(5120, 25600, 64, 64, 151936, False),
     "vicuna-68m": _llama(768, 3072, 2, 12),
     "vicuna-7b": _llama(4096, 11008, 32, 32),
     "vicuna-13b": _llama(5120, 13824, 40, 40),
@@ -217,7 +237,7 @@ def parse_synthetic(spec: str) -> SyntheticSpec:
 
 
 def synthetic_config(spec: SyntheticSpec):
-    """The transformers config (``Qwen2Config`` or ``LlamaConfig``) of a synthetic spec."""
+    """The transformers config (``Qwen2Config``, ``Qwen3Config`` or ``LlamaConfig``) of a synthetic spec."""
     s = spec.shape
     common = dict(hidden_size=s.hidden, intermediate_size=s.intermediate, num_hidden_layers=s.layers,
                   num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, vocab_size=s.vocab,
@@ -227,6 +247,10 @@ def synthetic_config(spec: SyntheticSpec):
         from transformers import Qwen2Config
 
         return Qwen2Config(rope_theta=1e6, use_sliding_window=False, **common)
+    if s.family == "qwen3":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(rope_theta=1e6, use_sliding_window=False, head_dim=s.head_dim, **common)
     from transformers import LlamaConfig
 
     return LlamaConfig(**common)
