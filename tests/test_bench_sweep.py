@@ -429,3 +429,65 @@ def test_batch_axis_measures_batched_runs_against_plain_batches_and_maps_them(tm
     assert off_dial({"drafter": "calibrated", "draft_tokens": 10, "offpath_positions": 3})
     assert not off_dial({"drafter": "calibrated", "draft_tokens": 10, "offpath_positions": 1})
     assert not off_dial({"drafter": "ngram", "draft_tokens": 10, "offpath_positions": 9})
+
+
+def test_tree_axis_values_points_and_stable_chain_keys():
+    import hashlib
+    from dataclasses import replace
+
+    from adaspec.bench.grid import parse_tree
+
+    assert parse_tree(0) == (0, "") and parse_tree(6) == (6, "always") and parse_tree("goodput:8") == (8, "goodput")
+    for bad, why in (("wide", "tree values are"), (1, "is a chain"), (10**6, "tree_budget must be in"),
+                     ("sometimes:4", "tree values are")):
+        with pytest.raises(ConfigError, match=why):
+            parse_tree(bad, "s")
+    with pytest.raises(ConfigError, match="tree values are"):
+        normalize({"sweep": [{"name": "t", "tree": ["x"]}]})
+    cfg = normalize({"bench": {"target": "t", "workload": "tiny", "batch": [1, 2]},
+                     "sweep": [{"name": "t", "drafter": ["calibrated", "ngram-tree", "d"], "k": [3],
+                                "tree": [0, 6, "goodput:6"]}]})
+    points = expand(cfg)
+    single = [p for p in points if p.setting.batch == 1]
+    # the calibrated drafter and batched settings keep chains only
+    assert sorted((p.drafter, p.tree, p.tree_choice) for p in single) == [
+        ("calibrated", 0, ""), ("d", 0, ""), ("d", 6, "always"), ("d", 6, "goodput"),
+        ("ngram-tree", 0, ""), ("ngram-tree", 6, "always"), ("ngram-tree", 6, "goodput")]
+    assert all(p.tree == 0 for p in points if p.setting.batch == 2)
+    assert len({point_key(p, cfg["bench"]) for p in points}) == len(points)
+    # a chain's resume key is the one it had before the axis existed (results files written then still resume)
+    chain = next(p for p in single if p.drafter == "d" and not p.tree)
+    fields = chain.fields()
+    for k in ("sweep", "tree", "tree_choice"):
+        fields.pop(k)
+    fields.update(workload="tiny", max_new_tokens=cfg["bench"]["max_new_tokens"], seed=cfg["bench"]["seed"],
+                  chat=cfg["bench"]["chat"])
+    assert point_key(chain, cfg["bench"]) == "p-" + hashlib.sha1(
+        json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    assert point_key(replace(chain, tree=6, tree_choice="always"), cfg["bench"]) != point_key(chain, cfg["bench"])
+
+
+def test_tree_points_verify_trees_and_are_reported_beside_their_chain(corpus, tmp_path):
+    from adaspec.bench.report import make_report
+
+    cfg = tiny_config()
+    cfg["micro"]["contexts"] = [160]
+    cfg["sweep"] = [{**cfg["sweep"][1], "name": "trees", "drafter": ["tiny-draft"], "controller": ["fixed"],
+                     "temperature": [0.0], "tree": [0, 6]}]
+    cfg = normalize(cfg)
+    out = tmp_path / "t.jsonl"
+    run(cfg, out)
+    rows = [r for r in read_results(out) if r["kind"] == "point"]
+    chain = next(r for r in rows if r["tree"] == 0)
+    tree = next(r for r in rows if r["tree"] == 6)
+    assert tree["tree_choice"] == "always" and not tree.get("tree_fallback")
+    assert tree["tree_steps"] == tree["speculation_steps"] > 0 and chain["tree_steps"] == 0
+    assert tree["mean_drafted"] > chain["mean_drafted"]  # 6-node trees against chains of at most 3
+    assert tree["identical_to_plain"] is True and chain["identical_to_plain"] is True  # fp32 greedy: lossless
+    assert tree["predicted_speedup"] != tree["predicted_speedup"]  # NaN: the chain formula does not price trees
+    report = tmp_path / "r.md"
+    make_report([out], report)
+    md = report.read_text()
+    assert "### Trees against chains" in md and "tiny-draft tree 6" in md
+    line = next(x for x in md.splitlines() if x.startswith("| tiny-draft | 3 |") and "| tree 6 |" in x)
+    assert f"{tree['tau']:.2f}" in line and f"{100 * (tree['speedup'] / chain['speedup'] - 1):+.1f} %" in line

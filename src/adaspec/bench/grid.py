@@ -10,7 +10,11 @@ A configuration has three parts (see ``presets/quick.toml`` for a commented exam
 * ``[[sweep]]`` — named grids. Each axis is a list and a sweep is the Cartesian product of its axes:
   ``drafter`` (``calibrated``, ``ngram``, a model spec, ``layerskip:N``), ``alpha`` and ``cost`` (calibrated only;
   cost = a draft model measured in ``[micro]``, ``ratio:C`` for C target steps, or milliseconds), ``k``,
-  ``controller`` (``fixed``, ``adaptive``, ``heuristic``), ``context`` (tokens) and ``temperature``.
+  ``controller`` (``fixed``, ``adaptive``, ``heuristic``), ``context`` (tokens), ``temperature`` and ``tree``
+  (0 = chains; N = a full-width token tree of at most N draft nodes every speculation step, K its depth;
+  ``"goodput:N"`` = the engine's chain-or-tree chooser with that budget, as ``generate --tree-budget N``). Trees need
+  a drafter that branches (``ngram-tree`` or a draft model) and a backend that verifies them; calibrated points and
+  batched settings keep chains only.
 
 Every point is measured against plain decoding on the same prompt, interleaved (see :mod:`adaspec.bench.sweep`).
 Each point has a resume key built from every setting that affects its measurement.
@@ -29,7 +33,7 @@ from pathlib import Path
 from adaspec.errors import ConfigError
 
 PRESETS = ("quick", "full")
-AXES = ("drafter", "alpha", "cost", "k", "controller", "context", "temperature")
+AXES = ("drafter", "alpha", "cost", "k", "controller", "context", "temperature", "tree")
 HARDWARE_AXES = ("dtype", "threads", "backend", "batch")
 BACKENDS = ("torch", "llamacpp", "ik")
 GGUF_DTYPE = "gguf"  # the dtype of a GGUF-runtime setting: the file's own quantisation (the dtype axis does not apply)
@@ -45,7 +49,7 @@ DEFAULTS: dict = {
     "sweep": [],
 }
 SWEEP_DEFAULTS: dict = {"drafter": ["calibrated"], "alpha": [0.8], "cost": ["ratio:0.4"], "k": [4],
-                        "controller": ["fixed"], "context": [256], "temperature": [0.0]}
+                        "controller": ["fixed"], "context": [256], "temperature": [0.0], "tree": [0]}
 
 
 def preset(name: str) -> dict:
@@ -160,8 +164,32 @@ def normalize(config: dict) -> dict:
         for a in sweep["alpha"]:
             if not 0 <= float(a) <= 1:
                 raise ConfigError(f"sweep {sweep['name']!r}: alpha must be in [0, 1], got {a}")
+        for t in sweep["tree"]:
+            parse_tree(t, sweep["name"])
         cfg["sweep"].append(sweep)
     return cfg
+
+
+def parse_tree(value, sweep: str = "") -> tuple[int, str]:
+    """A ``tree`` axis value as ``(budget, choice)``: ``0`` → ``(0, "")`` (chains), ``N`` → ``(N, "always")``,
+    ``"goodput:N"`` → ``(N, "goodput")``.
+
+    Raises:
+        ConfigError: anything else, or a budget outside what :func:`adaspec.tree.check_budget` accepts (or 1: a
+            one-node tree is a chain).
+    """
+    from adaspec.tree import check_budget
+
+    text = str(value).strip().lower()
+    choice, _, n = text.rpartition(":")
+    if choice not in ("", "always", "goodput") or not n.isdigit():
+        raise ConfigError(f"sweep {sweep!r}: tree values are 0 (chains), N (a tree of at most N draft nodes) or "
+                          f"'goodput:N' (chain or tree per step), got {value!r}")
+    budget = int(n)
+    check_budget(budget)
+    if budget == 1:
+        raise ConfigError(f"sweep {sweep!r}: a tree of 1 draft node is a chain; use 0 or at least 2")
+    return (budget, choice or "always") if budget else (0, "")
 
 
 def _as_list(value) -> list:
@@ -214,6 +242,8 @@ class Point:
     controller: str
     alpha: float | None
     cost: str | None
+    tree: int = 0
+    tree_choice: str = ""
 
     @property
     def group(self) -> tuple:
@@ -231,6 +261,9 @@ def point_key(point: Point, bench: dict) -> str:
     same point in two sweeps is measured once)."""
     fields = point.fields()
     fields.pop("sweep")
+    if not point.tree:  # chains keep the keys they had before the tree axis existed
+        fields.pop("tree")
+        fields.pop("tree_choice")
     fields.update(workload=bench["workload"], max_new_tokens=bench["max_new_tokens"], seed=bench["seed"],
                   chat=bench["chat"])
     return "p-" + hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
@@ -240,7 +273,9 @@ def expand(cfg: dict) -> list[Point]:
     """Every point of every sweep under every hardware setting, deduplicated, in run order (setting, then
     groups from the longest context down, so each prompt reuses the cached prefix of the one before; then prompt,
     temperature and sweep order). Calibrated points at temperature > 0 are dropped
-    (the calibrated drafter is greedy-only), and ``layerskip:N`` points on llama.cpp (it needs a PyTorch target)."""
+    (the calibrated drafter is greedy-only), and ``layerskip:N`` points on llama.cpp (it needs a PyTorch target);
+    tree points of the calibrated drafter (it proposes one chain) and of batched settings (their engine verifies
+    chains) are dropped too."""
     bench = cfg["bench"]
     points: dict[str, Point] = {}
     settings = list(dict.fromkeys(
@@ -262,9 +297,14 @@ def expand(cfg: dict) -> list[Point]:
                                     for temp in sweep["temperature"]:
                                         if calibrated and float(temp) > 0:
                                             continue
-                                        for p in range(int(bench["prompts"])):
-                                            pt = Point(sweep["name"], setting, int(context), p, float(temp),
-                                                       str(drafter), int(k), str(controller), alpha, cost)
-                                            points.setdefault(point_key(pt, bench), pt)
+                                        for tree in sweep["tree"]:
+                                            budget, choice = parse_tree(tree, sweep["name"])
+                                            if budget and (calibrated or setting.batch > 1):
+                                                continue
+                                            for p in range(int(bench["prompts"])):
+                                                pt = Point(sweep["name"], setting, int(context), p, float(temp),
+                                                           str(drafter), int(k), str(controller), alpha, cost,
+                                                           budget, choice)
+                                                points.setdefault(point_key(pt, bench), pt)
     order = {s: i for i, s in enumerate(settings)}
     return sorted(points.values(), key=lambda p: (order[p.setting], -p.context, p.prompt_index, p.temperature))

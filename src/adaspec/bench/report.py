@@ -135,7 +135,7 @@ def _choose_operating_points(a: SettingAnalysis) -> None:
     fitted per-token cost, its measured greedy α), else the calibrated points' cost and dials."""
     model_drafts = sorted(a.model.draft)
     real = [p for p in a.points if p["drafter"] in a.model.draft and p["temperature"] == 0
-            and p["controller"] == "fixed" and p["speculation_steps"]]
+            and p["controller"] == "fixed" and p["speculation_steps"] and not p.get("tree_steps")]
     calibrated = [p for p in a.points if p["drafter"] == "calibrated"]
     if model_drafts:
         a.draft_cost, a.draft_label = model_drafts[0], f"draft model {model_drafts[0]}"
@@ -254,7 +254,8 @@ def fig_alpha_curves(a: SettingAnalysis, path: Path) -> Path:
                 label=f"K = {k} (model)")
         mine = [p for p in cal if p["k"] == k]
         ax.scatter([p["alpha_l"] for p in mine], [p["speedup"] for p in mine], color=c, edgecolors="black", zorder=3)
-    real = [p for p in a.points if p["drafter"] != "calibrated" and p["context"] == a.map_context]
+    real = [p for p in a.points if p["drafter"] != "calibrated" and p["context"] == a.map_context
+            and not p.get("tree_steps")]  # a tree's α is per draft node, not per position: off this axis
     for p in real:
         marker = "s" if p["drafter"] == "ngram" else "D"
         ax.scatter(p["alpha_l"], p["speedup"], marker=marker, facecolors="none", edgecolors="crimson", zorder=3)
@@ -275,7 +276,53 @@ def _short(p: dict) -> str:
     if p["drafter"] == "calibrated":
         return f"calibrated α={p['alpha_dial']:g} K={p['k']}"
     name = "0.5B" if "0.5b" in p["drafter"] else p["drafter"]
-    return f"{name} {p['controller']}:{p['k']} T={p['temperature']:g}"
+    return f"{name} {p['controller']}:{p['k']}{_tree_label(p)} T={p['temperature']:g}"
+
+
+def _tree_label(p: dict) -> str:
+    """`` tree 8`` (a full-width tree of at most 8 nodes every step), `` tree goodput:8`` (the chain-or-tree
+    chooser) or ``""`` (chains)."""
+    if not p.get("tree"):
+        return ""
+    return f" tree {p['tree']}" if p.get("tree_choice") == "always" else f" tree {p.get('tree_choice')}:{p['tree']}"
+
+
+def tree_rows(points: list[dict]) -> list[dict]:
+    """Each tree point beside the chain point of the same drafter, controller, K, context, temperature, prompt
+    and sweep (greedy acceptance makes them comparable step for step): ``{"chain", "tree"}`` pairs, chains None
+    where the sweep did not measure one."""
+    def key(p):
+        return p["sweep"], p["drafter"], p["controller"], p["k"], p["context"], p["temperature"], p["prompt_index"]
+    chains = {key(p): p for p in points if not p.get("tree")}
+    return [{"chain": chains.get(key(p)), "tree": p} for p in points if p.get("tree")]
+
+
+def _tree_table(points: list[dict]) -> list[str]:
+    """Trees against chains (empty when no point verified trees)."""
+    pairs = tree_rows(points)
+    if not pairs:
+        return []
+    lines = ["### Trees against chains", "",
+             "Each tree point beside the chain of the same drafter, K (the tree's depth), prompt and context. τ = "
+             "tokens per speculation step; nodes = draft tokens verified per speculation step; accepted per node = "
+             "accepted draft tokens / nodes verified.", "",
+             "| drafter | K | context | method | speedup | τ | nodes per step | accepted per node | "
+             "tree steps / speculation steps | identical to plain | tree vs chain |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
+    for pair in sorted(pairs, key=lambda q: (q["tree"]["drafter"], q["tree"]["k"], q["tree"]["context"],
+                                             q["tree"]["tree"])):
+        t, c = pair["tree"], pair["chain"]
+        for label, p in (("chain", c), (_tree_label(t).strip(), t)):
+            if p is None:
+                continue
+            vs = (f"{100 * (t['speedup'] / c['speedup'] - 1):+.1f} %" if p is t and c and c["speedup"] else "")
+            fallback = f" ({p['tree_fallback']})" if p.get("tree_fallback") else ""
+            lines.append(
+                f"| {p['drafter']} | {p['k']} | {p['prompt_tokens']} | {label}{fallback} | {p['speedup']:.2f} | "
+                f"{p['tau']:.2f} | {p['mean_drafted']:.2f} | {p['alpha']:.3f} | "
+                f"{p.get('tree_steps', 0)} / {p['speculation_steps']} | "
+                f"{'—' if p.get('identical_to_plain') is None else p['identical_to_plain']} | {vs} |")
+    return lines + [""]
 
 
 def time_split_rows(a: SettingAnalysis) -> list[tuple[str, float, float, float, float]]:
@@ -619,8 +666,8 @@ def _tables(a: SettingAnalysis, f: dict) -> list[str]:
              "e2e speedup | TTFT ms | TPOT ms | tok/s | CPU s/tok | energy |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for p in sorted(a.points, key=lambda p: (p["sweep"], p["drafter"], p.get("alpha_dial") or 0, p["k"],
-                                             p["context"], p["temperature"], p["controller"])):
-        name = p["drafter"] if p["drafter"] != "calibrated" else f"calibrated α={p['alpha_dial']:g}"
+                                             p["context"], p["temperature"], p["controller"], p.get("tree", 0))):
+        name = (p["drafter"] + _tree_label(p)) if p["drafter"] != "calibrated" else f"calibrated α={p['alpha_dial']:g}"
         energy = f"{p['energy_j_per_token']:.2f} J/tok" if p.get("energy_j_per_token") is not None else "n/m"
         lines.append(
             f"| {p['sweep']} | {name} | {p['controller']} | {p['k']} | {p['prompt_tokens']} | {p['temperature']:g} | "
@@ -641,7 +688,7 @@ def _tables(a: SettingAnalysis, f: dict) -> list[str]:
     if bad:
         lines += [f"{len(bad)} calibrated point(s) left the greedy reference path (a bf16 near-tie flipped between a "
                   "one-token and a batched forward); their α is the measured one, below the dial.", ""]
-    return lines
+    return lines + _tree_table(a.points)
 
 
 def to_html(md: str, title: str) -> str:

@@ -32,7 +32,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -583,9 +583,9 @@ class SweepRunner:
                 drafter = models.drafts[p.drafter]
             engine = SpeculativeEngine(models.backend, drafter, make_controller(p.controller, p.k), tokenizer=tok)
             label = f"ctx {p.context} {p.drafter}{'' if p.alpha is None else f' a={p.alpha:g}'} K={p.k} {p.controller}"
-            bar.set_postfix_str(label, refresh=True)
+            bar.set_postfix_str(label + (f" tree {p.tree_choice}:{p.tree}" if p.tree else ""), refresh=True)
             self.meter.start()
-            r = engine.generate(prompt, cfg)
+            r = engine.generate(prompt, replace(cfg, tree_budget=p.tree, tree_choice=p.tree_choice) if p.tree else cfg)
             reading = self.meter.stop()
             metrics = _run_metrics(r, reading, self.meter)
             mem = models.draft_bytes.get(p.drafter, {"param_bytes": 0, "rss_delta_bytes": 0, "kv_bytes_per_token": 0})
@@ -883,6 +883,8 @@ def _run_metrics(result, reading, meter: Meter) -> dict:
         "energy_j_per_token": reading.energy_j / max(s.new_tokens, 1) if reading.energy_j is not None else None,
         "energy_source": meter.energy_source,
         "k_trace": s.k_trace,
+        "tree_steps": sum(1 for st in spec if st.tree),
+        "tree_fallback": s.tree_fallback,
         "loadavg_1m": _loadavg(),
         "other_cpu": reading.other_cpu,
     }
@@ -933,7 +935,10 @@ def drafter_cost_key(row: dict):
 
 def predict_point(model: CostModel, row: dict) -> float:
     """Cost-model speedup for a measured point, from its measured α (per position), mean draft length, share of
-    non-drafting steps and mean context."""
+    non-drafting steps and mean context; NaN for a point that verified token trees (the closed form is a chain's:
+    :func:`adaspec.bench.predicted.replay_steps` prices trees step by step)."""
+    if row.get("tree_steps"):
+        return math.nan
     try:
         d = drafter_cost_key(row)
         if d is not None and not isinstance(d, float) and d not in model.draft:
