@@ -292,9 +292,11 @@ def tree_rows(points: list[dict]) -> list[dict]:
     and sweep (greedy acceptance makes them comparable step for step): ``{"chain", "tree"}`` pairs, chains None
     where the sweep did not measure one."""
     def key(p):
-        return p["sweep"], p["drafter"], p["controller"], p["k"], p["context"], p["temperature"], p["prompt_index"]
-    chains = {key(p): p for p in points if not p.get("tree")}
-    return [{"chain": chains.get(key(p)), "tree": p} for p in points if p.get("tree")]
+        return tuple(p.get(k) for k in ("sweep", "drafter", "controller", "k", "context", "temperature",
+                                        "prompt_index"))
+    trees = [p for p in points if p.get("tree")]
+    chains = {key(p): p for p in points if not p.get("tree")} if trees else {}
+    return [{"chain": chains.get(key(p)), "tree": p} for p in trees]
 
 
 def _tree_table(points: list[dict]) -> list[str]:
