@@ -444,16 +444,16 @@ def test_tree_axis_values_points_and_stable_chain_keys():
             parse_tree(bad, "s")
     with pytest.raises(ConfigError, match="tree values are"):
         normalize({"sweep": [{"name": "t", "tree": ["x"]}]})
-    cfg = normalize({"bench": {"target": "t", "workload": "tiny", "batch": [1, 2]},
-                     "sweep": [{"name": "t", "drafter": ["calibrated", "ngram-tree", "d"], "k": [3],
+    cfg = normalize({"bench": {"target": "t", "workload": "tiny", "batch": [1, 2], "backend": ["torch", "llamacpp"]},
+                     "sweep": [{"name": "t", "drafter": ["calibrated", "ngram", "ngram-tree", "d"], "k": [3],
                                 "tree": [0, 6, "goodput:6"]}]})
     points = expand(cfg)
-    single = [p for p in points if p.setting.batch == 1]
-    # the calibrated drafter and batched settings keep chains only
+    single = [p for p in points if p.setting.batch == 1 and p.setting.backend == "torch"]
+    # where nothing would branch (calibrated and ngram drafters, batched settings, llama.cpp) only chains remain
     assert sorted((p.drafter, p.tree, p.tree_choice) for p in single) == [
-        ("calibrated", 0, ""), ("d", 0, ""), ("d", 6, "always"), ("d", 6, "goodput"),
+        ("calibrated", 0, ""), ("d", 0, ""), ("d", 6, "always"), ("d", 6, "goodput"), ("ngram", 0, ""),
         ("ngram-tree", 0, ""), ("ngram-tree", 6, "always"), ("ngram-tree", 6, "goodput")]
-    assert all(p.tree == 0 for p in points if p.setting.batch == 2)
+    assert all(p.tree == 0 for p in points if p.setting.batch == 2 or p.setting.backend == "llamacpp")
     assert len({point_key(p, cfg["bench"]) for p in points}) == len(points)
     # a chain's resume key is the one it had before the axis existed (results files written then still resume)
     chain = next(p for p in single if p.drafter == "d" and not p.tree)
@@ -485,9 +485,30 @@ def test_tree_points_verify_trees_and_are_reported_beside_their_chain(corpus, tm
     assert tree["mean_drafted"] > chain["mean_drafted"]  # 6-node trees against chains of at most 3
     assert tree["identical_to_plain"] is True and chain["identical_to_plain"] is True  # fp32 greedy: lossless
     assert tree["predicted_speedup"] != tree["predicted_speedup"]  # NaN: the chain formula does not price trees
+    assert chain["predicted_speedup"] == chain["predicted_speedup"]  # a chain is priced
     report = tmp_path / "r.md"
     make_report([out], report)
     md = report.read_text()
     assert "### Trees against chains" in md and "tiny-draft tree 6" in md
-    line = next(x for x in md.splitlines() if x.startswith("| tiny-draft | 3 |") and "| tree 6 |" in x)
+    line = next(x for x in md.splitlines() if x.startswith("| tiny-draft | fixed | 3 |") and "| tree 6 |" in x)
     assert f"{tree['tau']:.2f}" in line and f"{100 * (tree['speedup'] / chain['speedup'] - 1):+.1f} %" in line
+
+
+def test_tree_rows_pair_a_tree_with_the_chain_another_sweep_measured():
+    from adaspec.bench.report import tree_rows
+
+    base = {"drafter": "d", "controller": "fixed", "k": 3, "context": 160, "temperature": 0.0, "prompt_index": 0}
+    chain = {**base, "sweep": "chains", "tree": 0}
+    tree = {**base, "sweep": "trees", "tree": 6, "tree_choice": "always"}
+    other = {**base, "sweep": "trees", "tree": 6, "tree_choice": "always", "prompt_index": 1}
+    pairs = tree_rows([chain, tree, other])
+    assert [(p["chain"] is chain, p["tree"] is t) for p, t in zip(pairs, (tree, other))] == [(True, True),
+                                                                                            (False, True)]
+    assert tree_rows([chain]) == []
+
+
+def test_ngram_tree_chain_points_are_priced_as_lookup():
+    from adaspec.bench.sweep import drafter_cost_key
+
+    assert drafter_cost_key({"drafter": "ngram-tree"}) is None and drafter_cost_key({"drafter": "ngram"}) is None
+    assert drafter_cost_key({"drafter": "qwen2.5-coder-0.5b-instruct"}) == "qwen2.5-coder-0.5b-instruct"

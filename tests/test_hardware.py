@@ -168,6 +168,8 @@ def test_published_speedups_are_predicted_within_the_stated_error():
     assert predict_published(p) == pytest.approx(r["predicted"])
     assert predict_published(p) > predict_published(p, profile("h100-sxm"))  # eager host time would cost
     assert max(abs(r["error"]) for _, r in h100) < 0.10
+    # an unset override (a CLI flag left out) keeps each point's own host time
+    assert validate_published(PUBLISHED[-1:], layer_ms=None)[0]["predicted"] == pytest.approx(rows[-1]["predicted"])
 
 
 def test_qwen3_shapes_have_128_wide_heads():

@@ -111,6 +111,12 @@ def test_tree_falls_back_to_chains_and_says_why(qwen):
     strict = eng.generate(prompt, GenerationConfig(max_new_tokens=8, tree_budget=8, strict=True))
     assert strict.stats.tree_fallback == "chains: strict mode"
     assert eng.generate(prompt, GenerationConfig(max_new_tokens=8)).stats.tree_fallback == ""
+    # a drafter that cannot branch proposes chains, and the statistics say so instead of counting tree steps
+    chained = SpeculativeEngine(TorchBackend(qwen, "t"), NgramDrafter(), FixedController(3)).generate(
+        prompt, GenerationConfig(max_new_tokens=8, tree_budget=8, tree_choice="always"))
+    assert chained.stats.tree_fallback.startswith("chains: ngram proposes chains only")
+    assert not any(s.tree for s in chained.stats.steps)
+    assert NgramTreeDrafter().branches and not NgramDrafter().branches
     with pytest.raises(ConfigError, match=r"tree_budget must be in \[0, 64\]"):
         GenerationConfig(tree_budget=65)
 

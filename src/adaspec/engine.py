@@ -348,6 +348,8 @@ class SpeculativeEngine:
         why = ("a lossy acceptance rule" if lossy is not None
                else "logits controls (penalties, logit_bias)" if controls is not None
                else f"{self.target.name} cannot verify trees" if not self.target.supports_trees
+               else f"{self.drafter.name} proposes chains only (trees need ngram-tree or a draft model)"
+               if not getattr(self.drafter, "branches", True)
                else "strict mode" if self.target.batch_invariant
                else "")
         return (0, f"chains: {why}") if why else (cfg.tree_budget, "")

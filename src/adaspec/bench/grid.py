@@ -13,8 +13,8 @@ A configuration has three parts (see ``presets/quick.toml`` for a commented exam
   ``controller`` (``fixed``, ``adaptive``, ``heuristic``), ``context`` (tokens), ``temperature`` and ``tree``
   (0 = chains; N = a full-width token tree of at most N draft nodes every speculation step, K its depth;
   ``"goodput:N"`` = the engine's chain-or-tree chooser with that budget, as ``generate --tree-budget N``). Trees need
-  a drafter that branches (``ngram-tree`` or a draft model) and a backend that verifies them; calibrated points and
-  batched settings keep chains only.
+  a drafter that branches (``ngram-tree`` or a draft model) and a backend that verifies them (PyTorch, ik_llama.cpp,
+  up to its tree capacity); calibrated, ``ngram``, batched and llama.cpp points keep chains only.
 
 Every point is measured against plain decoding on the same prompt, interleaved (see :mod:`adaspec.bench.sweep`).
 Each point has a resume key built from every setting that affects its measurement.
@@ -274,8 +274,8 @@ def expand(cfg: dict) -> list[Point]:
     groups from the longest context down, so each prompt reuses the cached prefix of the one before; then prompt,
     temperature and sweep order). Calibrated points at temperature > 0 are dropped
     (the calibrated drafter is greedy-only), and ``layerskip:N`` points on llama.cpp (it needs a PyTorch target);
-    tree points of the calibrated drafter (it proposes one chain) and of batched settings (their engine verifies
-    chains) are dropped too."""
+    tree points are dropped where nothing would branch (the calibrated and ``ngram`` drafters propose one chain,
+    the batched engine and llama.cpp mainline verify chains)."""
     bench = cfg["bench"]
     points: dict[str, Point] = {}
     settings = list(dict.fromkeys(
@@ -299,8 +299,9 @@ def expand(cfg: dict) -> list[Point]:
                                             continue
                                         for tree in sweep["tree"]:
                                             budget, choice = parse_tree(tree, sweep["name"])
-                                            if budget and (calibrated or setting.batch > 1):
-                                                continue
+                                            if budget and (calibrated or drafter == "ngram" or setting.batch > 1
+                                                           or setting.backend == "llamacpp"):
+                                                continue  # nothing would branch: the chain again
                                             for p in range(int(bench["prompts"])):
                                                 pt = Point(sweep["name"], setting, int(context), p, float(temp),
                                                            str(drafter), int(k), str(controller), alpha, cost,

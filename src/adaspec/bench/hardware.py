@@ -477,7 +477,7 @@ PUBLISHED: tuple[PublishedPoint, ...] = (
     PublishedPoint(SPEC_BENCH + ", A100 table", "a100-80gb", "vicuna-13b", None, "PLD", 10, 1.68, 1.48),
     PublishedPoint(SPEC_BENCH + ", A100 table", "a100-80gb", "vicuna-33b", "vicuna-68m", "SpS", 5, 2.01, 1.61),
     PublishedPoint(SPEC_BENCH + ", A100 table", "a100-80gb", "vicuna-33b", None, "PLD", 10, 1.55, 1.42),
-    *(PublishedPoint(f"{VLLM_H100}, {data}", "h100-sxm", "qwen3-32b", f"qwen3-{draft.lower()}",
+    *(PublishedPoint(VLLM_H100, "h100-sxm", "qwen3-32b", f"qwen3-{draft.lower()}",
                      f"{data}, draft {draft}", k, tau, plain_tpot / tpot, context=256, dtype="bfloat16", layer_ms=0.0)
       for data, plain_tpot, draft, k, tau, tpot in _VLLM_H100_ROWS),
 )
@@ -499,7 +499,8 @@ def validate_published(points=PUBLISHED, **overrides) -> list[dict]:
     """Each published point with its prediction and relative error (``overrides`` go to every profile)."""
     out = []
     for p in points:
-        pred = predict_published(p, profile(p.hardware, **{"layer_ms": p.layer_ms, **overrides}))
+        given = {k: v for k, v in overrides.items() if v is not None}  # an unset override keeps the point's own
+        pred = predict_published(p, profile(p.hardware, **{"layer_ms": p.layer_ms, **given}))
         out.append({**asdict(p), "predicted": pred, "error": (pred - p.speedup) / p.speedup})
     return out
 

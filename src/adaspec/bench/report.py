@@ -288,12 +288,12 @@ def _tree_label(p: dict) -> str:
 
 
 def tree_rows(points: list[dict]) -> list[dict]:
-    """Each tree point beside the chain point of the same drafter, controller, K, context, temperature, prompt
-    and sweep (greedy acceptance makes them comparable step for step): ``{"chain", "tree"}`` pairs, chains None
-    where the sweep did not measure one."""
+    """Each tree point beside the chain point of the same drafter, controller, K, context, temperature and prompt
+    (whichever sweep measured it: points shared by sweeps are measured once): ``{"chain", "tree"}`` pairs, chains
+    None where no sweep measured one."""
     def key(p):
-        return tuple(p.get(k) for k in ("sweep", "drafter", "controller", "k", "context", "temperature",
-                                        "prompt_index"))
+        return tuple(p.get(k) for k in ("drafter", "controller", "k", "context", "temperature", "prompt_index",
+                                        "max_new_tokens", "workload", "seed"))
     trees = [p for p in points if p.get("tree")]
     chains = {key(p): p for p in points if not p.get("tree")} if trees else {}
     return [{"chain": chains.get(key(p)), "tree": p} for p in trees]
@@ -308,9 +308,9 @@ def _tree_table(points: list[dict]) -> list[str]:
              "Each tree point beside the chain of the same drafter, K (the tree's depth), prompt and context. τ = "
              "tokens per speculation step; nodes = draft tokens verified per speculation step; accepted per node = "
              "accepted draft tokens / nodes verified.", "",
-             "| drafter | K | context | method | speedup | τ | nodes per step | accepted per node | "
+             "| drafter | controller | K | context | T | method | speedup | τ | nodes per step | accepted per node | "
              "tree steps / speculation steps | identical to plain | tree vs chain |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     for pair in sorted(pairs, key=lambda q: (q["tree"]["drafter"], q["tree"]["k"], q["tree"]["context"],
                                              q["tree"]["tree"])):
         t, c = pair["tree"], pair["chain"]
@@ -320,7 +320,8 @@ def _tree_table(points: list[dict]) -> list[str]:
             vs = (f"{100 * (t['speedup'] / c['speedup'] - 1):+.1f} %" if p is t and c and c["speedup"] else "")
             fallback = f" ({p['tree_fallback']})" if p.get("tree_fallback") else ""
             lines.append(
-                f"| {p['drafter']} | {p['k']} | {p['prompt_tokens']} | {label}{fallback} | {p['speedup']:.2f} | "
+                f"| {p['drafter']} | {p['controller']} | {p['k']} | {p['prompt_tokens']} | {p['temperature']:g} | "
+                f"{label}{fallback} | {p['speedup']:.2f} | "
                 f"{p['tau']:.2f} | {p['mean_drafted']:.2f} | {p['alpha']:.3f} | "
                 f"{p.get('tree_steps', 0)} / {p['speculation_steps']} | "
                 f"{'—' if p.get('identical_to_plain') is None else p['identical_to_plain']} | {vs} |")

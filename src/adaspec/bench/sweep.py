@@ -925,10 +925,11 @@ def fit_cost_model(micro_rows: list[dict], plain_rows: Sequence[dict] = ()) -> C
 
 
 def drafter_cost_key(row: dict):
-    """What :meth:`CostModel.draft_ms` needs for a point: ms for calibrated, None for n-gram, else the spec."""
+    """What :meth:`CostModel.draft_ms` needs for a point: ms for calibrated, None for n-gram lookup (``ngram``,
+    ``ngram-tree``), else the spec."""
     if row["drafter"] == "calibrated":
         return float(row["cost_ms"] or 0.0)
-    if row["drafter"] == "ngram":
+    if row["drafter"] in ("ngram", "ngram-tree"):
         return None
     return row["drafter"]
 

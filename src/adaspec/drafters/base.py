@@ -104,6 +104,11 @@ class Drafter(ABC):
         verifier rejected never appear; drafters with caches reconcile against it.
         """
 
+    @property
+    def branches(self) -> bool:
+        """The drafter can propose token trees (it overrides :meth:`propose_tree`; the default proposes a chain)."""
+        return type(self).propose_tree is not Drafter.propose_tree
+
     def propose_tree(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams,
                      generator: torch.Generator | None = None) -> Draft:
         """Propose a token tree of at most ``budget`` nodes and ``depth`` levels (:mod:`adaspec.tree`). The
