@@ -490,7 +490,7 @@ def test_tree_points_verify_trees_and_are_reported_beside_their_chain(corpus, tm
     make_report([out], report)
     md = report.read_text()
     assert "### Trees against chains" in md and "tiny-draft tree 6" in md
-    line = next(x for x in md.splitlines() if x.startswith("| tiny-draft | fixed | 3 |") and "| tree 6 |" in x)
+    line = next(x for x in md.splitlines() if x.startswith("| tiny-draft | fixed | 3 | 0 |") and "| tree 6 |" in x)
     assert f"{tree['tau']:.2f}" in line and f"{100 * (tree['speedup'] / chain['speedup'] - 1):+.1f} %" in line
 
 

@@ -101,3 +101,12 @@ $A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --b
 # ... and the report of all four methods (a run reports the methods it was given, plus the references)
 $A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype bfloat16 \
   --methods plain,ngram/goodput,plain+strict,ngram/goodput+strict --out $OUT/torch-bfloat16 --report-only
+# 4i. (2026-12-02, later session) PyTorch fp32 GSM8K 8-shot chain of thought, plain vs ngram/goodput, on the
+#     cores for 80 minutes except for targeted tests and a code review (niced, 1 thread) in part of it: not a speed
+#     measurement (79 questions; ~33 s per question per method at ~3.3 tok/s; rerun to continue to 200).
+#     (The committed log-cot-1.txt has its progress bars dropped.) Then the fp32 report over both tasks.
+$A eval --tasks gsm8k-cot --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype float32 \
+  --methods plain,ngram/goodput --max-new-tokens 256 --threads 2 --out $OUT/torch-float32 --limit 200 \
+  --time-limit 80 > $OUT/torch-float32/log-cot-1.txt 2>&1
+$A eval --tasks humaneval,gsm8k-cot --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch \
+  --dtype float32 --methods plain,ngram/goodput,plain+strict,ngram/goodput+strict --out $OUT/torch-float32 --report-only

@@ -308,11 +308,11 @@ def _tree_table(points: list[dict]) -> list[str]:
              "Each tree point beside the chain of the same drafter, K (the tree's depth), prompt and context. τ = "
              "tokens per speculation step; nodes = draft tokens verified per speculation step; accepted per node = "
              "accepted draft tokens / nodes verified.", "",
-             "| drafter | controller | K | context | T | method | speedup | τ | nodes per step | accepted per node | "
-             "tree steps / speculation steps | identical to plain | tree vs chain |",
-             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
+             "| drafter | controller | K | prompt | context | T | method | speedup | τ | nodes per step | "
+             "accepted per node | tree steps / speculation steps | identical to plain | tree vs chain |",
+             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     for pair in sorted(pairs, key=lambda q: (q["tree"]["drafter"], q["tree"]["k"], q["tree"]["context"],
-                                             q["tree"]["tree"])):
+                                             q["tree"].get("prompt_index", 0), q["tree"]["tree"])):
         t, c = pair["tree"], pair["chain"]
         for label, p in (("chain", c), (_tree_label(t).strip(), t)):
             if p is None:
@@ -320,7 +320,8 @@ def _tree_table(points: list[dict]) -> list[str]:
             vs = (f"{100 * (t['speedup'] / c['speedup'] - 1):+.1f} %" if p is t and c and c["speedup"] else "")
             fallback = f" ({p['tree_fallback']})" if p.get("tree_fallback") else ""
             lines.append(
-                f"| {p['drafter']} | {p['controller']} | {p['k']} | {p['prompt_tokens']} | {p['temperature']:g} | "
+                f"| {p['drafter']} | {p['controller']} | {p['k']} | {p.get('prompt_index', '')} | "
+                f"{p['prompt_tokens']} | {p['temperature']:g} | "
                 f"{label}{fallback} | {p['speedup']:.2f} | "
                 f"{p['tau']:.2f} | {p['mean_drafted']:.2f} | {p['alpha']:.3f} | "
                 f"{p.get('tree_steps', 0)} / {p['speculation_steps']} | "
