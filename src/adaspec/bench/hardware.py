@@ -260,28 +260,11 @@ def measure_linear_curve(out_features: int, in_features: int, *, dtype: str = "f
     """Time ``F.linear`` of ``[n, in_features]`` by ``[out_features, in_features]`` weights at each n of ``widths``,
     with the weights streamed from memory as in a forward: enough distinct copies of the matrix (at most
     ``max_copies``) to pass ``stream_bytes``, run one after another, so that none is still in a cache. Returns
-    ``((n, ms per 10^9 weights), ...)``, medians of ``repeats`` passes (dispatch included)."""
-    import torch
-
-    from adaspec.backends.torch_backend import resolve_dtype
-
-    dt = resolve_dtype(dtype)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    size = out_features * in_features
-    copies = max(1, min(max_copies, math.ceil(stream_bytes / (size * torch.finfo(dt).bits // 8))))
-    weights = [torch.randn(out_features, in_features, dtype=dt, device=device) for _ in range(copies)]
-    curve = []
-    with torch.inference_mode():
-        for n in widths:
-            x = torch.randn(n, in_features, dtype=dt, device=device)
-
-            def run(x=x):
-                for w in weights:
-                    torch.nn.functional.linear(x, w)
-
-            ms = _median_ms(run, repeats, sync)
-            curve.append((int(n), ms / (copies * size / 1e9)))
-    return tuple(curve)
+    ``((n, ms per 10^9 weights), ...)``, medians of ``repeats`` passes (dispatch included): a one-matrix
+    :func:`measure_layer_curve`, per weight."""
+    curve = measure_layer_curve(((out_features, in_features),), dtype=dtype, device=device, widths=widths,
+                                repeats=repeats, stream_bytes=stream_bytes, max_copies=max_copies)
+    return tuple((n, ms / (out_features * in_features / 1e9)) for n, ms in curve)
 
 
 def measure_layer_curve(matrices: tuple[tuple[int, int], ...], *, dtype: str = "float32", device: str = "cpu",
