@@ -111,7 +111,7 @@ $A eval --tasks gsm8k-cot --target qwen2.5-coder-0.5b-instruct --draft ngram --b
 $A eval --tasks humaneval,gsm8k-cot --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch \
   --dtype float32 --methods plain,ngram/goodput,plain+strict,ngram/goodput+strict --out $OUT/torch-float32 --report-only
 # 4j. (2026-12-02, later session) PyTorch bf16 GSM8K 8-shot chain of thought, plain vs ngram/goodput, alone on the
-#     cores for 30 minutes (77 questions; ~11 s per run). (The committed log-cot-1.txt has its progress bars
+#     cores for 30 minutes but for one 30-second targeted test (77 questions; ~11 s per run). (The committed log-cot-1.txt has its progress bars
 #     dropped.) Then the bf16 report over both tasks.
 $A eval --tasks gsm8k-cot --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype bfloat16 \
   --methods plain,ngram/goodput --max-new-tokens 256 --threads 2 --out $OUT/torch-bfloat16 --limit 200 \
