@@ -326,9 +326,9 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
     and the linear layer a model runs (``F.linear`` of ``[n, hidden]`` by ``[4 hidden, hidden]`` weights, larger
     than the caches, in ``dtype``) at n = 1, 2, 3, 5, 9, 17 tokens, kept as the profile's ``matmul_curve`` (ms per
     10^9 weights); ``matmul_tflops`` is the throughput at n = 17. Efficiencies are 1: the numbers are achieved ones.
-    With ``shapes`` (:class:`~adaspec.models.synthetic.ModelShape` objects), every matrix shape of those models is timed
-    too (:func:`measure_linear_curve`), kept as ``linear_curves``, and each model's decoder layer as a sequence
-    (:func:`measure_layer_curve`), kept as ``layer_curves``: the models are then priced layer by layer plus the LM
+    With ``shapes`` (:class:`~adaspec.models.synthetic.ModelShape` objects), each model's decoder layer is timed as a
+    sequence (:func:`measure_layer_curve`), kept as ``layer_curves``, and its LM head alone
+    (:func:`measure_linear_curve`), kept as ``linear_curves``: the models are then priced layer by layer plus the LM
     head.
 
     Returns:
@@ -354,7 +354,8 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
             ms = _median_ms(lambda x=x: torch.nn.functional.linear(x, w), repeats, sync)
             raw["matmul"][n] = {"ms": ms, "tflops": 2 * n * w.numel() / (ms / 1e3) / 1e12,
                                 "ms_per_gparam": ms / (w.numel() / 1e9)}
-    dims = sorted({d for sh in shapes for d in sh.matrices()})
+    # each model's layer is timed as a sequence below; alone, only the LM heads (priced with the layers' curves)
+    dims = sorted({(sh.vocab, sh.hidden) for sh in shapes})
     linear_curves = tuple((d, measure_linear_curve(*d, dtype=dtype, device=device)) for d in dims)
     raw["linear"] = {f"{o}x{i}": dict(curve) for (o, i), curve in linear_curves}
     layers = sorted({sh.layer_matrices() for sh in shapes})

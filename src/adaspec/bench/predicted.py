@@ -290,8 +290,9 @@ def _markdown(prof, target, dtype, names, cost, figs, published, base: Path) -> 
              *(["- Measured linear-layer time per 10^9 weights by tokens n (replaces the two-number roofline for "
                 "the weights): " + ", ".join(f"n={n}: {v:.1f} ms" for n, v in prof.matmul_curve) + "."]
                if prof.matmul_curve and prof.linear_ms(t, 1) is None else []),
-             *(["- Measured time per 10^9 weights of each matrix shape (out × in) by tokens n, streamed from "
-                "memory, dispatch included (prices the models matrix by matrix; host per layer less 7 linear calls "
+             *(["- Measured time per 10^9 weights of each matrix shape timed alone (out × in) by tokens n, streamed "
+                "from memory, dispatch included (the LM head; every matrix where a layer has no curve of its own; "
+                "host per layer less 7 linear calls "
                 f"of {prof.linear_call_ms:.3f} ms): "
                 + "; ".join(f"{o}×{i}: " + ", ".join(f"n={n}: {v:.0f}" for n, v in curve) + " ms"
                             for (o, i), curve in prof.linear_curves) + "."]
