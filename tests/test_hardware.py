@@ -251,6 +251,67 @@ def test_layer_curves_price_a_model_layer_by_layer():
     assert other_layer.linear_ms(s, 1) == pytest.approx(by_matrix)
 
 
+def test_overhead_curves_price_the_rest_of_a_cpu_forward():
+    """With a measured overhead curve for the model, a CPU batch-1 forward costs matrices + overhead(n, L),
+    interpolated in n and in L and extrapolated linearly in L; without one (or at batch 2, or on a GPU), the
+    host-per-layer and KV-read terms as before."""
+    from adaspec.bench.hardware import _interpolate_2d
+
+    s = SHAPES["qwen2.5-0.5b"]
+    head = (s.vocab, s.hidden)
+    curves = tuple((d, ((1, 100.0), (5, 300.0))) for d in s.matrices())
+    layer = ((1, 2.0), (5, 4.0))
+    over = ((1, 128, 6.0), (5, 128, 10.0), (1, 1024, 8.0), (5, 1024, 14.0))
+    hw = HardwareProfile("toy", "cpu", 1.0, 1.0, 64, bandwidth_efficiency=1.0, layer_ms=0.5, forward_ms=0.25,
+                         linear_curves=curves, linear_call_ms=0.01, layer_curves=((s.layer_matrices(), layer),),
+                         overhead_curves=((s, over),))
+    matrices = s.layers * 2.0 + head[0] * head[1] * 100.0 / 1e9
+    assert hw.forward_time_ms(s, 1, 128) == pytest.approx(matrices + 6.0 + 0.25)
+    assert _interpolate_2d(over, 3, 128) == pytest.approx(8.0)
+    assert _interpolate_2d(over, 1, 576) == pytest.approx(7.0)
+    assert _interpolate_2d(over, 5, 1920) == pytest.approx(18.0)  # beyond the last context: the line continued
+    assert _interpolate_2d(over, 1, 0) == pytest.approx(6.0 - 2.0 / 896 * 128)
+    without = HardwareProfile("toy", "cpu", 1.0, 1.0, 64, bandwidth_efficiency=1.0, layer_ms=0.5, forward_ms=0.25,
+                              linear_curves=curves, linear_call_ms=0.01, layer_curves=hw.layer_curves)
+    kv_ms = s.kv_bytes_per_token(4) * 128 / 1e9 * 1e3
+    assert without.forward_time_ms(s, 1, 128, dtype="float32") == pytest.approx(
+        matrices + kv_ms + s.layers * (0.5 - 7 * 0.01) + 0.25)
+    assert hw.forward_time_ms(s, 1, 128, dtype="float32", batch=2) == \
+        pytest.approx(without.forward_time_ms(s, 1, 128, dtype="float32", batch=2))
+    gpu = HardwareProfile("toy", "gpu", 1.0, 1.0, 64, bandwidth_efficiency=1.0, layer_ms=0.5, forward_ms=0.25,
+                          linear_curves=curves, linear_call_ms=0.01, layer_curves=hw.layer_curves,
+                          overhead_curves=hw.overhead_curves)
+    assert gpu.forward_time_ms(s, 1, 128) != pytest.approx(matrices + 6.0 + 0.25)  # a GPU keeps max(device, host)
+    empty = HardwareProfile("toy", "cpu", 1.0, 1.0, 64, bandwidth_efficiency=1.0, layer_ms=0.5, forward_ms=0.25,
+                            linear_curves=curves, linear_call_ms=0.01, layer_curves=hw.layer_curves,
+                            overhead_curves=((s, ()),))
+    assert empty.forward_time_ms(s, 1, 128) == pytest.approx(without.forward_time_ms(s, 1, 128))
+    other = SHAPES["qwen2.5-1.5b"]  # no overhead curve of its own
+    assert hw.forward_time_ms(other, 1, 128) == pytest.approx(without.forward_time_ms(other, 1, 128))
+
+
+def test_matmul_free_model_runs_every_operator_but_the_matrices():
+    """The stand-in model has no linear layer or embedding left, computes logits of the right shape with the
+    TorchBackend, and keeps its KV cache as the real model does."""
+    from adaspec.backends.torch_backend import TorchBackend
+    from adaspec.bench.hardware import _matmul_free_model, measure_overhead_curve
+
+    s = SHAPES["qwen2.5-0.5b"]
+    model, stubs = _matmul_free_model(s, torch.float32, "cpu")
+    assert not any(isinstance(m, torch.nn.Linear | torch.nn.Embedding) for m in model.modules())
+    assert [tuple(st.weight.shape) for st in stubs] == [*s.layer_matrices(), (s.vocab, s.hidden)]
+    params = sum(p.numel() for p in model.parameters())
+    assert params == (2 * s.layers + 1) * s.hidden  # the RMSNorm weights only
+    backend = TorchBackend(model, max_context=64)
+    logits = backend.forward([1, 2, 3, 4, 5], 3)
+    assert logits.shape == (3, s.vocab) and backend.seq_len == 5
+    assert backend._cache.layers[0].keys.shape[-2] == 5
+    tiny = SHAPES["vicuna-68m"]
+    curve = measure_overhead_curve(tiny, widths=(1, 3), contexts=(8, 32), repeats=1)
+    assert [(n, ctx) for n, ctx, _ in curve] == [(1, 8), (1, 32), (3, 8), (3, 32)]
+    assert all(ms >= 0 for *_, ms in curve)
+
+
 def test_layer_matrices_are_one_layer_in_forward_order():
     s = SHAPES["qwen2.5-0.5b"]
     kv = s.kv_heads * s.head_dim

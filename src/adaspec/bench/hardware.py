@@ -14,6 +14,10 @@ Python, which costs a roughly fixed time per decoder layer, so
 
     T(n, L) = max(t_device(n, L), layers h_layer) + h_forward      (GPU: launches overlap host and device)
     T(n, L) = t_device(n, L) + layers h_layer + h_forward          (CPU: the same cores do both, in turn)
+
+A measured CPU profile prices the matrices from curves timed on the machine (a decoder layer's products in model
+order, the LM head) and the rest of the forward from the real model with its matrices stood in for
+(:func:`measure_overhead_curve`): T(n, L) = layers layer(n) + head(n) + overhead(n, L).
  On a GPU at batch 1 the
 weight term dominates and T(K + 1, L) ≈ T(1, L): verification is nearly free, which is where speculation's 2–3×
 lives. On a small CPU the flops term overtakes it after a few tokens (verify(5) ≈ 3 steps with bf16 on AVX2).
@@ -81,6 +85,13 @@ class HardwareProfile:
             (:func:`measure_layer_curve`). Where a model's layer has one (and its LM head a ``linear_curves``
             entry), its weights cost ``layers × curve(n) + head``: on this CPU in fp32 the same matrices cost about
             20 % more interleaved by shape, as a forward runs them, than streamed one shape at a time.
+        overhead_curves: measured ``(shape, ((n, L, ms per forward), ...))``: everything of a forward of that
+            :class:`ModelShape` but its matrix products, at n tokens after L cached (:func:`measure_overhead_curve`).
+            Where a CPU profile has one for a model priced by ``layer_curves``, a batch-1 forward costs
+            ``matrices + overhead(n, L)``, replacing the host term ``layers × h_layer`` and the KV-cache read
+            (both inside it): a 64-wide probe model's dispatch misses the cache update, attention and the masks
+            of multi-token forwards at the real widths (on 2 threads of an AVX-512 Xeon, the median error of the
+            Qwen2.5-0.5B fp32 forwards went from 10.7 to 7.9 %; bf16 stays near 14 %, see docs/hardware.md).
     """
 
     name: str
@@ -98,6 +109,7 @@ class HardwareProfile:
     linear_curves: tuple[tuple[tuple[int, int], tuple[tuple[int, float], ...]], ...] = ()
     linear_call_ms: float = 0.0
     layer_curves: tuple[tuple[tuple[tuple[int, int], ...], tuple[tuple[int, float], ...]], ...] = ()
+    overhead_curves: tuple[tuple[ModelShape, tuple[tuple[int, int, float], ...]], ...] = ()
 
     def linear_ms(self, s: ModelShape, n: float) -> float | None:
         """Time of all of ``s``'s matrix products over ``n`` tokens, ms: from :attr:`layer_curves` (a layer's
@@ -126,6 +138,10 @@ class HardwareProfile:
         kv = 2.0 if b < 4 else 4.0  # the KV cache is kept in the activation dtype (16-bit for quantised weights)
         kv_bytes = batch * s.kv_bytes_per_token(kv) * context
         linear = self.linear_ms(s, batch * n)
+        overhead = dict(self.overhead_curves).get(s)
+        if (linear is not None and overhead and batch == 1 and self.kind == "cpu"
+                and s.layer_matrices() in dict(self.layer_curves)):  # matrices + the rest, both measured
+            return linear + _interpolate_2d(overhead, n, context) + self.forward_ms
         host_layer = self.layer_ms
         if linear is not None:  # measured per matrix shape (dispatch included), plus reading the KV cache
             device = linear + kv_bytes / (self.bandwidth_gbs * 1e9 * self.bandwidth_efficiency) * 1e3
@@ -320,6 +336,121 @@ def measure_linear_call_ms(*, device: str = "cpu", repeats: int = 7, calls: int 
         return _median_ms(run, repeats, sync) / calls
 
 
+OVERHEAD_CONTEXTS = (128, 1024)
+"""Cached tokens at which :func:`measure_overhead_curve` times a forward's work besides its matrix products (linear
+in the context between and beyond them: the KV cache's copy and attention)."""
+
+
+def _matmul_free_model(s: ModelShape, dtype, device: str):
+    """A transformers model of shape ``s`` whose linear layers (and embedding) return zeros of their output shape
+    without multiplying: every other operator of a forward (norms, rotary, attention over the KV cache, the cache's
+    update, activations, residuals, the logits' handling) runs as in the real model. Built on the meta device and
+    materialised without the matrices, so a 32B shape costs only its norms. Returns ``(model, stubs)``: the
+    stand-ins of one layer's seven matrices in model order and of the LM head, for timing their own calls."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from adaspec.models.synthetic import shape_config
+
+    class NoMatmul(torch.nn.Module):
+        def __init__(self, out_features: int, in_features: int) -> None:
+            super().__init__()
+            self.out_features = out_features
+            self.weight = torch.empty(out_features, in_features, device="meta")  # its shape only (not a parameter)
+
+        def forward(self, x):
+            return x.new_zeros(*x.shape[:-1], self.out_features)
+
+    class NoLookup(torch.nn.Module):
+        def __init__(self, hidden: int) -> None:
+            super().__init__()
+            self.hidden = hidden
+
+        def forward(self, ids):
+            return torch.zeros(*ids.shape, self.hidden, dtype=dt, device=ids.device)
+
+    dt = dtype
+    config = shape_config(s)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dt)
+    for name, module in list(model.named_modules()):
+        if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
+            parent, _, child = name.rpartition(".")
+            stub = (NoMatmul(module.out_features, module.in_features) if isinstance(module, torch.nn.Linear)
+                    else NoLookup(s.hidden))
+            setattr(model.get_submodule(parent) if parent else model, child, stub)
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for p in model.parameters():  # what is left: the RMSNorm weights (their initial value)
+            p.fill_(1.0)
+    inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    with torch.device(device):
+        inner.rotary_emb = type(inner.rotary_emb)(config)  # its inverse frequencies, recomputed
+    layer = inner.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    stubs = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj,
+             model.lm_head]
+    return model.eval(), stubs
+
+
+def measure_overhead_curve(s: ModelShape, *, dtype: str = "float32", device: str = "cpu", widths=LINEAR_WIDTHS,
+                           contexts=OVERHEAD_CONTEXTS, repeats: int = 5) -> tuple[tuple[int, int, float], ...]:
+    """Time everything of a forward of shape ``s`` except its matrix products: the engine's verification forward
+    (:func:`~adaspec.controllers.costcurve.measure_verify_curve`: n tokens after L cached, logits of all n, argmax,
+    cache cropped back) on the :class:`~adaspec.backends.torch_backend.TorchBackend` with every linear layer
+    stood in for (:func:`_matmul_free_model`), less the stand-ins' own calls (the matrix curves include their
+    dispatch). This is what a layer costs besides its weights on a CPU at the model's real widths: the KV cache's
+    update (transformers' DynamicCache copies it each step), attention over it, norms, rotary, activations and the
+    Python dispatch of about 30 operators; a 64-wide model (:func:`measure_dispatch_ms`) misses the first two.
+
+    Returns:
+        ``((n, L, ms per forward), ...)`` for each n of ``widths`` and L of ``contexts``, medians of ``repeats``.
+    """
+    import torch
+
+    from adaspec.backends.torch_backend import TorchBackend, resolve_dtype
+    from adaspec.controllers.costcurve import measure_verify_curve
+
+    dt = resolve_dtype(dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    model, stubs = _matmul_free_model(s, dt, device)
+    backend = TorchBackend(model, "overhead", max_context=max(contexts) + max(widths) + 1)
+    own = {}
+    with torch.inference_mode():
+        for n in widths:
+            xs = [torch.zeros(1, n, st.weight.shape[1], dtype=dt, device=device) for st in stubs]
+
+            def calls(xs=xs):  # forward() only: the module call stays in, as a real linear layer's would
+                for _ in range(s.layers):
+                    for st, x in zip(stubs[:-1], xs):
+                        st.forward(x)
+                stubs[-1].forward(xs[-1])
+
+            own[n] = _median_ms(calls, repeats, sync)
+    out = []
+    for L in contexts:
+        curve = measure_verify_curve(backend, widths, context_len=L, repeats=repeats)
+        out += [(int(n), int(L), max(ms - own[n], 0.0)) for n, ms in curve.items()]
+    return tuple(sorted(out))
+
+
+def _interpolate_2d(curve: tuple[tuple[int, int, float], ...], n: float, context: float) -> float:
+    """An ``((n, L, value), ...)`` curve at ``(n, context)``: :func:`_interpolate` in n at each measured L, then
+    linear in L (extrapolated linearly beyond the measured contexts, never below zero; flat in L when the curve has
+    one context). Every context should have the same widths."""
+    by_l: dict[int, list[tuple[int, float]]] = {}
+    for ni, li, v in curve:
+        by_l.setdefault(li, []).append((ni, v))
+    pts = sorted((li, _interpolate(tuple(c), n)) for li, c in by_l.items())
+    if len(pts) == 1:
+        return pts[0][1]
+    (l0, v0), (l1, v1) = (pts[0], pts[1]) if context <= pts[1][0] else (pts[-2], pts[-1])
+    for a, b in zip(pts, pts[1:]):
+        if a[0] <= context <= b[0]:
+            (l0, v0), (l1, v1) = a, b
+    return max(v0 + (v1 - v0) * (context - l0) / (l1 - l0), 0.0)
+
+
 def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: int | None = None,
                     hidden: int = 2560, repeats: int = 7, shapes=()) -> tuple[HardwareProfile, dict]:
     """Measure this machine's numbers with PyTorch: streaming read bandwidth (a reduction over a 256 MiB tensor)
@@ -329,7 +460,8 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
     With ``shapes`` (:class:`~adaspec.models.synthetic.ModelShape` objects), each model's decoder layer is timed as a
     sequence (:func:`measure_layer_curve`), kept as ``layer_curves``, and its LM head alone
     (:func:`measure_linear_curve`), kept as ``linear_curves``: the models are then priced layer by layer plus the LM
-    head.
+    head. On a CPU each shape's forward without its matrix products is timed too (:func:`measure_overhead_curve`),
+    kept as ``overhead_curves``.
 
     Returns:
         ``(profile, raw)``: the profile (``measured=True``, ``layer_ms`` from :func:`measure_dispatch_ms`) and
@@ -361,6 +493,10 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
     layers = sorted({sh.layer_matrices() for sh in shapes})
     layer_curves = tuple((m, measure_layer_curve(m, dtype=dtype, device=device)) for m in layers)
     raw["layer"] = {"/".join(f"{o}x{i}" for o, i in m): dict(curve) for m, curve in layer_curves}
+    overhead_curves = tuple((sh, measure_overhead_curve(sh, dtype=dtype, device=device))
+                            for sh in dict.fromkeys(shapes)) if device == "cpu" else ()
+    names = {v: k for k, v in SHAPES.items()}
+    raw["overhead"] = {names.get(sh, f"{sh.family}-{sh.hidden}x{sh.layers}"): curve for sh, curve in overhead_curves}
     layer_ms = measure_dispatch_ms(device=device, repeats=repeats)
     raw["layer_ms"] = layer_ms
     raw["linear_call_ms"] = linear_call_ms = measure_linear_call_ms(device=device) if dims else 0.0
@@ -374,7 +510,8 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
                            forward_ms=0.0, source=f"measured on {label} ({dtype}, {torch.get_num_threads()} threads)",
                            measured=True,
                            matmul_curve=tuple((n, v["ms_per_gparam"]) for n, v in raw["matmul"].items()),
-                           linear_curves=linear_curves, linear_call_ms=linear_call_ms, layer_curves=layer_curves)
+                           linear_curves=linear_curves, linear_call_ms=linear_call_ms, layer_curves=layer_curves,
+                           overhead_curves=overhead_curves)
     return prof, raw
 
 

@@ -40,7 +40,8 @@ def resolve_profile(name: str, *, dtype: str, layer_ms: float | None = None, sha
     the matrices of ``shapes`` timed one by one)."""
     if name.strip().lower() in ("this-cpu", "this"):
         prof, _ = measure_profile(dtype=dtype if dtype in ("bfloat16", "float32") else "float32", shapes=shapes)
-        return prof if layer_ms is None else replace(prof, layer_ms=layer_ms)
+        # a host time given by hand replaces the measured rest of the forward too
+        return prof if layer_ms is None else replace(prof, layer_ms=layer_ms, overhead_curves=())
     return profile(name, layer_ms=layer_ms)
 
 
@@ -303,6 +304,11 @@ def _markdown(prof, target, dtype, names, cost, figs, published, base: Path) -> 
                             + ", ".join(f"n={n}: {v:.2f}" for n, v in curve) + " ms"
                             for m, curve in prof.layer_curves if m == t.layer_matrices()) + "."]
                if prof.linear_ms(t, 1) is not None and t.layer_matrices() in dict(prof.layer_curves) else []),
+             *(["- Measured time of a forward's work besides its matrix products (KV-cache update, attention, "
+                "norms, rotary, activations, dispatch; the matrices stood in for), by tokens n and cached tokens L "
+                "(replaces host per layer and the KV-cache read): "
+                + ", ".join(f"n={n} L={c}: {v:.2f}" for n, c, v in dict(prof.overhead_curves)[t]) + " ms."]
+               if t in dict(prof.overhead_curves) else []),
              f"- Target: {target}: {t.total_params / 1e9:.2f} B parameters, {t.layers} layers; "
              f"predicted plain step {cost.plain_step_ms(CONTEXTS[0]):.2f} ms at {CONTEXTS[0]} tokens, "
              f"{cost.plain_step_ms(min(CONTEXTS[-1], t.max_positions)):.2f} ms at "

@@ -238,7 +238,11 @@ def parse_synthetic(spec: str) -> SyntheticSpec:
 
 def synthetic_config(spec: SyntheticSpec):
     """The transformers config (``Qwen2Config``, ``Qwen3Config`` or ``LlamaConfig``) of a synthetic spec."""
-    s = spec.shape
+    return shape_config(spec.shape)
+
+
+def shape_config(s: ModelShape):
+    """The transformers config (``Qwen2Config``, ``Qwen3Config`` or ``LlamaConfig``) of a model shape."""
     common = dict(hidden_size=s.hidden, intermediate_size=s.intermediate, num_hidden_layers=s.layers,
                   num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, vocab_size=s.vocab,
                   tie_word_embeddings=s.tied, max_position_embeddings=s.max_positions, rms_norm_eps=1e-6,
