@@ -90,6 +90,34 @@ def test_analyse_pairs_methods_and_flags_large_margin_divergences():
     assert [d["prompt_id"] for d in strict["large_margin_divergences"]] == ["p0"]
 
 
+def test_analyse_splits_identity_and_speed_by_machine():
+    """A results file resumed on a second machine: identity and speedup per machine, none when all rows share one."""
+    rows, scores = [], {}
+    for i, cpu in enumerate(["AMD (AVX2)"] * 2 + ["Xeon (AVX-512)"] * 3):
+        pid = f"p{i}"
+        plain_ms, spec_ms = (2000, 1000) if cpu.startswith("AMD") else (600, 400)
+        rows.append(_row(pid, "plain", [1, 2, 3, 4], "a", [5.0, 0.01, 3.0, 2.0], ms=plain_ms) | {"cpu": cpu})
+        tokens = [1, 9, 3, 4] if i == 4 else [1, 2, 3, 4]  # one divergence, on the second machine
+        rows.append(_row(pid, "ngram/goodput", tokens, "a", [5.0, 0.02, 3.0, 2.0], ms=spec_ms) | {"cpu": cpu})
+    scores = {(r["prompt_id"], evaluate._hash(r["text"])): True for r in rows}
+    spec = analyse("humaneval", rows, scores, threshold=0.1)["ngram/goodput"]
+    assert spec["identical"] == pytest.approx(0.8)
+    amd, xeon = spec["machines"]["AMD (AVX2)"], spec["machines"]["Xeon (AVX-512)"]
+    assert (amd["n"], amd["identical"], amd["speedup"]) == (2, 1.0, pytest.approx(2.0))
+    assert (xeon["n"], xeon["identical"], xeon["speedup"]) == (3, pytest.approx(2 / 3), pytest.approx(1.5))
+    md = evaluate.markdown({"humaneval": analyse("humaneval", rows, scores, threshold=0.1)},
+                           {"target": "t", "dtype": "float32", "max_new_tokens": 4, "threads": 2, "noise": 0.1,
+                            "noise_width": "3", "threshold": 0.4})
+    assert "| ngram/goodput | Xeon (AVX-512) | 3 | 66.7% | 1.50x |" in md
+    one = [r | {"cpu": "AMD (AVX2)"} for r in rows]
+    assert "machines" not in analyse("humaneval", one, scores, threshold=0.1)["ngram/goodput"]
+    # the method added later on another machine, for every prompt: split, and no speedup across machines
+    later = [r | {"cpu": "AMD (AVX2)" if r["method"] == "plain" else "Xeon (AVX-512)"} for r in rows]
+    split = analyse("humaneval", later, scores, threshold=0.1)["ngram/goodput"]["machines"]
+    assert list(split) == ["AMD (AVX2) / Xeon (AVX-512)"] and split["AMD (AVX2) / Xeon (AVX-512)"]["n"] == 5
+    assert split["AMD (AVX2) / Xeon (AVX-512)"]["speedup"] != split["AMD (AVX2) / Xeon (AVX-512)"]["speedup"]
+
+
 def test_gsm8k_analysis_counts_cut_answers_and_scores_stated_answers():
     """Two answers cut mid-way by the token limit: the last-number fallback scores one right by luck, the stated
     score (no fallback) counts both wrong; a finished answer scores the same both ways."""

@@ -202,11 +202,34 @@ def analyse(task: str, rows: list[dict], scores: dict[tuple[str, str], bool], th
                   "large_margin_divergences": large, "tokens_per_s": tps,
                   "speedup": tps / plain_tps if plain_tps == plain_tps and plain_tps > 0 else float("nan"),
                   "truncated": sum(map(cut, rs)) / n if n else float("nan")}
+        machines = _by_machine(prompts, by_prompt, m, ref, {dv["prompt_id"] for dv in divergences})
+        if len({cpu for label in machines for cpu in label.split(" / ")}) > 1:
+            out[m]["machines"] = machines
         if references:
             sk = [stated(r) for r in rs]
             out[m]["stated"] = {"correct": sum(sk), "accuracy": sum(sk) / n if n else float("nan"),
                                 "ci95": wilson_interval(sum(sk), n),
                                 "vs_plain": paired_difference([stated(r) for r in plains], sk)}
+    return out
+
+
+def _by_machine(prompts: list[str], by_prompt: dict[str, dict[str, dict]], method: str, ref: str,
+                diverged: set[str]) -> dict[str, dict]:
+    """Per CPU label (the rows' ``cpu``, "not recorded" for rows written before they carried one; ``"A / B"`` when a
+    prompt's method and plain rows ran on different machines): prompts, identity with the reference and speedup
+    over plain decoding on that machine's prompts. A results file resumed on another machine mixes kernels (identity
+    differs) and speeds (a pooled speedup means nothing), so the report splits them."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for p in prompts:
+        cpus = dict.fromkeys(by_prompt[p][x].get("cpu") or "not recorded" for x in ("plain", ref, method))
+        groups[" / ".join(cpus)].append(p)
+    out = {}
+    for cpu, ps in groups.items():
+        tps, plain_tps = (_tokens_per_s([by_prompt[p][x] for p in ps]) for x in (method, "plain"))
+        mixed = " / " in cpu  # a speed on one machine over a speed on another is no speedup
+        out[cpu] = {"n": len(ps), "identical": sum(p not in diverged for p in ps) / len(ps),
+                    "speedup": tps / plain_tps if not mixed and plain_tps == plain_tps and plain_tps > 0
+                    else float("nan")}
     return out
 
 
@@ -263,6 +286,14 @@ def markdown(results: dict[str, dict[str, dict]], meta: dict) -> str:
                 lines.append(f"| {m} | {_pct(st['accuracy'])} | {_pct(st['ci95'][0])}–{_pct(st['ci95'][1])} | "
                              f"{100 * v['diff']:+.1f} pt | {100 * v['ci95'][0]:+.1f}…{100 * v['ci95'][1]:+.1f} | "
                              f"{v['p_mcnemar']:.3f} | {v['c']}/{v['b']} |")
+        split = [(m, cpu, g) for m, s in stats.items() if m != "plain" for cpu, g in s.get("machines", {}).items()]
+        if split:
+            lines += ["", "The rows ran on more than one machine (their `cpu` field): identity and speed per machine "
+                          "(kernels and speeds differ between machines, so the pooled speedup above mixes them).", "",
+                      "| method | machine | prompts | identical | speedup |", "|---|---|---:|---:|---:|"]
+            lines += [f"| {m} | {cpu} | {g['n']} | {_pct(g['identical'])} | "
+                      f"{'—' if g['speedup'] != g['speedup'] else format(g['speedup'], '.2f') + 'x'} |"
+                      for m, cpu, g in split]
         rows = [(m, dv) for m, s in stats.items() if not s["lossy"] for dv in s["divergences"]]
         if rows:
             lines += ["", "Divergences of lossless methods (first differing token; margins = top-1 minus top-2 "
