@@ -119,3 +119,25 @@ $A eval --tasks gsm8k-cot --target qwen2.5-coder-0.5b-instruct --draft ngram --b
 $A eval --tasks humaneval,gsm8k-cot --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch \
   --dtype bfloat16 --methods plain,ngram/goodput,plain+strict,ngram/goodput+strict --out $OUT/torch-bfloat16 \
   --report-only
+# 4k. (2026-12-02, a later session on another machine: an Intel Xeon with AVX-512, rows carry its "cpu" label) fp32
+#     and bf16 GSM8K-cot continued to 200 questions (fp32: 121 more, bf16: 123 more), the two evaluations side by
+#     side with one thread each while a roofline change was written and tested: not a speed measurement (the
+#     reports split identity and speedup by machine). Then both reports over both tasks, as in 4i/4j.
+for dt in float32 bfloat16; do
+  $A eval --tasks gsm8k-cot --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype $dt \
+    --methods plain,ngram/goodput --max-new-tokens 256 --threads 1 --out $OUT/torch-$dt --limit 200 \
+    --time-limit 95 > $OUT/torch-$dt/log-cot-2.txt 2>&1 &
+done
+wait
+for dt in float32 bfloat16; do
+  $A eval --tasks humaneval,gsm8k-cot --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch \
+    --dtype $dt --methods plain,ngram/goodput,plain+strict,ngram/goodput+strict --out $OUT/torch-$dt --report-only
+done
+# 9. (2026-12-02, the Intel Xeon session) llama.cpp mainline (--backend llamacpp), GSM8K 8-shot chain of thought,
+#    plain vs the default configuration: 50 minutes alone on the cores (169 questions, log-1.txt), then continued
+#    for 20 minutes while the test suite ran (7 more: 176; log-2.txt; not a speed measurement). Rerun to reach 200.
+mkdir -p $OUT/llamacpp-cot
+$A eval --tasks gsm8k-cot --backend llamacpp --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 \
+  --out $OUT/llamacpp-cot --limit 200 --time-limit 50 > $OUT/llamacpp-cot/log-1.txt 2>&1
+$A eval --tasks gsm8k-cot --backend llamacpp --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 \
+  --out $OUT/llamacpp-cot --limit 200 --time-limit 20 > $OUT/llamacpp-cot/log-2.txt 2>&1
