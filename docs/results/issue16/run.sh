@@ -135,9 +135,12 @@ for dt in float32 bfloat16; do
 done
 # 9. (2026-12-02, the Intel Xeon session) llama.cpp mainline (--backend llamacpp), GSM8K 8-shot chain of thought,
 #    plain vs the default configuration: 50 minutes alone on the cores (169 questions, log-1.txt), then continued
-#    for 20 minutes while the test suite ran (7 more: 176; log-2.txt; not a speed measurement). Rerun to reach 200.
+#    for 20 minutes while the test suite ran (7 more: 176; log-2.txt; not a speed measurement), then the last 24
+#    alone (log-3.txt, 7 minutes).
 mkdir -p $OUT/llamacpp-cot
 $A eval --tasks gsm8k-cot --backend llamacpp --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 \
   --out $OUT/llamacpp-cot --limit 200 --time-limit 50 > $OUT/llamacpp-cot/log-1.txt 2>&1
 $A eval --tasks gsm8k-cot --backend llamacpp --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 \
   --out $OUT/llamacpp-cot --limit 200 --time-limit 20 > $OUT/llamacpp-cot/log-2.txt 2>&1
+$A eval --tasks gsm8k-cot --backend llamacpp --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 \
+  --out $OUT/llamacpp-cot --limit 200 --time-limit 12 > $OUT/llamacpp-cot/log-3.txt 2>&1
