@@ -144,3 +144,11 @@ $A eval --tasks gsm8k-cot --backend llamacpp --methods plain,hybrid/goodput --ma
   --out $OUT/llamacpp-cot --limit 200 --time-limit 20 > $OUT/llamacpp-cot/log-2.txt 2>&1
 $A eval --tasks gsm8k-cot --backend llamacpp --methods plain,hybrid/goodput --max-new-tokens 256 --threads 2 \
   --out $OUT/llamacpp-cot --limit 200 --time-limit 12 > $OUT/llamacpp-cot/log-3.txt 2>&1
+# 4l. (2026-12-02, the Intel Xeon session) bf16 strict mode continued on HumanEval (plain rows reused), 13 minutes
+#     alone on the cores, then the bf16 report over both tasks again (the 4k loop's last command).
+$A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype bfloat16 \
+  --methods plain,plain+strict,ngram/goodput+strict --max-new-tokens 256 --threads 2 --out $OUT/torch-bfloat16 \
+  --time-limit 13 > $OUT/torch-bfloat16/log-5.txt 2>&1
+$A eval --tasks humaneval,gsm8k-cot --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch \
+  --dtype bfloat16 --methods plain,ngram/goodput,plain+strict,ngram/goodput+strict --out $OUT/torch-bfloat16 \
+  --report-only
