@@ -34,6 +34,7 @@ top, so GPU predictions use the value stated in the profile).
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 import time
@@ -444,10 +445,8 @@ def _interpolate_2d(curve: tuple[tuple[int, int, float], ...], n: float, context
     pts = sorted((li, _interpolate(tuple(c), n)) for li, c in by_l.items())
     if len(pts) == 1:
         return pts[0][1]
-    (l0, v0), (l1, v1) = (pts[0], pts[1]) if context <= pts[1][0] else (pts[-2], pts[-1])
-    for a, b in zip(pts, pts[1:]):
-        if a[0] <= context <= b[0]:
-            (l0, v0), (l1, v1) = a, b
+    i = min(max(bisect.bisect_left([li for li, _ in pts], context), 1), len(pts) - 1)  # the segment, or an end one
+    (l0, v0), (l1, v1) = pts[i - 1], pts[i]
     return max(v0 + (v1 - v0) * (context - l0) / (l1 - l0), 0.0)
 
 

@@ -200,7 +200,7 @@ def analyse(task: str, rows: list[dict], scores: dict[tuple[str, str], bool], th
                   "vs_plain": paired_difference(plain_ok, ok),
                   "identical": (n - len(divergences)) / n if n else float("nan"), "divergences": divergences,
                   "large_margin_divergences": large, "tokens_per_s": tps,
-                  "speedup": tps / plain_tps if plain_tps == plain_tps and plain_tps > 0 else float("nan"),
+                  "speedup": _speedup(tps, plain_tps),
                   "truncated": sum(map(cut, rs)) / n if n else float("nan")}
         machines = _by_machine(prompts, by_prompt, m, ref, {dv["prompt_id"] for dv in divergences})
         if len({cpu for label in machines for cpu in label.split(" / ")}) > 1:
@@ -228,9 +228,13 @@ def _by_machine(prompts: list[str], by_prompt: dict[str, dict[str, dict]], metho
         tps, plain_tps = (_tokens_per_s([by_prompt[p][x] for p in ps]) for x in (method, "plain"))
         mixed = " / " in cpu  # a speed on one machine over a speed on another is no speedup
         out[cpu] = {"n": len(ps), "identical": sum(p not in diverged for p in ps) / len(ps),
-                    "speedup": tps / plain_tps if not mixed and plain_tps == plain_tps and plain_tps > 0
-                    else float("nan")}
+                    "speedup": float("nan") if mixed else _speedup(tps, plain_tps)}
     return out
+
+
+def _speedup(tps: float, plain_tps: float) -> float:
+    """Decode tokens/s over plain decoding's; NaN without a plain speed."""
+    return tps / plain_tps if plain_tps == plain_tps and plain_tps > 0 else float("nan")
 
 
 def _tokens_per_s(rows: list[dict]) -> float:
