@@ -162,6 +162,7 @@ def test_profile_advice_on_tiny_models(tmp_path, monkeypatch):
     advice = profile_workload(str(workload), target="tiny-target", drafts=["tiny-draft", "ngram"], sample=2,
                               max_new_tokens=12, loader=tiny_loader, threads=1, bootstrap=200)
     assert advice["enable"] in ("yes", "no", "marginal") and advice["sample"] == 2
+    assert advice["prompt_ids"] == ["0", "2"]  # the sample, spread over the 4 prompts, named for a compare run
     assert {c["drafter"] for c in advice["candidates"]} == {"tiny-draft", "ngram"}
     lo, hi = advice["ci95"]
     assert lo <= hi and advice["reason"]

@@ -184,7 +184,8 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
         else:  # no answer had two tokens: nothing to time, the model's prediction stands
             confirmed = None
     return {
-        "workload": workload, "sample": len(prompts), "context_tokens": context, "max_new_tokens": max_new_tokens,
+        "workload": workload, "sample": len(prompts), "prompt_ids": [p.id for p in prompts],
+        "context_tokens": context, "max_new_tokens": max_new_tokens,
         "temperature": temperature, "target": tgt.name,
         "dtype": "gguf" if isinstance(tgt.backend, GgufBackend) else dtype or "bfloat16", "threads": n_threads,
         "enable": enable, "expected_speedup": expected, "ci95": ci,
