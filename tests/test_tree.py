@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from adaspec.backends import TorchBackend
+from adaspec.backends.base import Backend
 from adaspec.controllers import FixedController
 from adaspec.drafters import NgramDrafter, NgramTreeDrafter
 from adaspec.engine import GenerationConfig, SpeculativeEngine
@@ -278,13 +279,64 @@ def test_tree_choice_is_exact_and_counted(qwen, tree_choice):
     assert out.token_ids == plain.token_ids
     spec = [s for s in out.stats.steps if s.k > 0]
     trees = sum(s.tree for s in spec)
-    assert out.stats.summary()["tree_steps"] == trees >= 2
+    assert out.stats.summary().get("tree_steps", 0) == trees
     if tree_choice == "always":
-        assert trees == len(spec)
-    else:
-        assert 2 <= len(spec) - trees  # the chooser tried chains too
+        assert trees == len(spec) >= 2
+    else:  # prompt lookup's trees are free to build: chains run first, trees only where one could pay
+        assert len(spec) - trees >= 2 and not spec[0].tree and not spec[1].tree
     with pytest.raises(ConfigError, match="tree_choice"):
         GenerationConfig(tree_budget=4, tree_choice="never")
+
+
+class CountingBackend(Backend):
+    """A model-free target that counts: after token t its greedy choice is (t + 1) mod V, whatever came before.
+    Verifies chains and trees; the tree's nodes each predict from their own token."""
+
+    supports_trees = True
+
+    def __init__(self, vocab: int = 20) -> None:
+        self.name, self.vocab_size, self.max_context = "counting", vocab, 4096
+        self.ids: list[int] = []
+        self._tree: list[int] = []
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.ids)
+
+    def _rows(self, tokens) -> torch.Tensor:
+        return torch.nn.functional.one_hot((torch.tensor(tokens) + 1) % self.vocab_size, self.vocab_size).float()
+
+    def forward(self, input_ids, num_logits=1):
+        self.ids += [int(t) for t in input_ids]
+        return self._rows(self.ids[len(self.ids) - num_logits:])
+
+    def truncate(self, length):
+        del self.ids[length:]
+
+    def forward_tree(self, input_ids, parents):
+        self._tree = [int(t) for t in input_ids]
+        self.ids += self._tree
+        return self._rows(self._tree)
+
+    def keep_tree_path(self, base, path):
+        self.ids = self.ids[:base] + [self._tree[i + 1] for i in path]
+
+
+def test_the_chooser_tries_trees_where_chain_steps_show_a_branch_would_pay_and_never_where_none_could():
+    def run(prompt):
+        plain = SpeculativeEngine(CountingBackend(), None, None).generate(prompt, GenerationConfig(max_new_tokens=30))
+        eng = SpeculativeEngine(CountingBackend(), NgramTreeDrafter(), FixedController(4))
+        out = eng.generate(prompt, GenerationConfig(max_new_tokens=30, tree_budget=8))
+        assert out.token_ids == plain.token_ids == [(prompt[-1] + 1 + i) % 20 for i in range(30)]
+        return [s.tree for s in out.stats.steps if s.k > 0 and s.drafted]
+
+    # "5" was followed by 6 7 8 9 (what the target says) and, later, by 11 12 13 14: the chain takes the latest and
+    # is rejected at once, the tree holds both; after two chain steps that show it, trees run
+    steps = run([5, 6, 7, 8, 9, 10, 0, 5, 11, 12, 13, 14, 0, 3, 4])
+    assert steps[:2] == [False, False] and any(steps)
+    # every earlier occurrence continues one way: the tree is the chain, so no tree step is spent (the chooser
+    # without what_if ran two trees first)
+    assert not any(run([2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0, 1]))
 
 
 # Trees from a draft model ------------------------------------------------------------------------------------------
@@ -506,3 +558,118 @@ def test_draft_model_tree_prefix_holds_with_tied_alternatives():
         for budget in range(depth + 1, depth + 5):
             small = drafter.propose_tree([3, 4], depth, budget, GREEDY)
             assert small.tokens.tolist() == full.tokens.tolist()[:budget] and small.parents == full.parents[:budget]
+
+
+def test_would_emit_walks_the_tree_along_the_targets_tokens():
+    from adaspec.tree import would_emit
+
+    tokens, parents = [7, 9, 8, 1], [-1, 0, 0, 1]  # main path 7 -> 9 -> 1; 7 -> 8 a side branch (node 2)
+    # the target kept 7, then said 8: only budgets holding node 2 take it, and then the walk runs past what the step
+    # shows (8 is a leaf, so exactly one more token: its bonus)
+    assert would_emit(tokens, parents, [7, 8]) == [(2, 2), (2, 2), (3, 3), (3, 3)]
+    # the target said 7, 9: every budget with node 1 takes both; below node 1 lies node 3 (depth 3) from budget 4 on
+    assert would_emit(tokens, parents, [7, 9]) == [(2, 2), (3, 3), (3, 3), (3, 4)]
+    # the walk stops inside the target's tokens: exact
+    assert would_emit(tokens, parents, [7, 9, 1, 4]) == [(2, 2), (3, 3), (3, 3), (4, 4)]
+    assert would_emit(tokens, parents, [5]) == [(1, 1)] * 4
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_would_emit_brackets_what_verifying_the_tree_emits(seed):
+    """Against the verifier itself: random trees, a target whose greedy choice depends on the whole prefix, the chain
+    (main path) verified first; what verifying each budget's tree emits lies within would_emit's bounds, and equals
+    them where they agree."""
+    import random
+
+    from adaspec.tree import main_path, verify_tree_greedy, would_emit
+
+    rng = random.Random(seed)
+
+    def choice(prefix):  # the target's greedy token after a prefix: a fixed function of it, 3 tokens to choose from
+        return random.Random(hash((seed, *prefix))).randrange(3)
+
+    for _ in range(150):
+        n = rng.randrange(1, 12)
+        parents = [rng.randrange(-1, i) for i in range(n)]
+        tokens = [rng.randrange(3) for _ in range(n)]
+
+        def prefix(i):
+            out = []
+            while i >= 0:
+                out.append(tokens[i])
+                i = parents[i]
+            return out[::-1]
+
+        def verify(w):  # emitted tokens of the tree cut to its first w nodes
+            rows = [choice([])] + [choice(prefix(i)) for i in range(w)]
+            path, _ = verify_tree_greedy(tokens[:w], parents[:w], torch.nn.functional.one_hot(torch.tensor(rows), 3))
+            return len(path) + 1
+
+        chain = main_path(parents)
+        chain_tokens = [tokens[i] for i in chain]
+        rows = [choice(chain_tokens[:j]) for j in range(len(chain) + 1)]
+        accepted = 0
+        while accepted < len(chain) and rows[accepted] == chain_tokens[accepted]:
+            accepted += 1
+        target = chain_tokens[:accepted] + [rows[accepted]]
+        for w, (fewest, most) in enumerate(would_emit(tokens, parents, target), start=1):
+            assert fewest <= verify(w) <= most
+            if verify(w) <= len(target):  # the walk stopped inside what the step showed: exact
+                assert fewest == most == verify(w)
+    with pytest.raises(ValueError, match="bonus"):
+        would_emit([1], [-1], [])
+
+
+def test_tree_choice_tries_trees_only_where_the_chain_steps_say_one_could_pay():
+    from adaspec.controllers.tree_choice import TreeChoice
+
+    def chain_step(choice, bounds, ms=40.0, nodes=4):
+        """A chain step of ``nodes`` drafted tokens that emitted 3 (2 accepted, plus the bonus)."""
+        choice.update(False, 3, ms, depth=4, nodes=nodes, verify_ms=ms - 2)
+        choice.update_what_if(3, ms, nodes, 4, bounds)
+
+    # no branch ever carries the target's token: the tree would have emitted what the chain did, so no tree step
+    # is spent, at first or as a probe later (without what_if the chooser would have run 2 trees first, then probes)
+    flat = TreeChoice(probe_every=3, min_samples=2, what_if=True)
+    for _ in range(30):
+        assert not flat.use_tree()
+        chain_step(flat, [(3, 3)] * 8)
+    assert flat.skipped >= 8 and flat.choices["tree"] == 0 and flat.tree_may_pay() is False
+    # steps of different depths and tree sizes, none of whose trees adds a token: still no (the tree's rate is
+    # compared with the chains' on the same steps, not with all of them)
+    mixed = TreeChoice(min_samples=2, what_if=True)
+    for _ in range(3):
+        mixed.update(False, 3, 10.0, depth=2, nodes=2)
+        mixed.update_what_if(3, 10.0, 2, 2, [(2, 2), (3, 3), (3, 3)])
+        mixed.update(False, 1, 40.0, depth=8, nodes=8)
+        mixed.update_what_if(1, 40.0, 8, 8, [(1, 1)] * 12)
+    assert mixed.tree_may_pay() is False
+    # chains first even where trees could pay; then, with a node's cost not yet measured, any gain is worth a try
+    rich = TreeChoice(min_samples=2, what_if=True)
+    assert [rich.use_tree(), rich.use_tree()] == [False, False]
+    for _ in range(2):
+        chain_step(rich, [(3, 3)] * 5 + [(4, 6)] * 3)
+    assert rich.tree_may_pay() is True and rich.use_tree() is True
+
+    def measured(node_ms: float, bounds) -> TreeChoice:
+        """Chain steps of 2 and 4 nodes priced at 22 + node_ms per node."""
+        choice = TreeChoice(min_samples=2, what_if=True)
+        for nodes in (2, 4, 2, 4):
+            chain_step(choice, bounds, ms=22 + node_ms * nodes, nodes=nodes)
+        assert choice.node_ms() == pytest.approx(node_ms)
+        return choice
+
+    # a 6-node tree would emit 4 where the chain emitted 3: 2 extra nodes at 1 ms on 24-26 ms steps buy a third more
+    # tokens, so try; at 20 ms per node they cannot pay
+    exact = [(3, 3)] * 5 + [(4, 4)] * 3
+    assert measured(1.0, exact).tree_may_pay() is True and measured(1.0, exact).use_tree() is True
+    dear = measured(20.0, exact)
+    assert dear.tree_may_pay() is False and dear.use_tree() is False and dear.skipped == 1 and not dear.tree_steps
+    # a branch that runs past the step's tokens counts its deeper nodes at the chains' α (8 accepted of 12 drafted):
+    # a 6-node tree emitting at least 4 and at most 8 is worth 4 + 2/3 + 4/9 + 8/27 + 16/81 ≈ 5.6 tokens in 70 ms
+    # against the chains' 12 tokens in 184 ms (0.080 vs 0.065 tokens/ms): try. Without the deeper nodes (4 tokens
+    # in 70 ms, 0.057) it cannot pay.
+    deep = measured(8.0, [(3, 3)] * 5 + [(4, 8)] * 3)
+    assert deep.tree_may_pay() is True
+    shallow = measured(8.0, [(3, 3)] * 5 + [(4, 4)] * 3)
+    assert shallow.tree_may_pay() is False

@@ -27,7 +27,7 @@ from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
 from adaspec.text import TextStream
-from adaspec.tree import check_budget, path_rows, verify_tree_greedy, verify_tree_sampling
+from adaspec.tree import check_budget, path_rows, verify_tree_greedy, verify_tree_sampling, would_emit
 from adaspec.verify import parse_lossy, verify_greedy, verify_lossy, verify_sampling
 
 
@@ -259,7 +259,8 @@ class SpeculativeEngine:
         logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
         controls = cfg.controls
         tree_budget, stats.tree_fallback = self._tree_mode(cfg, params, lossy, controls)
-        chooser = TreeChoice() if tree_budget and cfg.tree_choice == "goodput" else None
+        chooser = (TreeChoice(what_if=getattr(self.drafter, "free_trees", False))
+                   if tree_budget and cfg.tree_choice == "goodput" else None)
         start = time.perf_counter()
         self.target.reset()
         logits = self.target.forward(prompt, len(prompt) if cfg.prompt_logprobs is not None else 1)
@@ -301,6 +302,10 @@ class SpeculativeEngine:
                 draft = self.drafter.propose_tree(ids, k, budget, params, generator)
             else:
                 draft = self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft()
+            # the tree this chain step could have verified, to learn whether trees pay without running them
+            what_if = (self.drafter.propose_tree(ids, k, budget, params, generator)
+                       if chooser is not None and chooser.what_if and not as_tree and len(draft) and budget > 1
+                       else None)
             draft_end = time.perf_counter()
 
             accepted, token, logits, path = self._verify(ids, draft, params, generator, lossy, controls,
@@ -326,6 +331,10 @@ class SpeculativeEngine:
             if chooser is not None and k > 0:
                 chooser.update(as_tree, step.emitted, step.total_ms, chain_emitted(draft, accepted, len(new)), k,
                                nodes=len(draft), path=path, verify_ms=step.verify_ms)
+                if what_if is not None and len(what_if):
+                    bounds = would_emit(what_if.tokens.tolist(), what_if.parents or list(range(-1, len(what_if) - 1)),
+                                        accepted + [token])
+                    chooser.update_what_if(n_accepted + 1, step.total_ms, len(draft), k, bounds)
             if finish is None:
                 yield StreamChunk(new, text.delta() if text else "", logprobs=lp)
             else:

@@ -187,6 +187,52 @@ def depth_first_order(parents: Sequence[int]) -> list[int]:
     return order
 
 
+def would_emit(tokens: Sequence[int], parents: Sequence[int], target: Sequence[int]) -> list[tuple[int, int]]:
+    """What a tree would have emitted on a step that verified something else (a chain), from the tokens the target
+    emitted there: for each node budget w = 1..n (the tree cut to its first w nodes, as a drafter's smaller budget
+    keeps them), ``(fewest, most)`` tokens greedy verification of it would have emitted.
+
+    ``target`` is the step's accepted tokens plus its bonus token: the target's greedy continuation, the same
+    whatever was drafted. Walking the tree along it, a walk that stops at depth m < ``len(target)`` (no child carries
+    the target's next token) emits exactly m + 1 tokens; a walk that takes all of ``target`` would go on past what
+    the step shows, so it emits at least ``len(target) + 1`` and at most the deepest node below it, plus one.
+    Exact for greedy verification; under sampling the same walk is a proxy (the emitted tokens are one sample).
+
+    Returns:
+        ``[(fewest, most), ...]``, one pair per budget w = 1..n.
+
+    Raises:
+        ValueError: ``target`` is empty (a step emits at least its bonus token).
+    """
+    if not target:
+        raise ValueError("would_emit needs the step's emitted tokens (at least the bonus token)")
+    # The walk over all n nodes; a budget w keeps its nodes below w, and since indices increase along a path (and a
+    # token's first sibling is the one taken), the walk within the first w nodes is this walk's nodes below w.
+    children = child_map(tokens, parents)
+    path, node = [], -1
+    for t in target:
+        node = children.get(node, {}).get(int(t), -1)
+        if node < 0:
+            break
+        path.append(node)
+    deepest_by_w = []  # the deepest node under a full match among the first w nodes, per w
+    if len(path) == len(target):
+        depth: list[int] = []
+        for p in parents:
+            depth.append(1 if p < 0 else depth[p] + 1)
+        below, deepest = {path[-1]}, 0
+        for i in range(len(tokens)):
+            if i == path[-1] or (i > path[-1] and parents[i] in below):
+                below.add(i)
+                deepest = max(deepest, depth[i])
+            deepest_by_w.append(deepest)
+    out = []
+    for w in range(1, len(tokens) + 1):
+        m = sum(1 for i in path if i < w)
+        out.append((m + 1, m + 1) if m < len(target) else (m + 1, deepest_by_w[w - 1] + 1))
+    return out
+
+
 def main_path(parents: Sequence[int]) -> list[int]:
     """The chain a tree falls back to: from the root, always the first child (the drafter's best guess)."""
     first_child: dict[int, int] = {}

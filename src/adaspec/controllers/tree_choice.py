@@ -28,6 +28,17 @@ request's steps (chains and trees). The width chosen is the one with the most to
 full-width steps, at least one node beside the main path (whether any tree pays at all is the paired comparison
 above); after every ``probe_every`` narrower tree steps one runs at full width to keep those curves measured.
 Both arms are exact: the choice changes speed only.
+
+**What a tree would have done, on chain steps.** Exploring costs: a tree step that does not pay loses its extra
+nodes' time, and a short request has few steps to win it back. Where the drafter's tree is free to build (prompt
+lookup: no forward, no randomness; ``what_if=True``), every chain step also builds the tree it could have verified
+and records what that tree would have emitted (:func:`adaspec.tree.would_emit`: exact where the tree's walk stops
+inside the tokens the target emitted; where it runs past them, at least one more token, and each deeper node of
+the branch counted at the chains' acceptance rate). Chains then run first, and a tree is tried (at first, and as a
+probe later) only while what those trees would have emitted on the remembered chain steps, at the chain step's
+time plus the extra nodes' cost, beats the chains' own tokens per ms on the same steps
+(:meth:`TreeChoice.tree_may_pay`). Where no branch ever carries the target's token, no tree step is spent; the
+paired comparison above still decides once trees have run.
 """
 
 from __future__ import annotations
@@ -44,14 +55,16 @@ class TreeChoice:
         probe_every: chain steps before a tree is tried again after trees lost (doubled per lost probe), and tree
             steps between chain steps while trees win.
         max_probe_every: the largest gap between probes.
-        min_samples: steps each arm gets before the comparison is trusted (tree first, then chain), and full-width
-            tree steps before a narrower width is chosen.
+        min_samples: steps each arm gets before the comparison is trusted (tree first, then chain; chain first
+            with ``what_if``), and full-width tree steps before a narrower width is chosen.
+        what_if: chain steps report what the tree would have emitted (:meth:`update_what_if`), and trees are
+            tried only while :meth:`tree_may_pay` (see the module docstring).
     """
 
     ARMS = ("tree", "chain")
 
     def __init__(self, window: int = 16, probe_every: int = 8, max_probe_every: int = 64,
-                 min_samples: int = 2) -> None:
+                 min_samples: int = 2, what_if: bool = False) -> None:
         self.tree_steps: deque[tuple[int, float, int, int]] = deque(maxlen=window)  # (emitted, ms, chain's, depth)
         self.chain_steps: deque[tuple[int, float, int]] = deque(maxlen=window)  # (emitted, ms, depth)
         self.probe_every = self.gap = probe_every
@@ -65,6 +78,11 @@ class TreeChoice:
         self.costs: deque[tuple[int, float]] = deque(maxlen=2 * window)  # (verified draft nodes, verification ms)
         self.since_full = 0
         self._full = True  # the width() just given was the full budget
+        self.what_if = what_if
+        # chain steps: (tokens emitted, ms, chain's draft nodes, depth, the tree's (fewest, most) per budget 1..n)
+        self.what_ifs: deque[tuple[int, float, int, int, tuple[tuple[int, int], ...]]] = deque(maxlen=window)
+        self.skipped = 0  # tree steps not tried because tree_may_pay() said no
+        self._may_pay: bool | None = None  # tree_may_pay(), cached
 
     def goodput(self, arm: str) -> float | None:
         """Tokens emitted per ms over the arm's remembered steps (None before any)."""
@@ -100,16 +118,64 @@ class TreeChoice:
         pair = self.paired()
         return None if pair is None else pair[0] > pair[1]
 
+    def tree_may_pay(self) -> bool | None:
+        """Whether a tree could beat the chains on the remembered chain steps (``what_if`` only). For each budget
+        w of at least depth + 1 nodes (the narrowest :meth:`width` gives), over the steps whose tree that budget
+        cuts (a tree of fewer nodes is all there): the tokens the trees would have emitted per ms, each step priced
+        at its measured time plus :meth:`node_ms` per node beyond the chain's, against the chains' own tokens per ms
+        on the same steps. A tree whose walk would run past the step's tokens counts its fewest plus each deeper
+        node of that branch accepted at the chains' acceptance rate per drafted token (α + α² + ...). Before a
+        node's cost is measured: whether any tree would have emitted more at all. None before any chain step was
+        recorded. Cached until the next :meth:`update` or :meth:`update_what_if`."""
+        if self._may_pay is not None or not self.what_ifs:
+            return self._may_pay
+        alpha = sum(s[0] - 1 for s in self.what_ifs) / max(sum(s[2] for s in self.what_ifs), 1)
+        node_ms = self.node_ms()
+        self._may_pay = False
+        for w in range(1, max(len(s[4]) for s in self.what_ifs) + 1):
+            emitted = chain = tree_ms = chain_ms = 0.0
+            for chain_emitted, step_ms, nodes, depth, bounds in self.what_ifs:
+                cut = min(w, len(bounds))
+                if cut < min(depth + 1, len(bounds)):  # narrower than width() ever chooses for this depth
+                    continue
+                fewest, most = bounds[cut - 1]
+                emitted += fewest + sum(alpha ** j for j in range(1, most - fewest + 1))
+                chain += chain_emitted
+                chain_ms += step_ms
+                tree_ms += step_ms + (node_ms or 0.0) * max(cut - nodes, 0)
+            if not chain or tree_ms <= 0 or chain_ms <= 0:
+                continue
+            if emitted > chain if node_ms is None else emitted / tree_ms > chain / chain_ms:
+                self._may_pay = True
+                break
+        return self._may_pay
+
+    def update_what_if(self, emitted: int, step_ms: float, nodes: int, depth: int,
+                       bounds: Sequence[tuple[int, int]]) -> None:
+        """Record a chain step of ``nodes`` drafted tokens at depth ``depth`` that emitted ``emitted`` tokens
+        (its accepted ones plus the bonus) in ``step_ms`` ms, with ``bounds``: the fewest and most tokens the tree
+        the drafter would have proposed there, cut to each budget 1..n, would have emitted
+        (:func:`adaspec.tree.would_emit`)."""
+        if bounds:
+            self.what_ifs.append((emitted, step_ms, nodes, depth, tuple(bounds)))
+            self._may_pay = None
+
     def use_tree(self) -> bool:
         """True: propose a tree this step; False: a chain."""
-        if len(self.tree_steps) < self.min_samples:
-            arm = "tree"
+        explore = False  # a tree step to learn whether trees pay (not one that trees have earned)
+        if self.what_if and len(self.chain_steps) < self.min_samples:
+            arm = "chain"
+        elif len(self.tree_steps) < self.min_samples:
+            arm, explore = "tree", True
         elif len(self.chain_steps) < self.min_samples:
             arm = "chain"
         elif self.trees_win():
             arm = "chain" if self.since_chain >= self.probe_every else "tree"  # keep the chain's cost measured
         else:
-            arm = "tree" if self.since_tree >= self.gap else "chain"
+            arm, explore = ("tree", True) if self.since_tree >= self.gap else ("chain", False)
+        if arm == "tree" and explore and self.what_if and not self.tree_may_pay():  # no evidence yet: no tree
+            arm = "chain"
+            self.skipped += 1
         self.since_tree = 0 if arm == "tree" else self.since_tree + 1
         self.since_chain = 0 if arm == "chain" else self.since_chain + 1
         self.choices[arm] += 1
@@ -162,6 +228,7 @@ class TreeChoice:
         ``emitted``, a tree without branches), ``nodes`` its node count and ``path`` the accepted nodes' indices
         (:func:`adaspec.tree.accepted_nodes`). ``verify_ms``, the step's verification time, prices a node for the
         width choice, against ``nodes`` (the draft's length, chain or tree; ``depth`` when not given)."""
+        self._may_pay = None  # a node's cost may have moved
         if verify_ms is not None:
             self.costs.append((nodes if nodes is not None else depth, verify_ms))  # what was verified
         if tree:

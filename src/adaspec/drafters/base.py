@@ -69,6 +69,10 @@ class Drafter(ABC):
     """Proposes continuations; knows nothing about the target, the verifier or the controller."""
 
     name: str = "drafter"
+    #: :meth:`propose_tree` runs no forward, draws no random numbers and changes no state a later proposal sees (a
+    #: lookup), so the engine may build trees it will not verify (:class:`~adaspec.controllers.tree_choice.TreeChoice`
+    #: ``what_if``).
+    free_trees: bool = False
 
     def prefill(self, prompt_ids: list[int]) -> None:
         """Start a new sequence with ``prompt_ids`` (called once per request, before any ``propose``)."""

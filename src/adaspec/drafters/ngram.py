@@ -87,6 +87,7 @@ class NgramTreeDrafter(NgramDrafter):
     """
 
     name = "ngram-tree"
+    free_trees = True
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_matches: int = 16) -> None:
         super().__init__(max_ngram, min_ngram)
