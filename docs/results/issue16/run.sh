@@ -133,6 +133,20 @@ for dt in float32 bfloat16; do
   $A eval --tasks humaneval,gsm8k-cot --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch \
     --dtype $dt --methods plain,ngram/goodput,plain+strict,ngram/goodput+strict --out $OUT/torch-$dt --report-only
 done
+# 4m. (2026-12-02, the next Intel Xeon session) strict mode completed to all 82 HumanEval tasks: bf16, the last 35
+#     tasks, 16 minutes alone on the cores (log-6.txt); then fp32, the last 76 tasks (log-6.txt), with a code review's
+#     targeted tests and the bf16 report sharing the cores for part of it: identity is what it measures, not speed.
+#     Then both reports over both tasks (as the 4k loop's last command).
+$A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype bfloat16 \
+  --methods plain,plain+strict,ngram/goodput+strict --max-new-tokens 256 --threads 2 --out $OUT/torch-bfloat16 \
+  --time-limit 25 > $OUT/torch-bfloat16/log-6.txt 2>&1
+$A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype float32 \
+  --methods plain,plain+strict,ngram/goodput+strict --max-new-tokens 256 --threads 2 --out $OUT/torch-float32 \
+  --time-limit 60 > $OUT/torch-float32/log-6.txt 2>&1
+for dt in float32 bfloat16; do
+  $A eval --tasks humaneval,gsm8k-cot --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch \
+    --dtype $dt --methods plain,ngram/goodput,plain+strict,ngram/goodput+strict --out $OUT/torch-$dt --report-only
+done
 # 9. (2026-12-02, the Intel Xeon session) llama.cpp mainline (--backend llamacpp), GSM8K 8-shot chain of thought,
 #    plain vs the default configuration: 50 minutes alone on the cores (169 questions, log-1.txt), then continued
 #    for 20 minutes while the test suite ran (7 more: 176; log-2.txt; not a speed measurement), then the last 24
