@@ -2,7 +2,9 @@
 # Issue 14, 2026-12-02 (the Intel Xeon session): run-6.sh's settings (default target on ik_llama.cpp, code edits,
 # 2 prompts per category, 128 greedy tokens, methods interleaved, 2 threads, nothing else running) with the chooser
 # that prices, on every chain step, the prompt-lookup tree it could have verified (TreeChoice what_if): chains run
-# first and trees are tried only while one could pay. Results in xeon-avx512/.
+# first and trees are tried only while one could pay. Results in xeon-avx512/. Run twice, before the review fixes
+# of the same day: suffix -upper (deeper branch nodes counted as all accepted) and no suffix (counted at the chains'
+# acceptance rate). Their ngram/... chains look up 3-token suffixes, ngram-tree's 4: run-8.sh compares like with like.
 set -u
 cd "${ADASPEC_REPO:-$(dirname "$0")/../../..}"
 A=".venv/bin/adaspec"; OUT=docs/results/issue14/xeon-avx512; S="${1:-}"

@@ -2,6 +2,7 @@
 # Issue 14, 2026-12-02 (the Intel Xeon session): run-7.sh's settings, with the chains of the tree drafter itself.
 # `ngram-tree` chains look up 4-token suffixes (`ngram`: 3), so `ngram/...` is not the chain a tree method contains;
 # `ngram-tree/goodput` and `ngram-tree/fixed:4` are. Trees against the chains of the same drafter and controller.
+# Run three times (suffixes "", -2, -3): the first before the review fixes of the same day, -2 and -3 with them.
 set -u
 cd "${ADASPEC_REPO:-$(dirname "$0")/../../..}"
 A=".venv/bin/adaspec"; OUT=docs/results/issue14/xeon-avx512; S="${1:-}"
