@@ -134,8 +134,9 @@ for dt in float32 bfloat16; do
     --dtype $dt --methods plain,ngram/goodput,plain+strict,ngram/goodput+strict --out $OUT/torch-$dt --report-only
 done
 # 4m. (2026-12-02, the next Intel Xeon session) strict mode completed to all 82 HumanEval tasks: bf16, the last 35
-#     tasks, 16 minutes alone on the cores (log-6.txt); then fp32, the last 76 tasks (log-6.txt), with a code review's
-#     targeted tests and the bf16 report sharing the cores for part of it: identity is what it measures, not speed.
+#     tasks, 16 minutes alone on the cores (log-6.txt); then fp32, the last 76 tasks: 53 in 50 minutes (log-6.txt)
+#     with a code review, the full test suite and the bf16 report sharing the cores for most of it, and the last 23
+#     in 23 minutes alone (log-7.txt, the same command with --time-limit 30): identity is what it measures, not speed.
 #     Then both reports over both tasks (as the 4k loop's last command).
 $A eval --tasks humaneval --target qwen2.5-coder-0.5b-instruct --draft ngram --backend torch --dtype bfloat16 \
   --methods plain,plain+strict,ngram/goodput+strict --max-new-tokens 256 --threads 2 --out $OUT/torch-bfloat16 \
