@@ -217,9 +217,7 @@ def would_emit(tokens: Sequence[int], parents: Sequence[int], target: Sequence[i
         path.append(node)
     deepest_by_w = []  # the deepest node under a full match among the first w nodes, per w
     if len(path) == len(target):
-        depth: list[int] = []
-        for p in parents:
-            depth.append(1 if p < 0 else depth[p] + 1)
+        depth = depths(parents)
         below, deepest = {path[-1]}, 0
         for i in range(len(tokens)):
             if i == path[-1] or (i > path[-1] and parents[i] in below):
