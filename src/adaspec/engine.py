@@ -21,7 +21,7 @@ from adaspec.controllers.base import Controller
 from adaspec.controllers.fixed import FixedController
 from adaspec.controllers.tree_choice import TreeChoice
 from adaspec.drafters.base import Draft, Drafter, empty_draft
-from adaspec.drafters.multi import cached_prefixes, route
+from adaspec.drafters.multi import cached_prefixes, measure_drafters, route
 from adaspec.errors import ConfigError, ContextLengthError
 from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
@@ -61,13 +61,12 @@ class GenerationConfig:
             sampling filters). None = off.
         prompt_logprobs: the same for every prompt token after the first (the model's own distribution, no
             controls; OpenAI ``echo`` + ``logprobs``) in :attr:`GenerationResult.prompt_logprobs`. None = off.
-        tree_budget: draft token trees of at most this many nodes per step (:mod:`adaspec.tree`; the controller's
-            K is the depth) where the drafter branches (``ngram-tree``; a draft model: its chain plus the tokens it
-            ranks next as sibling leaves, :meth:`~adaspec.drafters.model.ModelDrafter.propose_tree`), the target
-            can verify trees and the
-            request is exact (no lossy rule), not strict and without logits controls; greedy or sampled (the
-            multi-candidate rule of :func:`~adaspec.tree.verify_tree_sampling`); chains otherwise, with the
-            reason in :attr:`GenerationStats.tree_fallback`. 0 (default) = chains.
+        tree_budget: draft token trees of at most this many nodes per step (:mod:`adaspec.tree`; the controller's K is
+            the depth) where the drafter branches (``ngram-tree``; a draft model: a tree grown level by level as EAGLE-2
+            does, or its chain plus sibling leaves, :meth:`~adaspec.drafters.model.ModelDrafter.propose_tree`), the
+            target can verify trees and the request is exact (no lossy rule), not strict and without logits controls;
+            greedy or sampled (the multi-candidate rule of :func:`~adaspec.tree.verify_tree_sampling`); chains
+            otherwise, with the reason in :attr:`GenerationStats.tree_fallback`. 0 (default) = chains.
         tree_choice: with a tree budget, ``"goodput"`` (default) chooses chain or tree before each step from the
             measured tokens per ms of trees against the chains they contain on the same steps, and the tree's width
             (at most ``tree_budget`` nodes) from the acceptance by rank and the measured cost of a node
@@ -75,6 +74,10 @@ class GenerationConfig:
             and workload gives way to the chain; ``"always"`` verifies a full-width tree every
             speculative step. The goodput choice follows measured times, so a seeded sampled request repeats its
             output exactly only with ``"always"`` (greedy output is the target's either way).
+        tree_expand: draft-model trees grow level by level, this many nodes expanded per level by one draft forward
+            (EAGLE-2) where the draft backend can grow trees; 0 = one-level trees (the draft's chain plus sibling
+            leaves); None (default) = the drafter's own setting (:class:`~adaspec.drafters.model.ModelDrafter`
+            ``tree_expand``, 4). Prompt lookup ignores it.
     """
 
     max_new_tokens: int = 128
@@ -97,6 +100,7 @@ class GenerationConfig:
     prompt_logprobs: int | None = None
     tree_budget: int = 0
     tree_choice: str = "goodput"
+    tree_expand: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # OpenAI and HF accept one stop string as a plain str
@@ -110,6 +114,8 @@ class GenerationConfig:
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 raise ConfigError(f"{name} must be in [0, {MAX_LOGPROBS}] (top alternatives per token), got {value}")
         check_budget(self.tree_budget)
+        if self.tree_expand is not None and self.tree_expand < 0:
+            raise ConfigError(f"tree_expand must be >= 0 (0 = one-level draft-model trees), got {self.tree_expand}")
         if self.tree_choice not in ("goodput", "always"):
             raise ConfigError(f"tree_choice must be 'goodput' or 'always', got {self.tree_choice!r}")
         if self.lossy is not None:
@@ -299,11 +305,11 @@ class SpeculativeEngine:
             if as_tree:
                 if chooser is not None:
                     budget = chooser.width(k, budget)
-                draft = self.drafter.propose_tree(ids, k, budget, params, generator)
+                draft = self.drafter.propose_tree(ids, k, budget, params, generator, cfg.tree_expand)
             else:
                 draft = self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft()
             # the tree this chain step could have verified, to learn whether trees pay without running them
-            what_if = (self.drafter.propose_tree(ids, k, budget, params, generator)
+            what_if = (self.drafter.propose_tree(ids, k, budget, params, generator, cfg.tree_expand)
                        if chooser is not None and chooser.what_if and not as_tree and len(draft) and budget > 1
                        else None)
             draft_end = time.perf_counter()
@@ -375,10 +381,9 @@ class SpeculativeEngine:
             logits = self.target.forward_tree([ids[-1]] + tokens, draft.parents)
             if params.greedy:
                 path, token = verify_tree_greedy(tokens, draft.parents, logits)
-            elif draft.probs is None:  # a deterministic tree (prompt lookup): multi-candidate rejection sampling
-                path, token = verify_tree_sampling(tokens, draft.parents, logits_to_probs(logits, params), generator)
-            else:
-                raise ConfigError("sampling a token tree with draft probabilities is not implemented")
+            else:  # multi-candidate rejection sampling, one-hot q for a deterministic tree (prompt lookup)
+                path, token = verify_tree_sampling(tokens, draft.parents, logits_to_probs(logits, params), generator,
+                                                   draft.probs)
             self.target.keep_tree_path(len(ids), path)
             return [tokens[i] for i in path], token, logits[path_rows(path)], path
         logits = self.target.forward([ids[-1]] + draft.tokens.tolist(), len(draft) + 1)
@@ -397,12 +402,19 @@ class SpeculativeEngine:
         forwards at the warm-up's context; the target's cache is left as it was; kept as ``verify_curve``, ms by
         tokens per forward). The default prompt has 48 tokens, as many as a short chat prompt, so that a draft
         model's first catch-up is timed at a realistic size: the goodput controller prices later catch-ups per
-        token from it (ids are taken modulo the vocabulary)."""
+        token from it (ids are taken modulo the vocabulary). A controller with ``seed_draft_costs`` also gets each
+        draft model's drafting and catch-up cost per token measured on its backend
+        (:func:`~adaspec.drafters.multi.measure_drafters`): the warm-up generation times a catch-up only where the
+        draft cache lacked the prompt, and a draft model whose cache already held it (another engine on the same
+        drafter warmed up first) would otherwise have its catch-up priced by a guess."""
         ids = [int(t) % self.target.vocab_size for t in prompt_ids]
         self.generate(ids, GenerationConfig(max_new_tokens=steps, ignore_eos=True, seed=0))
         calibrate = getattr(self.controller, "calibrate", None)
         if calibrate is not None:
             self.verify_curve = dict(calibrate(self.target) or {})
+        seed_draft = getattr(self.controller, "seed_draft_costs", None)
+        if seed_draft is not None and self.drafter is not None:
+            seed_draft(measure_drafters(self.drafter))
 
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
