@@ -350,7 +350,7 @@ def test_draft_model_tree_is_its_chain_plus_the_next_ranked_tokens_by_path_proba
     from adaspec.drafters import ModelDrafter
 
     ids = [3, 17, 42, 5, 9, 9, 12]
-    drafter = ModelDrafter(_draft_model(qwen))
+    drafter = ModelDrafter(_draft_model(qwen), tree_expand=0)  # one-level trees (grown trees: test_grown_...)
     chain = drafter.propose(ids, 4, GREEDY).tokens.tolist()
     tree = drafter.propose_tree(ids, 4, 10, GREEDY)
     assert tree.tokens.tolist()[:4] == chain and tree.parents[:4] == [-1, 0, 1, 2] and tree.probs is None
@@ -673,3 +673,186 @@ def test_tree_choice_tries_trees_only_where_the_chain_steps_say_one_could_pay():
     assert deep.tree_may_pay() is True
     shallow = measured(8.0, [(3, 3)] * 5 + [(4, 4)] * 3)
     assert shallow.tree_may_pay() is False
+
+
+# Grown draft-model trees (EAGLE-2) and the multi-draft rule with draft probabilities --------------------------------
+def test_grown_tree_forwards_equal_chain_forwards(qwen):
+    """grow_tree over two calls: each grown node's logits equal a chain forward over its own path (fp32), and the
+    kept path continues exactly like a cache built by the chain."""
+    tree, chain = TorchBackend(qwen, "t"), TorchBackend(qwen, "c")
+    prefix = [3, 17, 42, 5, 9]
+    tree.forward(prefix)
+    first = tree.grow_tree([11, 14], [-1, -1])
+    second = tree.grow_tree([12, 13, 15], [0, 0, 1])  # children of 11 (grown index 0) and of 14 (index 1)
+    assert tree.seq_len == len(prefix) + 5
+    with pytest.raises(ValueError, match="grown tree is pending"):
+        tree.forward([1])
+    for out, path in [(first[0], [11]), (first[1], [14]), (second[0], [11, 12]), (second[1], [11, 13]),
+                      (second[2], [14, 15])]:
+        chain.reset()
+        torch.testing.assert_close(out, chain.forward(prefix + path, 1)[-1], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="parent"):
+        tree.grow_tree([1], [7])
+    tree.keep_tree_path(len(prefix), [1, 4])  # 14 -> 15
+    chain.reset()
+    chain.forward(prefix + [14, 15])
+    torch.testing.assert_close(tree.forward([20], 1), chain.forward([20], 1), rtol=1e-4, atol=1e-4)
+
+
+def _reference_grown_tree(backend, ids, depth, budget, expand, top_k):
+    """EAGLE-2's greedy tree, recomputed with plain forwards over each node's path (no tree masks)."""
+    def q_after(path):
+        backend.reset()
+        return torch.softmax(backend.forward(ids + path, 1)[-1].float(), -1)
+
+    nodes = []  # (key, depth, order, path)
+    frontier = [((), 1.0)]
+    for level in range(depth):
+        new = []
+        for path, key in frontier:
+            q = q_after(list(path))
+            values, tokens = torch.sort(q, descending=True, stable=True)
+            for v, t in zip(values[:top_k].tolist(), tokens[:top_k].tolist()):
+                nodes.append((key * v, level + 1, len(nodes), path + (t,)))
+                new.append(nodes[-1])
+        if level == depth - 1:
+            break
+        ranked = sorted(nodes, key=lambda n: (-n[0], n[2]))
+        best = sorted(new, key=lambda n: (-n[0], n[2]))[:expand]
+        frontier = [(n[3], n[0]) for n in best if ranked.index(n) < budget]
+    return {n[3] for n in sorted(nodes, key=lambda n: (-n[0], n[1], n[2]))[:budget]}
+
+
+@pytest.mark.parametrize("depth,budget,expand", [(3, 8, 2), (4, 12, 4), (5, 16, 3)])
+def test_grown_tree_keeps_the_budget_best_paths_by_draft_probability(qwen, depth, budget, expand):
+    from adaspec.drafters import ModelDrafter
+
+    ids = [3, 17, 42, 5, 9, 9, 12]
+    draft = _draft_model(qwen)
+    drafter = ModelDrafter(draft, tree_expand=expand, tree_top_k=4)
+    tree = drafter.propose_tree(ids, depth, budget, GREEDY)
+    assert len(tree) == budget and tree.probs is None
+    paths = set()
+    for n in range(len(tree)):
+        path, node = [], n
+        while node >= 0:
+            path.append(tree.tokens[node].item())
+            node = tree.parents[node]
+        paths.add(tuple(reversed(path)))
+    assert max(depths(tree.parents)) > 1
+    assert paths == _reference_grown_tree(_draft_model(qwen), ids, depth, budget, expand, 4)
+    # the main path is the draft's greedy chain as far as it was expanded, and the draft cache holds it
+    chain = drafter.propose(ids, depth, GREEDY).tokens.tolist()
+    tree = drafter.propose_tree(ids, depth, budget, GREEDY)
+    main = [tree.tokens[i].item() for i in main_path(tree.parents)]
+    assert main == chain[:len(main)] and len(main) >= 2
+    assert drafter._cached[len(ids):] == main[:len(drafter._cached) - len(ids)]
+    assert draft.seq_len == len(drafter._cached)
+
+
+def test_multi_draft_rule_with_draft_probabilities_emits_the_target_distribution():
+    """Children drawn without replacement from q (exponential race) and verified with the q-aware multi-draft
+    rule: the first token is distributed as p at the root, and the token after an accepted child as p at that child
+    (chi-square, 20,000 draws of tree and verification)."""
+    from scipy.stats import chisquare
+
+    from adaspec.tree import verify_tree_sampling
+
+    g = torch.Generator().manual_seed(1)
+    v = 6
+    p_root = torch.softmax(torch.randn(v, generator=g) * 1.5, -1)
+    p_next = torch.softmax(torch.randn(v, v, generator=g) * 1.5, -1)  # the target after token t
+    q_root = torch.softmax(torch.randn(v, generator=g) * 1.5, -1)  # a draft unlike the target
+    q_next = torch.softmax(torch.randn(v, v, generator=g), -1)
+
+    def draw(q, k):
+        return torch.topk(q / torch.empty_like(q).exponential_(generator=g), k).indices.tolist()
+
+    first, second = torch.zeros(v), torch.zeros(v, v)
+    n = 20_000
+    for _ in range(n):
+        kids = draw(q_root, 3)  # three children of the root; the first gets two of its own
+        grand = draw(q_next[kids[0]], 2)
+        tokens, parents = kids + grand, [-1, -1, -1, 0, 0]
+        probs = torch.stack([p_root] + [p_next[t] for t in tokens])
+        draft_probs = torch.stack([q_root] * 3 + [q_next[kids[0]]] * 2)
+        path, nxt = verify_tree_sampling(tokens, parents, probs, g, draft_probs)
+        emitted = [tokens[i] for i in path] + [nxt]
+        first[emitted[0]] += 1
+        if len(emitted) > 1:
+            second[emitted[0], emitted[1]] += 1
+    assert chisquare(first.numpy(), (p_root * n).numpy()).pvalue > 0.001
+    for t in range(v):
+        m = second[t].sum()
+        if m > 500:
+            assert chisquare(second[t].numpy(), (p_next[t] * m).numpy()).pvalue > 0.001
+    # the rule accepts more than the one-hot rule when the draft is the target: with q = p the first child always
+    kids = draw(p_root, 2)
+    path, _ = verify_tree_sampling(kids, [-1, -1], torch.stack([p_root] + [p_next[t] for t in kids]), g,
+                                   torch.stack([p_root, p_root]))
+    assert path == [0]
+
+
+def test_grown_tree_draws_children_without_replacement_from_the_draft():
+    """Under sampling the grown tree's children of the root are the draft's draws without replacement, in draw
+    order: the first child is distributed as q, the second as q without the first (chi-square)."""
+    from scipy.stats import chisquare
+
+    from adaspec.drafters import ModelDrafter
+
+    cfg_model = _tiny_for_draws()
+    drafter = ModelDrafter(TorchBackend(cfg_model, "d"), tree_expand=2, tree_top_k=3)
+    params = SamplingParams(1.0)
+    ids = [3, 5, 7]
+    ref = TorchBackend(cfg_model, "r")
+    q = torch.softmax(ref.forward(ids, 1)[-1].float(), -1)
+    g = torch.Generator().manual_seed(4)
+    first, pair = torch.zeros(q.shape[0]), {}
+    n = 3000
+    for _ in range(n):
+        tree = drafter.propose_tree(ids, 2, 5, params, g)
+        roots = [tree.tokens[i].item() for i, p in enumerate(tree.parents) if p == -1]
+        torch.testing.assert_close(tree.probs[0], q, rtol=1e-4, atol=1e-6)
+        first[roots[0]] += 1
+        pair[roots[0], roots[1]] = pair.get((roots[0], roots[1]), 0) + 1
+    top = q.argsort(descending=True)[:4].tolist()  # the likeliest tokens, the rest pooled
+    rest = [t for t in range(q.shape[0]) if t not in top]
+    observed = [first[t].item() for t in top] + [first[rest].sum().item()]
+    expected = [q[t].item() for t in top] + [q[rest].sum().item()]
+    assert chisquare(observed, [e * n / sum(expected) for e in expected]).pvalue > 0.001
+    a = top[0]  # given the first draw a, the second is q without a
+    row = {b: c for (x, b), c in pair.items() if x == a}
+    m = sum(row.values())
+    q2 = q.clone()
+    q2[a] = 0
+    q2 /= q2.sum()
+    top2 = [t for t in top if t != a]
+    rest2 = [t for t in range(q.shape[0]) if t not in top2 and t != a]
+    observed = [row.get(t, 0) for t in top2] + [sum(row.get(t, 0) for t in rest2)]
+    expected = [q2[t].item() for t in top2] + [q2[rest2].sum().item()]
+    assert m > 200 and chisquare(observed, [e * m / sum(expected) for e in expected]).pvalue > 0.001
+
+
+def _tiny_for_draws():
+    """A tiny model with a spread-out next-token distribution (the draws need several likely tokens)."""
+    from conftest import tiny_model
+
+    return tiny_model("qwen", seed=7, layers=1, head_scale=12.0)
+
+
+def test_sampled_grown_trees_in_the_engine_are_seeded_and_use_the_draft_distribution(qwen):
+    from adaspec.drafters import ModelDrafter
+
+    prompt = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7]
+    cfg = GenerationConfig(max_new_tokens=24, tree_budget=10, temperature=0.8, seed=5, tree_choice="always")
+    target = TorchBackend(qwen, "t")
+    drafter = ModelDrafter(_draft_model(qwen))
+    seen = []
+    propose_tree = drafter.propose_tree
+    drafter.propose_tree = lambda *a, **k: (seen.append(propose_tree(*a, **k)), seen[-1])[1]
+    eng = SpeculativeEngine(target, drafter, FixedController(4))
+    out = eng.generate(prompt, cfg)
+    assert len(out.token_ids) == 24 and out.stats.tree_fallback == ""
+    assert seen and all(d.probs is not None and d.probs.shape == (len(d), target.vocab_size) for d in seen)
+    assert any(max(depths(d.parents)) > 1 and len(d) > max(depths(d.parents)) for d in seen)  # grown, branched
+    assert eng.generate(prompt, cfg).token_ids == out.token_ids

@@ -173,3 +173,61 @@ def test_tree_misuse_raises(path):
         small.forward_tree([PREFIX[-1], 5, 6, 7], [-1, -1, -1])
     assert small.seq_len == len(PREFIX) - 1  # refused before touching the cache
     assert not _backend(path, tree_sequences=0).supports_trees
+
+
+def test_grown_tree_nodes_score_their_own_paths_and_keep_a_path(path):
+    """grow_tree, one level per call: first children take over their parent's sequence, later ones get a copy of
+    it up to the parent; every node scores its own path (a chain fed the same pieces), and a kept path continues
+    like a chain."""
+    tree, chain = _backend(path), _backend(path)
+    tree.forward(PREFIX)
+    first = tree.grow_tree([314, 282, 17], [-1, -1, -1])
+    second = tree.grow_tree([1030, 2104, 99], [0, 0, 1])  # 314's two children (the second on a new sequence)
+    third = tree.grow_tree([5, 6], [4, 3])  # below 2104 (a copied sequence) and below 1030 (a taken-over one)
+    assert tree.seq_len == len(PREFIX) + 8
+    rows = [(first[0], [314]), (first[1], [282]), (first[2], [17]), (second[0], [314, 1030]),
+            (second[1], [314, 2104]), (second[2], [282, 99]), (third[0], [314, 2104, 5]), (third[1], [314, 1030, 6])]
+    worst = 0.0
+    for out, nodes_path in rows:
+        chain.reset()
+        ref = chain.forward(PREFIX + nodes_path, 1)[-1]
+        assert int(out.argmax()) == int(ref.argmax()), nodes_path
+        worst = max(worst, float((out - ref).abs().max()))
+    assert worst < KERNEL
+    chain.reset()  # negative control: 5 scored as if it also saw 1030 (its parent's sibling)
+    wrong = chain.forward(PREFIX + [314, 1030, 2104, 5], 1)[-1]
+    assert float((third[0] - wrong).abs().max()) > 4 * worst
+    with pytest.raises(ValueError, match="token tree is pending"):
+        tree.forward([7], 1)
+    with pytest.raises(ValueError, match="one level per call"):
+        tree.grow_tree([8, 9], [6, 8])
+    with pytest.raises(ValueError, match="does not follow the tree"):
+        tree.keep_tree_path(len(PREFIX), [4])
+    tree.keep_tree_path(len(PREFIX), [0, 4, 6])  # 314 -> 2104 -> 5
+    assert tree.seq_len == len(PREFIX) + 3
+    chain.reset()
+    chain.forward(PREFIX + [314, 2104, 5])
+    a, b = tree.forward([42, 7], 2), chain.forward([42, 7], 2)
+    assert torch.equal(a.argmax(-1), b.argmax(-1)) and float((a - b).abs().max()) < KERNEL
+    small = _backend(path, tree_sequences=2)  # sequences run out: refused before the cache changes
+    small.forward(PREFIX)
+    small.grow_tree([314, 282], [-1, -1])
+    with pytest.raises(ValueError, match="more than its 2 sequences"):
+        small.grow_tree([1030, 2104], [0, 0])
+    small.truncate(len(PREFIX))  # back to the prefix: the tree is dropped
+    assert small.seq_len == len(PREFIX) and torch.isfinite(small.forward([7], 1)).all()
+
+
+def test_greedy_grown_draft_trees_on_ik_reproduce_plain_decoding(path):
+    from adaspec.drafters import ModelDrafter
+
+    prompt = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7, 3, 17, 8, 3, 17, 42, 5, 3, 17]
+    plain = SpeculativeEngine(_backend(path), None, None).generate(prompt, GenerationConfig(max_new_tokens=40))
+    draft = _backend(path)
+    grown = []
+    grow = draft.grow_tree
+    draft.grow_tree = lambda tokens, parents: (grown.append(len(tokens)), grow(tokens, parents))[1]
+    eng = SpeculativeEngine(_backend(path), ModelDrafter(draft), FixedController(4))
+    out = eng.generate(prompt, GenerationConfig(max_new_tokens=40, tree_budget=10, tree_choice="always"))
+    assert out.token_ids == plain.token_ids and out.stats.tree_fallback == ""
+    assert grown and max(grown) > 1  # levels of several nodes were grown on the draft's cache

@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tree-choice", default="goodput", choices=("goodput", "always"),
                      help="with --tree-budget: chain or tree, and the tree's width, per step from measured goodput; "
                           "or always a full-width tree")
+    gen.add_argument("--tree-expand", type=int, default=None, metavar="E",
+                     help="with --tree-budget and a draft model: grow its tree level by level, expanding the E most "
+                          "likely nodes per level with one draft forward (EAGLE-2; default 4 on PyTorch drafts); "
+                          "0 = its chain plus sibling leaves")
     gen.set_defaults(func=cmd_generate)
 
     cmp = sub.add_parser("compare", help="compare decoding methods on workloads (interleaved, resumable)")
@@ -208,7 +212,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     prompt = _read_prompt(args)
     config = GenerationConfig(**_sampling_kwargs(args), logprobs=args.logprobs, tree_budget=args.tree_budget,
-                              tree_choice=args.tree_choice)
+                              tree_choice=args.tree_choice, tree_expand=args.tree_expand)
     lm = load(args.target, args.draft, controller=args.controller, k=args.k, backend=args.backend,
               device=args.device, dtype=args.dtype, threads=args.threads)
     if lm.target.runtime_reason:

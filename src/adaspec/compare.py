@@ -14,10 +14,11 @@ the default drafter), or ``DRAFTER/CONTROLLER[:K]`` with any drafter spec of :fu
 runs a Hugging Face transformers peer on the same models (:mod:`adaspec.peers`). Modifiers follow with ``+``:
 ``+strict`` (strict mode: a batch-invariant target, see :class:`~adaspec.engine.GenerationConfig`) and one lossy
 acceptance rule of :data:`adaspec.verify.LOSSY_RULES` (``+typical[:ε]``, ``+topk[:k]``, ``+bild[:nats]``), e.g.
-``plain+strict``, ``hybrid/goodput+strict``, ``hybrid/goodput+topk:2``; and ``+tree:N[:always]`` (token trees of
-up to N draft nodes, e.g. ``ngram-tree/fixed:4+tree:12``, :mod:`adaspec.tree`; chain or tree chosen per step from
-measured goodput, or a tree every step with ``:always``). A strict method's identity is counted against
-``plain+strict``.
+``plain+strict``, ``hybrid/goodput+strict``, ``hybrid/goodput+topk:2``; and ``+tree:N[:always][:expand=E]`` (token
+trees of up to N draft nodes, e.g. ``ngram-tree/fixed:4+tree:12``, :mod:`adaspec.tree`; chain or tree chosen per
+step from measured goodput, or a tree every step with ``:always``; a draft model's tree expands E nodes per level,
+``expand=0`` one-level trees, :attr:`adaspec.engine.GenerationConfig.tree_expand`). A strict method's identity is
+counted against ``plain+strict``.
 
 The report adds, per category and temperature, the **oracle** (the best fixed K in hindsight, default drafter) and
 a target check: the default method's tokens/s against the oracle, plain decoding and the best transformers
@@ -78,6 +79,7 @@ class Method:
     lossy: str | None = None
     tree_budget: int = 0
     tree_choice: str = "goodput"
+    tree_expand: int | None = None
 
     @property
     def reference(self) -> str:
@@ -93,22 +95,28 @@ def parse_method(text: str, default_draft: str) -> Method:
     drafter_part, slash, rest = text.rpartition("/")
     base, *mods = rest.split("+")
     if mods:
-        strict, lossy, tree, choice = False, None, 0, "goodput"
+        strict, lossy, tree, choice, expand = False, None, 0, "goodput", None
         for mod in mods:
             if mod == "strict":
                 strict = True
                 continue
             if mod.startswith("tree:"):
-                budget, _, choice = mod[5:].partition(":")
-                choice = choice or "goodput"
+                budget, *opts = mod[5:].split(":")
                 try:
                     tree = int(budget)
                     check_budget(tree)
-                    if choice not in ("goodput", "always"):
-                        raise ValueError(f"unknown choice {choice!r}")
+                    for opt in opts:
+                        if opt in ("goodput", "always"):
+                            choice = opt
+                        elif opt.startswith("expand="):
+                            expand = int(opt[7:])
+                            if expand < 0:
+                                raise ValueError(f"expand must be >= 0, got {expand}")
+                        else:
+                            raise ValueError(f"unknown choice {opt!r}")
                 except (ValueError, ConfigError) as e:
-                    raise ConfigError(f"bad method {text!r}: {mod!r} needs a node budget tree:N[:always], "
-                                      f"1 <= N <= {MAX_TREE_NODES} ({e})") from None
+                    raise ConfigError(f"bad method {text!r}: {mod!r} needs a node budget "
+                                      f"tree:N[:always][:expand=E], 1 <= N <= {MAX_TREE_NODES} ({e})") from None
                 if tree == 0:
                     raise ConfigError(f"bad method {text!r}: tree:0 is a chain; drop the modifier")
                 continue
@@ -126,7 +134,7 @@ def parse_method(text: str, default_draft: str) -> Method:
         if (lossy is not None or tree) and inner.drafter is None:
             raise ConfigError(f"bad method {text!r}: a lossy rule or a tree needs a drafter (plain decoding drafts "
                               "nothing)")
-        return Method(text, inner.drafter, inner.controller, inner.k, strict, lossy, tree, choice)
+        return Method(text, inner.drafter, inner.controller, inner.k, strict, lossy, tree, choice, expand)
     if text == "plain":
         return Method("plain", None, "fixed", 0)
     peer = parse_peer(text)
@@ -288,14 +296,17 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                 else:
                     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temp, seed=seed,
                                            strict=m.strict, lossy=m.lossy, return_margins=record_margins,
-                                           tree_budget=m.tree_budget, tree_choice=m.tree_choice)
+                                           tree_budget=m.tree_budget, tree_choice=m.tree_choice,
+                                           tree_expand=m.tree_expand)
                     _forget_drafts(runner.drafter)
                     result = _run_engine(runner, ids, cfg)
                 row = {"workload": workload, "category": prompt.category, "prompt_id": prompt.id,
                        "method": m.label, "temperature": temp, "target": tgt.name, "drafter": m.drafter,
                        "controller": m.controller, "k": m.k, "threads": threads, "strict": m.strict,
                        "lossy": m.lossy, "tree_budget": m.tree_budget,
-                       **({"tree_choice": m.tree_choice} if m.tree_budget else {}), "reference": m.reference,
+                       **({"tree_choice": m.tree_choice} if m.tree_budget else {}),
+                       **({"tree_expand": m.tree_expand} if m.tree_expand is not None else {}),
+                       "reference": m.reference,
                        "dtype": "gguf" if isinstance(tgt.backend, GgufBackend) else dtype or "bfloat16",
                        "prompt_cache": prompt_cache, "cpu": cpu,
                        "prompt_prefill_ms": round(prompt_prefill_ms, 2) if prompt_cache else None, **result}

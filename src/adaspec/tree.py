@@ -76,6 +76,30 @@ def tree_attention_mask(parents: Sequence[int], past: int, dtype: torch.dtype,
     return mask[None, None]
 
 
+def grown_tree_mask(parents: Sequence[int], new: int, past: int, dtype: torch.dtype,
+                    device: torch.device | str = "cpu") -> torch.Tensor:
+    """The additive attention mask of a forward over the last ``new`` of a tree's nodes, the others and ``past``
+    prefix entries already cached (:meth:`adaspec.backends.Backend.grow_tree`): a node sees the prefix, its
+    ancestors and itself.
+
+    Args:
+        parents: all ``n`` nodes' parents (-1 = a child of the prefix's last token), topologically ordered.
+
+    Returns:
+        ``[1, 1, new, past + n]`` in ``dtype``: 0 where a query may attend, the dtype's most negative value elsewhere.
+    """
+    check_parents(parents)
+    n = len(parents)
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            allowed[i] = allowed[p]
+        allowed[i, i] = True
+    mask = torch.zeros(new, past + n, dtype=dtype, device=device)
+    mask[:, past:].masked_fill_(~allowed[n - new:].to(device), torch.finfo(dtype).min)
+    return mask[None, None]
+
+
 def child_map(tokens: Sequence[int], parents: Sequence[int]) -> dict[int, dict[int, int]]:
     """``{parent: {token: child}}`` (parent -1 = the pending token); when siblings carry the same token the first
     one is kept, the child every acceptance rule here takes."""
@@ -111,22 +135,29 @@ def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int], logits: to
 
 
 def verify_tree_sampling(tokens: Sequence[int], parents: Sequence[int], probs: torch.Tensor,
-                         generator: torch.Generator | None = None) -> tuple[list[int], int]:
-    """Lossless acceptance of a deterministic token tree (every branch proposed with certainty, as prompt lookup
-    does) under sampling: multi-candidate recursive rejection sampling (SpecInfer, Miao et al. 2024, §4.2;
-    Yang et al. 2024, "Multi-Candidate Speculative Decoding") with one-hot draft distributions.
+                         generator: torch.Generator | None = None,
+                         draft_probs: torch.Tensor | None = None) -> tuple[list[int], int]:
+    """Lossless acceptance of a token tree under sampling: multi-candidate recursive rejection sampling (SpecInfer,
+    Miao et al. 2024, §4.2; Yang et al. 2024, "Multi-Candidate Speculative Decoding", the rule for candidates drawn
+    without replacement).
 
-    At a node with children carrying tokens t_1, t_2, ... (in order), child i is accepted with probability
-    p_i(t_i), where p_1 = p is the target's distribution there and p_{i+1} is p_i with t_i removed and
-    renormalised; when every child is rejected the next token is sampled from the last residual. Each emitted
-    token is then distributed exactly as p: P(t_i) = (1 - p(t_1) - ... - p(t_{i-1})) p(t_i) / (1 - p(t_1) - ...
-    - p(t_{i-1})) = p(t_i), and the residual covers the rest. The walk continues from the accepted child with the
-    target's distribution there.
+    At a node with children carrying tokens t_1, t_2, ... (in index order), p_1 = p is the target's distribution
+    there and q_1 = q the draft's. Child i is accepted with probability min(1, p_i(t_i) / q_i(t_i)); on a
+    rejection p_{i+1} = norm(max(p_i - q_i, 0)) and q_{i+1} = q_i with t_i removed and renormalised; when every
+    child is rejected the next token is sampled from the last residual p. Each stage is one speculative sampling
+    step (Leviathan et al. 2023) whose residual p_{i+1} does not depend on which t_i was drawn, so by induction
+    from the last stage every emitted token is distributed exactly as p, for any draw of the children in which t_i
+    follows q_i given t_1..t_{i-1}: a draw without replacement from q, or any fixed set of candidates with one-hot
+    q (then p_{i+1} is p_i with t_i removed, and child i is accepted with probability p_i(t_i)). The walk continues
+    from the accepted child with the target's distribution there.
 
     Args:
         tokens, parents: the tree (see the module docstring).
         probs: ``[n + 1, V]`` float32 target sampling distributions (after temperature, top-k/top-p/min-p) over
             ``[pending] + tokens``.
+        draft_probs: ``[n, V]`` float32: row i is the draft distribution q node i was drawn from (siblings share
+            it), its children drawn without replacement in index order; None for a deterministic tree (one-hot q:
+            prompt lookup, a greedy draft's top tokens).
 
     Returns:
         ``(path, next_token)`` as :func:`verify_tree_greedy`.
@@ -136,15 +167,30 @@ def verify_tree_sampling(tokens: Sequence[int], parents: Sequence[int], probs: t
     node = -1
     while True:
         p = probs[node + 1].clone()
+        q = None
         accepted = None
         for token, child in children.get(node, {}).items():
             total = float(p.sum())
             if total <= 0:
                 break
-            if float(torch.rand((), generator=generator)) * total < float(p[token]):
+            if draft_probs is None:  # one-hot q
+                if float(torch.rand((), generator=generator)) * total < float(p[token]):
+                    accepted = child
+                    break
+                p[token] = 0.0
+                continue
+            if q is None:
+                q = draft_probs[child].clone()
+            q_total = float(q.sum())
+            if q_total <= 0 or float(q[token]) <= 0:
+                raise ValueError(f"tree node {child} (token {token}) has draft probability 0: it was not drawn "
+                                 "from its draft distribution")
+            p, q = p / total, q / q_total
+            if float(torch.rand((), generator=generator)) * float(q[token]) < float(p[token]):
                 accepted = child
                 break
-            p[token] = 0.0
+            p = (p - q).clamp_min_(0.0)
+            q[token] = 0.0
         if accepted is None:
             return path, int(sample(p / p.sum() if p.sum() > 0 else probs[node + 1], generator))
         path.append(accepted)

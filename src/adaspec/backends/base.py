@@ -55,6 +55,8 @@ class Backend(ABC):
             holds only at batch size 1 there.
         supports_trees: :meth:`forward_tree` and :meth:`keep_tree_path` work (token-tree verification,
             :mod:`adaspec.tree`); the engine verifies chains where this is False and says so in its statistics.
+        supports_tree_growth: :meth:`grow_tree` works (a draft model expands a tree level by level, one forward
+            per level, as EAGLE-2 does); a draft model on a backend without it drafts one-level trees.
     """
 
     name: str
@@ -65,6 +67,7 @@ class Backend(ABC):
     max_sequences: int = 1
     rows_independent: bool = True
     supports_trees: bool = False
+    supports_tree_growth: bool = False
 
     @property
     def max_tree_nodes(self) -> int:
@@ -115,8 +118,32 @@ class Backend(ABC):
 
     def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
         """After :meth:`forward_tree`: keep the first ``base`` cached entries (prefix + pending token) and the
-        entries of the nodes in ``path`` (in that order, compacted), drop the rest."""
+        entries of the nodes in ``path`` (in that order, compacted), drop the rest. After :meth:`grow_tree`:
+        ``base`` is the cache length before the tree's first nodes and ``path`` indexes the grown nodes."""
         raise NotImplementedError(f"{self.name}: this backend cannot verify token trees")
+
+    def grow_tree(self, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Add nodes to a token tree growing after the cached prefix, one forward for all of them: a draft model
+        expands its best nodes level by level this way (EAGLE-2, Li et al. 2024, §4.1).
+
+        The first call starts a tree after the ``seq_len`` cached entries: a node with parent -1 follows the last
+        cached token. ``parents[i]`` indexes all the nodes grown since (earlier calls' first, then this call's), and
+        each node attends to the prefix and its own ancestors, at the position of its depth. The tree ends with
+        :meth:`keep_tree_path` (``base`` = the cache length before it started) or :meth:`truncate`.
+
+        Args:
+            input_ids: m >= 1 new node ids.
+            parents: their ``m`` parents (-1 or an index below the node's own: parents come first).
+
+        Returns:
+            ``[m, V]`` logits; row i follows node i of this call.
+
+        Raises:
+            NotImplementedError: the backend cannot grow trees (``supports_tree_growth`` is False).
+            ValueError: a parent out of range.
+            ContextLengthError: the prefix plus every grown node exceeds ``max_context``.
+        """
+        raise NotImplementedError(f"{self.name}: this backend cannot grow token trees")
 
     # Several sequences ------------------------------------------------------------------------------------------
     def forward_batch(self, rows: Sequence[BatchRow]) -> list[torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,6 +30,18 @@ class _PendingTree(NamedTuple):
     leaf_seqs: list[int]  # the leaves' sequence ids
     node_seq: list[int]  # each node's first sequence id: a leaf below it, whose cells are exactly its ancestors
     order: list[int]  # the nodes in batch (and so cell) order
+
+
+@dataclass
+class _GrowingTree:
+    """A tree grown by :meth:`GgufBackend.grow_tree` whose path is not kept yet."""
+
+    prefix: int  # sequence 0's length before the tree (its nodes of depth 1 sit at this position)
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    seq: list[int] = field(default_factory=list)  # each node's sequence: the prefix, its ancestors and itself
+    claimed: set[int] = field(default_factory=set)  # nodes whose sequence a child took over
+    seqs: list[int] = field(default_factory=list)  # the tree's sequence ids
 
 
 class GgufBackend(Backend):
@@ -67,6 +80,7 @@ class GgufBackend(Backend):
     _invariant = False
     tree_sequences = 0  # sequence ids after the rows' own held for tree leaves (0: no trees on this runtime)
     _tree: _PendingTree | None = None  # between forward_tree and keep_tree_path
+    _grown: _GrowingTree | None = None  # between the first grow_tree and keep_tree_path
 
     @property
     def batch_invariant(self) -> bool:
@@ -270,13 +284,103 @@ class GgufBackend(Backend):
         self._seqs[0].extend(ids)  # as :meth:`Backend.forward_tree` says: every node counted until a path is kept
         return torch.from_numpy(out)
 
+    @property
+    def supports_tree_growth(self) -> bool:  # type: ignore[override]
+        return self.tree_sequences > 0
+
+    def grow_tree(self, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """See :meth:`Backend.grow_tree`, with the branches as sequences sharing cells (class docstring): a node's
+        first child takes over its parent's sequence, every other child gets a new sequence holding the cells of the
+        prefix, its ancestors and its parent (``llama_kv_cache_seq_cp`` over those positions, no data moves), and
+        the call's nodes are decoded in one batch, each tagged with its own sequence. The tree holds at most
+        ``tree_sequences`` sequences (``max_tree_nodes`` nodes always fit).
+
+        Raises:
+            NotImplementedError: this runtime holds no tree sequences.
+            ValueError: a parent out of range or among this call's nodes (this backend grows one level per call),
+                the tree's sequences are used up, or a :meth:`forward_tree` tree is pending.
+            ContextLengthError: the prefix plus every grown node exceeds ``max_context``.
+        """
+        from adaspec.tree import check_parents, depths
+
+        if not self.tree_sequences:
+            raise NotImplementedError(f"{self.name}: {self.runtime} here cannot grow token trees")
+        if self._tree is not None:
+            raise ValueError(f"{self.name}: a token tree is pending; keep a path first")
+        self._check_open()
+        ids, parents = [int(t) for t in input_ids], [int(p) for p in parents]
+        m = len(ids)
+        if m < 1 or len(parents) != m:
+            raise ValueError(f"grow_tree needs m >= 1 nodes and as many parents, got {m} and {len(parents)}")
+        g = self._grown or _GrowingTree(len(self._seqs[0]))
+        n = len(g.tokens)
+        check_parents(g.parents + parents)
+        if any(p >= n for p in parents):
+            raise ValueError(f"{self.name}: grow_tree adds one level per call: a parent must be a node of an earlier "
+                             f"call (< {n}), got {parents}")
+        self.check_forward(m, m)
+        depth = depths(g.parents + parents)
+        free = [s for s in range(self.max_sequences, self.max_sequences + self.tree_sequences) if s not in g.seqs]
+        copies, seqs, claimed = [], [], set()  # (from, to, first position, end position)
+        for p in parents:
+            if p >= 0 and p not in g.claimed and p not in claimed:
+                claimed.add(p)
+                seqs.append(g.seq[p])
+                continue
+            if not free:
+                raise ValueError(f"{self.name}: a grown tree needs more than its {self.tree_sequences} sequences")
+            s = free.pop(0)
+            # the prefix (all of sequence 0), or the parent's sequence up to the parent's position
+            copies.append((0, s, 0, -1) if p < 0 else (g.seq[p], s, 0, g.prefix + depth[p]))
+            seqs.append(s)
+        new = [c[1] for c in copies]
+        for src, dst, p0, p1 in copies:
+            self._lib.llama_kv_cache_seq_cp(self._ctx, src, dst, p0, p1)
+        items = [((s,), g.prefix + d - 1, t, True) for s, d, t in zip(seqs, depth[n:], ids)]
+
+        def undo() -> None:
+            for s in new:
+                self._seq_rm(0, s)
+            for p in claimed:  # the cells added after the parent's position
+                self._seq_rm(g.prefix + depth[p], g.seq[p])
+
+        out = self._decode_items(items, m, undo)
+        g.tokens += ids
+        g.parents += parents
+        g.seq += seqs
+        g.claimed |= claimed
+        g.seqs += new
+        self._grown = g
+        self._seqs[0].extend(ids)  # every node counted until a path is kept, as forward_tree does
+        return torch.from_numpy(out)
+
+    def _keep_grown_path(self, base: int, path: Sequence[int]) -> None:
+        g = self._grown
+        if base != g.prefix:
+            raise ValueError(f"{self.name}: the grown tree starts after {g.prefix} cached entries, not {base}")
+        prev = -1
+        for p in path:
+            if not 0 <= p < len(g.parents) or g.parents[p] != prev:
+                raise ValueError(f"tree path {list(path)} does not follow the tree from its root")
+            prev = p
+        if path:  # the last node's sequence holds the prefix and exactly its ancestors up to its own position
+            self._lib.llama_kv_cache_seq_cp(self._ctx, g.seq[path[-1]], 0, base, base + len(path))
+        self._drop_tree()
+        self._seqs[0][base:] = [g.tokens[p] for p in path]
+        if path:
+            self._compact()  # the path's cells lie between rejected ones (see keep_tree_path)
+
     def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
-        """See :meth:`Backend.forward_tree`: ``base`` must be the prefix plus the pending token, and ``path`` a
-        path from the root (each node the child of the one before; ``[]`` keeps none).
+        """See :meth:`Backend.forward_tree`: ``base`` must be the prefix plus the pending token (after
+        :meth:`grow_tree`: the prefix), and ``path`` a path from the root (each node the child of the one before;
+        ``[]`` keeps none).
 
         Raises:
             ValueError: no tree is pending, ``base`` is not where it starts, or ``path`` is not a root path.
         """
+        if self._grown is not None:
+            self._keep_grown_path(base, path)
+            return
         if self._tree is None:
             raise ValueError(f"{self.name}: keep_tree_path without a tree forward before it")
         prefix, ids, parents, _, node_seq, order = self._tree
@@ -309,9 +413,13 @@ class GgufBackend(Backend):
             for s in self._tree.leaf_seqs:
                 self._seq_rm(0, s)
             self._tree = None
+        if self._grown is not None:
+            for s in self._grown.seqs:
+                self._seq_rm(0, s)
+            self._grown = None
 
     def _check_no_tree(self) -> None:
-        if self._tree is not None:
+        if self._tree is not None or self._grown is not None:
             raise ValueError(f"{self.name}: a token tree is pending; keep a path (keep_tree_path) or truncate to the "
                              "prefix and pending token first")
 
@@ -329,10 +437,11 @@ class GgufBackend(Backend):
             self._check_open()
         if not 0 <= length <= len(ids):
             raise ValueError(f"cannot truncate a cache of {len(ids)} tokens to {length}")
-        if self._tree is not None and seq == 0:  # the nodes are not in sequence 0's cells: only back to the root
-            if length > self._tree.prefix + 1:
+        pending = self._tree.prefix + 1 if self._tree is not None else self._grown.prefix if self._grown else None
+        if pending is not None and seq == 0:  # the nodes are not in sequence 0's cells: only back to the root
+            if length > pending:
                 raise ValueError(f"{self.name}: a token tree is pending; keep a path (keep_tree_path) or truncate "
-                                 f"to at most {self._tree.prefix + 1} entries")
+                                 f"to at most {pending} entries")
             self._drop_tree()
         if length < len(ids):
             if not self._seq_rm(length, seq):
@@ -367,7 +476,7 @@ class GgufBackend(Backend):
             self._free()
             self._ctx = self._model = None
             self._seqs = [[] for _ in range(self.max_sequences)]
-            self._tree = None
+            self._tree = self._grown = None
 
     def __del__(self) -> None:
         try:

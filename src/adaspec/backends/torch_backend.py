@@ -235,6 +235,7 @@ class TorchBackend(Backend):
         self._strict_widths: dict[int, int] = {}  # thread count -> measured strict width (strict_width())
         self._invariant = False
         self.batch_invariant = batch_invariant
+        self._grown: tuple[int, list[int]] | None = None  # a tree growing (grow_tree): (cache length before, parents)
 
     @property
     def batch_invariant(self) -> bool:
@@ -283,6 +284,7 @@ class TorchBackend(Backend):
         if seq == self._current:
             return
         self._check_seq(seq)
+        self._check_not_growing()
         self._parked[self._current] = (self._cache, self._len)
         self._cache, self._len = self._parked.pop(seq, None) or (DynamicCache(config=self.model.config), 0)
         self._current = seq
@@ -383,6 +385,7 @@ class TorchBackend(Backend):
 
     def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
         self._use(0)
+        self._check_not_growing()
         self.check_forward(len(input_ids), num_logits)
         return self._forward(input_ids, num_logits)
 
@@ -441,6 +444,7 @@ class TorchBackend(Backend):
         from adaspec.tree import depths, tree_attention_mask
 
         self._use(0)
+        self._check_not_growing()
         n = len(input_ids)
         if len(parents) != n - 1:
             raise ValueError(f"a tree over {n - 1} nodes needs {n - 1} parents, got {len(parents)}")
@@ -453,6 +457,41 @@ class TorchBackend(Backend):
                          logits_to_keep=n, **{self._cache_kwarg: self._cache})
         self._len += n
         return out.logits[0, -n:]
+
+    @property
+    def supports_tree_growth(self) -> bool:  # type: ignore[override]
+        return self.supports_trees
+
+    def _check_not_growing(self) -> None:
+        if self._grown is not None:
+            raise ValueError(f"{self.name}: a grown tree is pending; keep_tree_path or truncate ends it first")
+
+    @torch.inference_mode()
+    def grow_tree(self, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """See :meth:`Backend.grow_tree`: one forward over the new nodes with a 4-D mask over the prefix and the
+        tree so far (:func:`adaspec.tree.grown_tree_mask`) and position ids by depth."""
+        from adaspec.tree import depths, grown_tree_mask
+
+        self._use(0)
+        m = len(input_ids)
+        if m < 1 or len(parents) != m:
+            raise ValueError(f"grow_tree needs m >= 1 nodes and as many parents, got {m} and {len(parents)}")
+        if self._grown is None:
+            if self._invariant:
+                raise ValueError(f"{self.name}: trees are not grown in strict mode")
+            self._grown = (self._len, [])
+        base, grown = self._grown
+        all_parents = grown + [int(p) for p in parents]
+        mask = grown_tree_mask(all_parents, m, base, self.dtype, self.device)  # checks the parents
+        self.check_forward(m, m)
+        depth = depths(all_parents)[len(grown):]
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).unsqueeze(0)
+        positions = torch.tensor([base + d - 1 for d in depth], device=self.device).unsqueeze(0)
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                         logits_to_keep=m, **{self._cache_kwarg: self._cache})
+        self._len += m
+        self._grown = (base, all_parents)
+        return out.logits[0, -m:]
 
     @torch.inference_mode()  # the cache's tensors are inference tensors: in-place updates need the mode
     def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
@@ -474,6 +513,7 @@ class TorchBackend(Backend):
     def _truncate(self, length: int) -> None:
         if not 0 <= length <= self._len:
             raise ValueError(f"cannot truncate a cache of {self._len} tokens to {length}")
+        self._grown = None
         if length == 0:
             self._cache = DynamicCache(config=self.model.config)
         elif length < self._len:

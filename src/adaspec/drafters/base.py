@@ -114,9 +114,11 @@ class Drafter(ABC):
         return type(self).propose_tree is not Drafter.propose_tree
 
     def propose_tree(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams,
-                     generator: torch.Generator | None = None) -> Draft:
+                     generator: torch.Generator | None = None, expand: int | None = None) -> Draft:
         """Propose a token tree of at most ``budget`` nodes and ``depth`` levels (:mod:`adaspec.tree`). The
-        default proposes a chain (:meth:`propose`); drafters that can branch override it."""
+        default proposes a chain (:meth:`propose`); drafters that can branch override it. ``expand``: nodes a draft
+        model expands per level (:class:`~adaspec.drafters.model.ModelDrafter`; None = its own setting, 0 =
+        one-level trees); drafters without a model ignore it."""
         return self.propose(ids, depth, sampling, generator)
 
     def proposal(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,

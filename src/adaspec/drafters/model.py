@@ -8,8 +8,10 @@ import torch
 
 from adaspec.backends.base import Backend
 from adaspec.drafters.base import Draft, Drafter, DraftStop, Proposal, empty_draft, run_proposal
+from adaspec.errors import ConfigError
 from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
+from adaspec.tree import main_path
 
 
 class ModelDrafter(Drafter):
@@ -28,14 +30,27 @@ class ModelDrafter(Drafter):
     backend in between, the drafter starts from an empty cache.
     """
 
-    def __init__(self, backend: Backend, *, follow_controls: bool = True) -> None:
+    def __init__(self, backend: Backend, *, follow_controls: bool = True, tree_expand: int = 4,
+                 tree_top_k: int = 8) -> None:
         """Args:
             backend: the draft model (any :class:`Backend`); it may hold several sequences for batched rows.
             follow_controls: propose from logits after the request's penalties and logit bias
                 (:meth:`set_controls`); False proposes from the raw draft logits (output is the same either way,
-                acceptance differs)."""
+                acceptance differs).
+            tree_expand: token trees (:meth:`propose_tree`) grow level by level, the ``tree_expand`` most likely
+                nodes of each level expanded by one draft forward (EAGLE-2), where the backend can grow trees
+                (``supports_tree_growth``); 0, or a backend that cannot, drafts one-level trees (the chain plus
+                sibling leaves).
+            tree_top_k: children considered per expanded node.
+
+        Raises:
+            ConfigError: ``tree_expand`` < 0 or ``tree_top_k`` < 1."""
+        if tree_expand < 0 or tree_top_k < 1:
+            raise ConfigError(f"tree_expand must be >= 0 and tree_top_k >= 1, got {tree_expand} and {tree_top_k}")
         self.backend = backend
         self.follow_controls = follow_controls
+        self.tree_expand = tree_expand
+        self.tree_top_k = tree_top_k
         self.name = backend.name
         self._cached: list[int] = []  # token ids whose KV is in the backend's cache
         self._stable = 0  # prefix length of _cached known to equal the engine's sequence
@@ -43,7 +58,8 @@ class ModelDrafter(Drafter):
         self._prompt_len = 0
 
     def for_sequence(self, seq: int) -> ModelDrafter:
-        return ModelDrafter(self.backend.sequence(seq), follow_controls=self.follow_controls)
+        return ModelDrafter(self.backend.sequence(seq), follow_controls=self.follow_controls,
+                            tree_expand=self.tree_expand, tree_top_k=self.tree_top_k)
 
     def prefill(self, prompt_ids: list[int]) -> None:
         # Lazy: the first proposal feeds the prompt (chunked) through _sync, so a request that never speculates
@@ -121,27 +137,127 @@ class ModelDrafter(Drafter):
         return run_proposal(self.proposal(ids, k, sampling, generator, stop))
 
     def propose_tree(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams,
-                     generator: torch.Generator | None = None) -> Draft:
-        """A token tree from the draft model: its most likely chain of ``depth`` tokens, plus the tokens it ranks
-        next at each depth as sibling leaves, as many as the node ``budget`` leaves room for.
+                     generator: torch.Generator | None = None, expand: int | None = None) -> Draft:
+        """A token tree of at most ``budget`` nodes and ``depth`` levels from the draft model.
 
-        The chain costs what a chain draft costs (``depth`` draft forwards, the argmax of the draft's distribution
-        q at each position: softmax of the logits when greedy, the sampling distribution otherwise); the
-        alternatives cost no draft forward, only target verification width. They are ranked across depths by the
-        draft's probability of reaching them, ``Π_{j<i} q_j(chain_j) · q_i(t)`` (EAGLE-2's ranking by path
-        confidence, Li et al. 2024, here one level deep: an alternative is a leaf). The alternatives follow the
-        chain in that rank order, so the chain is the tree's main path (:meth:`Draft.as_chain`) and a smaller budget
-        keeps a prefix of the nodes (what :meth:`~adaspec.controllers.tree_choice.TreeChoice.width` assumes).
+        **Grown trees** (``expand``, default ``tree_expand``, > 0 and a backend that can grow trees,
+        :meth:`_grown_tree`): level by level, the ``expand`` best nodes of the level are expanded by one draft forward
+        (:meth:`Backend.grow_tree`), each proposing its ``tree_top_k`` best children; the ``budget`` best nodes by path
+        probability are kept (EAGLE-2, Li et al. 2024). Under sampling the children are sampled without replacement from
+        the draft's distribution and the draft returns it (``probs``), for the multi-draft rule of
+        :func:`~adaspec.tree.verify_tree_sampling`.
 
-        The candidates are fixed given the sequence (no sampling), so the returned draft has ``probs`` None and a
-        sampled request verifies it with the multi-candidate rule for deterministic trees
-        (:func:`~adaspec.tree.verify_tree_sampling`), which is lossless for any candidate set.
+        **One-level trees** (otherwise, :meth:`_tree_proposal`): the draft's most likely chain of ``depth`` tokens,
+        plus the tokens it ranks next at each depth as sibling leaves, as many as the budget leaves room for.
+
+        Either way the first child at every node is the draft's best guess there (the tree's main path,
+        :meth:`Draft.as_chain`), and a deterministic tree's smaller budget keeps a prefix of the nodes (what
+        :meth:`~adaspec.controllers.tree_choice.TreeChoice.width` assumes).
 
         Returns:
-            a :class:`Draft` with ``parents`` (at most ``budget`` nodes; a chain when ``budget`` <= ``depth``), or
-            an empty one where the draft model's window leaves no room.
+            a :class:`Draft` with ``parents`` (at most ``budget`` nodes), or an empty one where the draft model's
+            window leaves no room.
         """
+        expand = self.tree_expand if expand is None else expand
+        if expand < 0:
+            raise ConfigError(f"a tree expands >= 0 nodes per level, got {expand}")
+        if expand and self.backend.supports_tree_growth and budget > 1 and depth > 1:
+            draft = self._grown_tree(ids, depth, budget, sampling, generator, expand)
+            if draft is not None:
+                return draft
         return run_proposal(self._tree_proposal(ids, min(depth, budget), budget, sampling))
+
+    def _grown_tree(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams,
+                    generator: torch.Generator | None, expand: int) -> Draft | None:
+        """EAGLE-2's dynamic draft tree (Li et al. 2024, §4.1 expansion and §4.2 re-ranking), on a backend that grows
+        trees; None where the draft window has no room for it (the caller drafts a one-level tree).
+
+        Every candidate node has a key: its parent's key times the draft probability of the j-th most likely token
+        there (j = the node's rank among its siblings), capped at its parent's key. Greedy (and for deterministic
+        drafts) the j-th child is that token, so the key is the node's path probability Π q; under sampling the j-th
+        child is the j-th draw without replacement from q (exponential race, Plackett-Luce order), and the key, fixed
+        before the draw, is its expected rank's probability. Which nodes exist, which are expanded and which are kept
+        thus never depends on a node's own draw, only on its ancestors': a node's children are an ordered draw
+        without replacement from q, the premise of the multi-draft rule. Kept: the ``budget`` best keys (ties: the
+        shallower, then the earlier), a set closed under ancestors whose siblings keep their draw order.
+
+        The draft cache keeps the main path's expanded nodes, as a chain draft keeps its drafted tokens.
+        """
+        depth = min(depth, self.backend.max_context - len(ids) + 1)
+        if depth <= 1:
+            return None
+        base = len(ids)
+        pending = self._sync(ids)
+        logits = self._feed(pending)
+        self._stable = base
+        # grown entries that fit the draft cache, and the backend's tree capacity (GGUF: a sequence per node at most)
+        room = min(self.backend.max_context - self.backend.seq_len, self.backend.max_tree_nodes)
+        if room < 1:
+            return None
+        greedy = sampling.greedy
+        tokens: list[int] = []
+        parents: list[int] = []
+        keys: list[float] = []
+        rows: list[int] = []  # each node's parent distribution, an index into dists
+        dists: list[torch.Tensor] = []
+        grown_at: dict[int, int] = {}  # node -> its index among the grown (forwarded) nodes
+        grown = 0
+        frontier: list[tuple[int, torch.Tensor]] = [(-1, logits)]
+        history = {-1: list(ids)}
+        node_key = {-1: 1.0}
+        for level in range(depth):
+            level_nodes = []
+            for node, lg in frontier:
+                if self._controls is not None:
+                    lg = self._controls.apply(lg[None], history[node], self._prompt_len)[0]
+                q = torch.softmax(lg.float(), -1) if greedy else logits_to_probs(lg, sampling).float()
+                dists.append(q)
+                ranked = _top_tokens(q, self.tree_top_k)  # [(prob, token)] best first, ties by id
+                if greedy:
+                    drawn = [t for _, t in ranked]
+                else:
+                    race = q / torch.empty_like(q).exponential_(generator=generator)
+                    drawn = torch.topk(race, len(ranked)).indices.tolist()
+                for (prob, _), token in zip(ranked, drawn):
+                    tokens.append(int(token))
+                    parents.append(node)
+                    keys.append(min(node_key[node] * prob, node_key[node]))
+                    rows.append(len(dists) - 1)
+                    level_nodes.append(len(tokens) - 1)
+            if level == depth - 1 or not level_nodes:
+                break
+            # expand the level's best nodes that could still be among the budget best (a node ranked below the
+            # budget now only falls further as deeper candidates arrive)
+            order = sorted(range(len(tokens)), key=lambda i: (-keys[i], i))
+            rank = {n: r for r, n in enumerate(order)}
+            best = sorted(level_nodes, key=lambda i: (-keys[i], i))[:expand]
+            best = [n for n in best if rank[n] < budget][:room - grown]
+            if not best:
+                break
+            for n in best:
+                node_key[n] = keys[n]
+                history[n] = history[parents[n]] + [tokens[n]]
+            out = self.backend.grow_tree([tokens[n] for n in best],
+                                         [grown_at[parents[n]] if parents[n] >= 0 else -1 for n in best])
+            for j, n in enumerate(best):
+                grown_at[n] = grown + j
+            grown += len(best)
+            frontier = list(zip(best, out))
+        keep = sorted(range(len(tokens)), key=lambda i: (-keys[i], _depth(parents, i), i))[:budget]
+        index = {n: i for i, n in enumerate(keep)}
+        draft = Draft(torch.tensor([tokens[n] for n in keep], dtype=torch.long),
+                      None if greedy else torch.stack([dists[rows[n]] for n in keep]),
+                      parents=[index[parents[n]] if parents[n] >= 0 else -1 for n in keep])
+        # the draft cache keeps the main path's grown entries (the chain a chain draft would have cached)
+        chain = []
+        for i in main_path(draft.parents):
+            if keep[i] not in grown_at:
+                break
+            chain.append(keep[i])
+        if grown:
+            self.backend.keep_tree_path(base, [grown_at[n] for n in chain])
+            self._cached.extend(tokens[n] for n in chain)
+        return draft
 
     def _tree_proposal(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams) -> Proposal:
         depth = min(depth, self.backend.max_context - len(ids) + 1)
@@ -210,3 +326,21 @@ class ModelDrafter(Drafter):
                 history.append(token_id)
             logits = yield from self._fed([token_id])
         return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
+
+
+def _top_tokens(q: torch.Tensor, k: int) -> list[tuple[float, int]]:
+    """The ``k`` most likely tokens of ``q`` with nonzero probability, as ``(probability, id)`` best first, ties by
+    id (which tied ids topk returns varies with k)."""
+    want = min(k, q.shape[0])
+    floor = torch.topk(q, want).values[-1]
+    above = torch.nonzero(q > floor).flatten().tolist()
+    ties = torch.nonzero(q == floor).flatten().tolist()[:want - len(above)]
+    out = sorted(((float(q[t]), t) for t in above + ties), key=lambda pt: (-pt[0], pt[1]))
+    return [(p, t) for p, t in out if p > 0]
+
+
+def _depth(parents: list[int], node: int) -> int:
+    d = 0
+    while node >= 0:
+        node, d = parents[node], d + 1
+    return d

@@ -98,13 +98,13 @@ class MultiDrafter(Drafter):
         return run_proposal(self.proposal(ids, k, sampling, generator, stop))
 
     def propose_tree(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams,
-                     generator: torch.Generator | None = None) -> Draft:
+                     generator: torch.Generator | None = None, expand: int | None = None) -> Draft:
         """The selected (or, unrouted, the first non-empty) sub-drafter's :meth:`Drafter.propose_tree`."""
         routed, selected = self._routed, self._selected
         self._selected, self._routed = None, False
         names = ([selected] if selected is not None else []) if routed else list(self.drafters)
         for name in names if depth > 0 else ():
-            draft = self._ready(name).propose_tree(ids, depth, budget, sampling, generator)
+            draft = self._ready(name).propose_tree(ids, depth, budget, sampling, generator, expand)
             if len(draft):
                 draft.source = name
                 return draft

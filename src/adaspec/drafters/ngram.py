@@ -106,7 +106,7 @@ class NgramTreeDrafter(NgramDrafter):
         self._all.setdefault(key, []).append(end)  # every occurrence, not only the latest
 
     def propose_tree(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams,
-                     generator: torch.Generator | None = None) -> Draft:
+                     generator: torch.Generator | None = None, expand: int | None = None) -> Draft:
         if depth <= 0 or budget <= 0:
             return empty_draft()
         self._extend_index(ids)
