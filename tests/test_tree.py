@@ -856,3 +856,101 @@ def test_sampled_grown_trees_in_the_engine_are_seeded_and_use_the_draft_distribu
     assert seen and all(d.probs is not None and d.probs.shape == (len(d), target.vocab_size) for d in seen)
     assert any(max(depths(d.parents)) > 1 and len(d) > max(depths(d.parents)) for d in seen)  # grown, branched
     assert eng.generate(prompt, cfg).token_ids == out.token_ids
+
+
+def test_sampled_grown_trees_in_the_engine_emit_the_targets_distribution():
+    """The whole pipeline under sampling: a draft model unlike the target grows trees of sampled children (two
+    expansions per level, three children each), the engine verifies them with the multi-draft rule. The first
+    token of the speculation step, and the one after it when the step went on, are distributed as the target's
+    own (chi-square over the likeliest tokens, the rest pooled)."""
+    from collections import Counter
+
+    from scipy.stats import chisquare
+
+    from adaspec.drafters import ModelDrafter
+
+    from conftest import tiny_model
+
+    target_model, draft_model = _tiny_for_draws(), tiny_model("qwen", seed=8, layers=1, head_scale=12.0)
+    prompt = [3, 5, 7]
+    eng = SpeculativeEngine(TorchBackend(target_model, "t"),
+                            ModelDrafter(TorchBackend(draft_model, "d"), tree_expand=2, tree_top_k=3),
+                            FixedController(3))
+    runs = [eng.generate(prompt, GenerationConfig(max_new_tokens=3, temperature=1.0, seed=s, tree_budget=6,
+                                                  tree_choice="always", ignore_eos=True)).token_ids
+            for s in range(3000)]
+    ref = TorchBackend(target_model, "r")
+
+    def check(prefix, seen):
+        ref.reset()
+        p = torch.softmax(ref.forward(prompt + prefix, 1)[-1].float(), -1).double()
+        top = p.argsort(descending=True)[:4].tolist()
+        rest = [t for t in range(p.shape[0]) if t not in top]
+        observed = [seen[t] for t in top] + [sum(seen[t] for t in rest)]
+        n = sum(observed)
+        expected = [float(p[t]) * n for t in top] + [float(p[rest].sum()) * n]
+        assert chisquare(observed, [e * n / sum(expected) for e in expected]).pvalue > 0.001, prefix
+        return n
+
+    a = Counter(r[0] for r in runs).most_common(1)[0][0]
+    assert check([a], Counter(r[1] for r in runs if r[0] == a)) > 300  # the first token of the tree step
+    ab = Counter((r[0], r[1]) for r in runs).most_common(1)[0][0]
+    assert check(list(ab), Counter(r[2] for r in runs if tuple(r[:2]) == ab)) > 60  # after an accepted node
+
+
+def test_grown_tree_expansions_are_capped_per_level_before_any_draw(qwen):
+    """Room for grown nodes (the draft window here) is shared out between the levels up front, at most
+    ``min(expand, room // levels)`` per level: a cap that shrank with what earlier levels grew would let a node's own
+    draw decide whether it is kept (sampling would no longer be lossless)."""
+    from adaspec.drafters import ModelDrafter
+
+    ids = [3, 17, 42, 5, 9, 9, 12]
+    backend = TorchBackend(_draft_model(qwen).model, "d", max_context=len(ids) + 6)  # room for 6 grown nodes
+    levels = []
+    grow = backend.grow_tree
+    backend.grow_tree = lambda tokens, parents: (levels.append(len(tokens)), grow(tokens, parents))[1]
+    drafter = ModelDrafter(backend, tree_expand=4, tree_top_k=4)
+    for params in (GREEDY, SamplingParams(1.0)):
+        levels.clear()
+        tree = drafter.propose_tree(ids, 4, 16, params, torch.Generator().manual_seed(0))
+        assert levels == [2, 2, 2] and max(depths(tree.parents)) == 4  # 6 // 3 levels, not 4 then 2
+    levels.clear()
+    drafter.propose_tree(ids, 8, 64, GREEDY)  # deeper than the room: 6 levels of one node
+    assert levels == [1] * 6
+
+
+def test_sampled_draft_trees_with_a_narrower_draft_vocabulary(qwen):
+    """Draft and target vocabularies padded to other widths (Qwen2.5-0.5B's 151936 rows against 7B's 152064): the
+    distributions are zero-padded to the wider one before the multi-draft rule."""
+    from adaspec.drafters.base import Draft, Drafter, empty_draft
+
+    class Narrow(Drafter):  # draws 3 children of the root from a uniform q over 60 of the target's 64 ids
+        name = "narrow"
+
+        def propose(self, ids, k, sampling, generator=None, stop=None):
+            return empty_draft()
+
+        def propose_tree(self, ids, depth, budget, sampling, generator=None, expand=None):
+            q = torch.full((60,), 1 / 60)
+            kids = torch.topk(q / torch.empty_like(q).exponential_(generator=generator), 3).indices
+            return Draft(kids, q.expand(3, 60).clone(), parents=[-1, -1, -1])
+
+    eng = SpeculativeEngine(TorchBackend(qwen, "t"), Narrow(), FixedController(1))
+    cfg = GenerationConfig(max_new_tokens=20, temperature=1.0, seed=2, tree_budget=3, tree_choice="always")
+    out = eng.generate([3, 17, 42, 5, 9], cfg)
+    assert len(out.token_ids) == 20 and sum(s.drafted == 3 for s in out.stats.steps) >= 5
+    assert eng.generate([3, 17, 42, 5, 9], cfg).token_ids == out.token_ids
+
+
+def test_grown_trees_through_the_benchs_prefix_cache(qwen):
+    """adaspec bench wraps draft backends in PrefixCacheBackend: it passes tree growth on, ids kept in step."""
+    from adaspec.bench.sweep import PrefixCacheBackend
+    from adaspec.drafters import ModelDrafter
+
+    ids = [3, 17, 42, 5, 9, 9, 12]
+    wrapped = PrefixCacheBackend(_draft_model(qwen))
+    assert wrapped.supports_tree_growth
+    tree = ModelDrafter(wrapped).propose_tree(ids, 4, 10, GREEDY)
+    plain = ModelDrafter(_draft_model(qwen)).propose_tree(ids, 4, 10, GREEDY)
+    assert tree.tokens.tolist() == plain.tokens.tolist() and tree.parents == plain.parents
+    assert wrapped.seq_len == wrapped.inner.seq_len == len(wrapped._ids) > len(ids)

@@ -114,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "or always a full-width tree")
     gen.add_argument("--tree-expand", type=int, default=None, metavar="E",
                      help="with --tree-budget and a draft model: grow its tree level by level, expanding the E most "
-                          "likely nodes per level with one draft forward (EAGLE-2; default 4 on PyTorch drafts); "
-                          "0 = its chain plus sibling leaves")
+                          "likely nodes per level with one draft forward (EAGLE-2; default 4 where the draft backend "
+                          "can: PyTorch, ik_llama.cpp); 0 = its chain plus sibling leaves")
     gen.set_defaults(func=cmd_generate)
 
     cmp = sub.add_parser("compare", help="compare decoding methods on workloads (interleaved, resumable)")

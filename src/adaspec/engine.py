@@ -213,6 +213,7 @@ class SpeculativeEngine:
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else default_eos_ids(tokenizer)
         self.verify_curve: dict[int, float] = {}  # ms per forward of n tokens, measured by warmup() (goodput only)
+        self.tree_choice: TreeChoice | None = None  # the chain/tree chooser, kept across requests (tree_choice())
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         """Generate a continuation of ``prompt_ids`` (list of int token ids); see :meth:`stream`."""
@@ -265,8 +266,7 @@ class SpeculativeEngine:
         logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
         controls = cfg.controls
         tree_budget, stats.tree_fallback = self._tree_mode(cfg, params, lossy, controls)
-        chooser = (TreeChoice(what_if=getattr(self.drafter, "free_trees", False))
-                   if tree_budget and cfg.tree_choice == "goodput" else None)
+        chooser = self._tree_choice() if tree_budget and cfg.tree_choice == "goodput" else None
         start = time.perf_counter()
         self.target.reset()
         logits = self.target.forward(prompt, len(prompt) if cfg.prompt_logprobs is not None else 1)
@@ -355,6 +355,18 @@ class SpeculativeEngine:
         yield StreamChunk(new if stats.steps else [], tail, result, logprobs=lp if stats.steps else None)
 
     # Pieces of a step ---------------------------------------------------------------------------------------
+    def _tree_choice(self) -> TreeChoice:
+        """The chain/tree chooser of requests with ``tree_choice="goodput"``: one per engine, kept across requests
+        like the goodput controller's costs, since whether a tree pays is mostly the machine's and the drafter's
+        matter (what a node costs, what a draft tree costs to build). A new request starts from what the last ones
+        measured (on a CPU where trees lose it runs chains from its first step, probing at the backed-off gap)
+        instead of paying the exploration tree steps again; the comparison keeps the last ``window`` steps, so it
+        follows the text as it changes."""
+        what_if = getattr(self.drafter, "free_trees", False)
+        if self.tree_choice is None or self.tree_choice.what_if != what_if:
+            self.tree_choice = TreeChoice(what_if=what_if)
+        return self.tree_choice
+
     def _tree_mode(self, cfg: GenerationConfig, params: SamplingParams, lossy, controls) -> tuple[int, str]:
         """``(tree budget, why chains instead)``: the request's tree budget where trees can be verified here, else
         0 and the reason (empty when the request asked for chains)."""
@@ -382,8 +394,12 @@ class SpeculativeEngine:
             if params.greedy:
                 path, token = verify_tree_greedy(tokens, draft.parents, logits)
             else:  # multi-candidate rejection sampling, one-hot q for a deterministic tree (prompt lookup)
-                path, token = verify_tree_sampling(tokens, draft.parents, logits_to_probs(logits, params), generator,
-                                                   draft.probs)
+                probs, q = logits_to_probs(logits, params), draft.probs
+                if q is not None and q.shape[-1] != probs.shape[-1]:  # vocabularies padded to other widths: pad the
+                    width = max(q.shape[-1], probs.shape[-1])          # narrower with zeros (no renormalisation)
+                    probs = torch.nn.functional.pad(probs, (0, width - probs.shape[-1]))
+                    q = torch.nn.functional.pad(q, (0, width - q.shape[-1]))
+                path, token = verify_tree_sampling(tokens, draft.parents, probs, generator, q)
             self.target.keep_tree_path(len(ids), path)
             return [tokens[i] for i in path], token, logits[path_rows(path)], path
         logits = self.target.forward([ids[-1]] + draft.tokens.tolist(), len(draft) + 1)

@@ -303,6 +303,7 @@ class TorchBackend(Backend):
         windows, soft-capping, sinks) run one after another on their own caches, which is exactly what each sequence
         alone computes. A padded row's logits equal the row alone up to the kernels' blocking (~1e-6 in fp32; strict
         mode is the bit-exact path)."""
+        self._check_not_growing()
         self.check_rows(rows)
         out: list[torch.Tensor | None] = [None] * len(rows)
         padded = [i for i, r in enumerate(rows) if len(r.input_ids) <= self.pad_batch_max_tokens]
@@ -460,7 +461,8 @@ class TorchBackend(Backend):
 
     @property
     def supports_tree_growth(self) -> bool:  # type: ignore[override]
-        return self.supports_trees
+        """Where trees are verified, outside strict mode (whose padded forwards have no tree masks)."""
+        return self.supports_trees and not self._invariant
 
     def _check_not_growing(self) -> None:
         if self._grown is not None:
@@ -476,11 +478,9 @@ class TorchBackend(Backend):
         m = len(input_ids)
         if m < 1 or len(parents) != m:
             raise ValueError(f"grow_tree needs m >= 1 nodes and as many parents, got {m} and {len(parents)}")
-        if self._grown is None:
-            if self._invariant:
-                raise ValueError(f"{self.name}: trees are not grown in strict mode")
-            self._grown = (self._len, [])
-        base, grown = self._grown
+        if self._grown is None and self._invariant:
+            raise ValueError(f"{self.name}: trees are not grown in strict mode")
+        base, grown = self._grown or (self._len, [])
         all_parents = grown + [int(p) for p in parents]
         mask = grown_tree_mask(all_parents, m, base, self.dtype, self.device)  # checks the parents
         self.check_forward(m, m)
@@ -508,6 +508,9 @@ class TorchBackend(Backend):
 
     def truncate(self, length: int) -> None:
         self._use(0)
+        if self._grown is not None and length > self._grown[0]:
+            raise ValueError(f"{self.name}: a grown tree is pending; keep a path (keep_tree_path) or truncate to at "
+                             f"most {self._grown[0]} entries")
         self._truncate(length)
 
     def _truncate(self, length: int) -> None:

@@ -123,6 +123,19 @@ class PrefixCacheBackend(Backend):
         self._ids.extend(int(t) for t in input_ids)
         return logits
 
+    @property
+    def supports_tree_growth(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_tree_growth
+
+    def grow_tree(self, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """The inner backend's :meth:`~adaspec.backends.base.Backend.grow_tree`, with the cached ids kept in step (a
+        grown tree's nodes follow the ids it was grown after, in order, as :meth:`keep_tree_path` expects)."""
+        if self._fresh:
+            raise ValueError("grow_tree after reset needs a prefill first")
+        logits = self.inner.grow_tree(input_ids, parents)
+        self._ids.extend(int(t) for t in input_ids)
+        return logits
+
     def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
         self.inner.keep_tree_path(base, path)
         nodes = self._ids[base:]

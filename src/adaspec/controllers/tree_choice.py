@@ -48,7 +48,8 @@ from collections.abc import Sequence
 
 
 class TreeChoice:
-    """Per-request chain/tree chooser.
+    """Chain/tree chooser (one per engine, kept across requests: :meth:`adaspec.engine.SpeculativeEngine.
+    _tree_choice`).
 
     Args:
         window: speculative steps remembered per arm.

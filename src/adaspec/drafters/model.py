@@ -150,9 +150,9 @@ class ModelDrafter(Drafter):
         **One-level trees** (otherwise, :meth:`_tree_proposal`): the draft's most likely chain of ``depth`` tokens,
         plus the tokens it ranks next at each depth as sibling leaves, as many as the budget leaves room for.
 
-        Either way the first child at every node is the draft's best guess there (the tree's main path,
-        :meth:`Draft.as_chain`), and a deterministic tree's smaller budget keeps a prefix of the nodes (what
-        :meth:`~adaspec.controllers.tree_choice.TreeChoice.width` assumes).
+        Either way the first child at every node is the draft's best guess there (greedy; under sampling its first
+        draw), the tree's main path (:meth:`Draft.as_chain`), and a deterministic tree's smaller budget keeps a
+        prefix of the nodes (what :meth:`~adaspec.controllers.tree_choice.TreeChoice.width` assumes).
 
         Returns:
             a :class:`Draft` with ``parents`` (at most ``budget`` nodes), or an empty one where the draft model's
@@ -176,12 +176,21 @@ class ModelDrafter(Drafter):
         there (j = the node's rank among its siblings), capped at its parent's key. Greedy (and for deterministic
         drafts) the j-th child is that token, so the key is the node's path probability Π q; under sampling the j-th
         child is the j-th draw without replacement from q (exponential race, Plackett-Luce order), and the key, fixed
-        before the draw, is its expected rank's probability. Which nodes exist, which are expanded and which are kept
-        thus never depends on a node's own draw, only on its ancestors': a node's children are an ordered draw
-        without replacement from q, the premise of the multi-draft rule. Kept: the ``budget`` best keys (ties: the
-        shallower, then the earlier), a set closed under ancestors whose siblings keep their draw order.
+        before the draw, is the j-th largest probability. Each level expands at most ``min(expand, room // levels)``
+        nodes, a cap fixed before any draw, and only nodes still among the ``budget`` best keys so far. Kept: the
+        ``budget`` best keys (ties: the shallower, then the earlier), a set closed under ancestors whose siblings
+        keep their draw order.
 
-        The draft cache keeps the main path's expanded nodes, as a chain draft keeps its drafted tokens.
+        Why sampling stays lossless (:func:`~adaspec.tree.verify_tree_sampling` needs each node's children to be an
+        ordered draw from q without replacement, of a number that may depend on earlier siblings' draws but not on
+        their own): a node X's draw changes only its descendants' keys, which are at most X's own. They can push
+        out of a level's expansion slots, or of the budget, only nodes with lower keys than X, whose own descendants
+        then rank below X too; X itself wins ties (shallower), and X's earlier siblings have keys at least X's. So
+        whether X is kept never depends on X's draw. (A cap on expansions that shrank with the nodes grown so far
+        would break this: X's draw would decide how much room deeper, better nodes get.)
+
+        The draft cache keeps the main path's expanded nodes, as a chain draft keeps its drafted tokens. A forward
+        that fails empties the draft cache (as :meth:`_fed` does) before the error propagates.
         """
         depth = min(depth, self.backend.max_context - len(ids) + 1)
         if depth <= 1:
@@ -190,10 +199,13 @@ class ModelDrafter(Drafter):
         pending = self._sync(ids)
         logits = self._feed(pending)
         self._stable = base
-        # grown entries that fit the draft cache, and the backend's tree capacity (GGUF: a sequence per node at most)
+        # grown entries that fit the draft cache, and the backend's tree capacity (GGUF: a sequence per node at most),
+        # shared out between the levels before any draw
         room = min(self.backend.max_context - self.backend.seq_len, self.backend.max_tree_nodes)
         if room < 1:
             return None
+        depth = min(depth, room + 1)
+        cap = min(expand, room // (depth - 1))
         greedy = sampling.greedy
         tokens: list[int] = []
         parents: list[int] = []
@@ -216,7 +228,7 @@ class ModelDrafter(Drafter):
                 if greedy:
                     drawn = [t for _, t in ranked]
                 else:
-                    race = q / torch.empty_like(q).exponential_(generator=generator)
+                    race = (q / torch.empty_like(q).exponential_(generator=generator)).masked_fill_(q <= 0, -1.0)
                     drawn = torch.topk(race, len(ranked)).indices.tolist()
                 for (prob, _), token in zip(ranked, drawn):
                     tokens.append(int(token))
@@ -230,15 +242,18 @@ class ModelDrafter(Drafter):
             # budget now only falls further as deeper candidates arrive)
             order = sorted(range(len(tokens)), key=lambda i: (-keys[i], i))
             rank = {n: r for r, n in enumerate(order)}
-            best = sorted(level_nodes, key=lambda i: (-keys[i], i))[:expand]
-            best = [n for n in best if rank[n] < budget][:room - grown]
+            best = [n for n in sorted(level_nodes, key=lambda i: (-keys[i], i))[:cap] if rank[n] < budget]
             if not best:
                 break
             for n in best:
                 node_key[n] = keys[n]
                 history[n] = history[parents[n]] + [tokens[n]]
-            out = self.backend.grow_tree([tokens[n] for n in best],
-                                         [grown_at[parents[n]] if parents[n] >= 0 else -1 for n in best])
+            try:
+                out = self.backend.grow_tree([tokens[n] for n in best],
+                                             [grown_at[parents[n]] if parents[n] >= 0 else -1 for n in best])
+            except BaseException:
+                self.forget()
+                raise
             for j, n in enumerate(best):
                 grown_at[n] = grown + j
             grown += len(best)
