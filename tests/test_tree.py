@@ -954,3 +954,57 @@ def test_grown_trees_through_the_benchs_prefix_cache(qwen):
     plain = ModelDrafter(_draft_model(qwen)).propose_tree(ids, 4, 10, GREEDY)
     assert tree.tokens.tolist() == plain.tokens.tolist() and tree.parents == plain.parents
     assert wrapped.seq_len == wrapped.inner.seq_len == len(wrapped._ids) > len(ids)
+
+
+def test_a_failed_growth_empties_the_draft_cache_and_guards_hold(qwen):
+    """A draft forward that fails mid-tree empties the draft cache (directly and behind the bench's prefix cache),
+    and the drafter recovers; a PyTorch backend refuses to truncate into, or batch over, a growing tree; a strict
+    draft backend drafts one-level trees."""
+    from adaspec.bench.sweep import PrefixCacheBackend
+    from adaspec.drafters import ModelDrafter
+
+    ids = [3, 17, 42, 5, 9, 9, 12]
+    for wrap in (False, True):
+        inner = _draft_model(qwen)
+        backend = PrefixCacheBackend(inner) if wrap else inner
+        drafter = ModelDrafter(backend)
+        grow, calls = backend.grow_tree, []
+
+        def failing(tokens, parents):
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return grow(tokens, parents)
+
+        backend.grow_tree = failing
+        with pytest.raises(KeyboardInterrupt):
+            drafter.propose_tree(ids, 4, 10, GREEDY)
+        assert drafter._cached == [] and inner._grown is None
+        backend.grow_tree = grow
+        again = drafter.propose_tree(ids, 4, 10, GREEDY)
+        assert again.tokens.tolist() == ModelDrafter(_draft_model(qwen)).propose_tree(ids, 4, 10, GREEDY).tokens.tolist()
+    b = _draft_model(qwen)
+    b.forward(ids)
+    b.grow_tree([1, 2], [-1, -1])
+    for call in (lambda: b.truncate(len(ids) + 1), lambda: b.truncate_seq(0, len(ids) + 2)):
+        with pytest.raises(ValueError, match="grown tree is pending"):
+            call()
+    b.truncate(len(ids))
+    strict = TorchBackend(_draft_model(qwen).model, "d", batch_invariant=True)
+    assert not strict.supports_tree_growth
+    tree = ModelDrafter(strict).propose_tree(ids, 4, 10, GREEDY)
+    assert tree.parents[:4] == [-1, 0, 1, 2] and max(depths(tree.parents)) == 4  # the chain plus sibling leaves
+
+
+def test_the_tree_chooser_is_kept_across_requests(qwen):
+    """One chooser per engine: a second request starts from what the first measured, so it does not pay the
+    exploration tree steps again."""
+    prompt = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7, 3, 17, 8, 3, 17, 42, 5, 3, 17]
+    eng = SpeculativeEngine(TorchBackend(qwen, "t"), NgramTreeDrafter(), FixedController(4))
+    cfg = GenerationConfig(max_new_tokens=24, tree_budget=8)
+    eng.generate(prompt, cfg)
+    chooser = eng.tree_choice
+    seen = sum(chooser.choices.values())
+    assert chooser is not None and seen > 0
+    eng.generate(prompt, cfg)
+    assert eng.tree_choice is chooser and sum(chooser.choices.values()) > seen

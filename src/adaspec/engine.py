@@ -418,7 +418,8 @@ class SpeculativeEngine:
         forwards at the warm-up's context; the target's cache is left as it was; kept as ``verify_curve``, ms by
         tokens per forward). The default prompt has 48 tokens, as many as a short chat prompt, so that a draft
         model's first catch-up is timed at a realistic size: the goodput controller prices later catch-ups per
-        token from it (ids are taken modulo the vocabulary). A controller with ``seed_draft_costs`` also gets each
+        token from it (ids are taken modulo the vocabulary). A controller that prices steps (its own
+        ``seed_draft_costs``: goodput) also gets each
         draft model's drafting and catch-up cost per token measured on its backend
         (:func:`~adaspec.drafters.multi.measure_drafters`): the warm-up generation times a catch-up only where the
         draft cache lacked the prompt, and a draft model whose cache already held it (another engine on the same
@@ -428,9 +429,8 @@ class SpeculativeEngine:
         calibrate = getattr(self.controller, "calibrate", None)
         if calibrate is not None:
             self.verify_curve = dict(calibrate(self.target) or {})
-        seed_draft = getattr(self.controller, "seed_draft_costs", None)
-        if seed_draft is not None and self.drafter is not None:
-            seed_draft(measure_drafters(self.drafter))
+        if self.drafter is not None and type(self.controller).seed_draft_costs is not Controller.seed_draft_costs:
+            self.controller.seed_draft_costs(measure_drafters(self.drafter))
 
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

@@ -295,6 +295,9 @@ class TorchBackend(Backend):
 
     def truncate_seq(self, seq: int, length: int) -> None:
         self._use(seq)
+        if self._grown is not None and length > self._grown[0]:
+            raise ValueError(f"{self.name}: a grown tree is pending; keep a path (keep_tree_path) or truncate to at "
+                             f"most {self._grown[0]} entries")
         self._truncate(length)
 
     def forward_batch(self, rows) -> list[torch.Tensor]:
@@ -507,11 +510,7 @@ class TorchBackend(Backend):
         self._truncate(base + len(path))
 
     def truncate(self, length: int) -> None:
-        self._use(0)
-        if self._grown is not None and length > self._grown[0]:
-            raise ValueError(f"{self.name}: a grown tree is pending; keep a path (keep_tree_path) or truncate to at "
-                             f"most {self._grown[0]} entries")
-        self._truncate(length)
+        self.truncate_seq(0, length)
 
     def _truncate(self, length: int) -> None:
         if not 0 <= length <= self._len:

@@ -68,6 +68,7 @@ class PrefixCacheBackend(Backend):
         self.max_context = inner.max_context
         self._ids: list[int] = []
         self._fresh = False  # reset() was called: the next forward starts a new sequence
+        self._grown_from: int | None = None  # cached ids before a pending grown tree (grow_tree)
         self.reused_tokens = 0
         self.record_top2: list[tuple[int, int]] | None = None
 
@@ -132,12 +133,15 @@ class PrefixCacheBackend(Backend):
         grown tree's nodes follow the ids it was grown after, in order, as :meth:`keep_tree_path` expects)."""
         if self._fresh:
             raise ValueError("grow_tree after reset needs a prefill first")
+        if self._grown_from is None:
+            self._grown_from = len(self._ids)
         logits = self.inner.grow_tree(input_ids, parents)
         self._ids.extend(int(t) for t in input_ids)
         return logits
 
     def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
         self.inner.keep_tree_path(base, path)
+        self._grown_from = None
         nodes = self._ids[base:]
         self._ids[base:] = [nodes[p] for p in path]
 
@@ -147,9 +151,12 @@ class PrefixCacheBackend(Backend):
                 return
             raise ValueError("truncate after reset needs a forward first")
         self.inner.truncate(length)
+        self._grown_from = None
         del self._ids[length:]
 
     def reset(self) -> None:
+        if self._grown_from is not None:  # a grown tree is pending (a draft forward failed): drop its nodes
+            self.truncate(self._grown_from)
         self._fresh = True
 
     def drop(self) -> None:

@@ -10,7 +10,7 @@ on some steps and a chain on others, and prompt-lookup acceptance swings from st
 comparison is **paired**: every tree step also says what the chain it contains (its main path, the drafter's first
 guess: :func:`adaspec.tree.main_path`) would have emitted on that same step (the accepted path's common prefix with
 the main path, plus the bonus token; exact for greedy verification, the same rule applied to sampled steps), and
-what a chain of that depth costs comes from the chain steps of this request (by depth). Trees stay on while their
+what a chain of that depth costs comes from the remembered chain steps (by depth). Trees stay on while their
 tokens per ms beat that counterfactual chain on the same steps, with a chain step every ``probe_every`` tree steps
 so the chains' cost stays measured; otherwise chains run and a tree is probed again after ``probe_every`` chain
 steps, a gap that doubles each time a probe loses (8, 16, 32, 64), as the goodput controller backs off its
@@ -18,16 +18,18 @@ probes.
 
 **Width.** The draft length K (the tree's depth) stays the controller's choice; the tree's width (its node budget,
 at most the request's ``tree_budget``) is chosen here from the same kind of evidence: the measured acceptance by
-depth and rank on this request's full-width tree steps and the measured cost of a verified node. Drafters add nodes
+depth and rank on the remembered full-width tree steps and the measured cost of a verified node. Drafters add nodes
 in rank order (the main path first, then each next branch: prompt lookup's next match, a draft model's next most
 likely alternative) and a budget of B keeps the first B nodes, so for a full-width step whose accepted path ran
 through nodes ``path`` (indices increase along a path) the tree cut to B nodes would have accepted the path's nodes
 below B: exactly, for greedy verification. Its cost is the step's measured time less the marginal cost of the nodes
-cut (at most their share of the step), a least-squares slope of verification ms over verified nodes on this
-request's steps (chains and trees). The width chosen is the one with the most tokens per ms over the remembered
+cut (at most their share of the step), a least-squares slope of verification ms over verified nodes on the
+remembered steps (chains and trees). The width chosen is the one with the most tokens per ms over the remembered
 full-width steps, at least one node beside the main path (whether any tree pays at all is the paired comparison
 above); after every ``probe_every`` narrower tree steps one runs at full width to keep those curves measured.
-Both arms are exact: the choice changes speed only.
+Both arms are exact: the choice changes speed only. The chooser is one per engine and its windows span requests
+(the last ``window`` steps of each kind), so evidence from earlier requests, at other contexts or budgets, counts
+until newer steps replace it.
 
 **What a tree would have done, on chain steps.** Exploring costs: a tree step that does not pay loses its extra
 nodes' time, and a short request has few steps to win it back. Where the drafter's tree is free to build (prompt
