@@ -982,7 +982,8 @@ def test_a_failed_growth_empties_the_draft_cache_and_guards_hold(qwen):
         assert drafter._cached == [] and inner._grown is None
         backend.grow_tree = grow
         again = drafter.propose_tree(ids, 4, 10, GREEDY)
-        assert again.tokens.tolist() == ModelDrafter(_draft_model(qwen)).propose_tree(ids, 4, 10, GREEDY).tokens.tolist()
+        fresh = ModelDrafter(_draft_model(qwen)).propose_tree(ids, 4, 10, GREEDY)
+        assert again.tokens.tolist() == fresh.tokens.tolist()
     b = _draft_model(qwen)
     b.forward(ids)
     b.grow_tree([1, 2], [-1, -1])
