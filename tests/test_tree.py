@@ -1009,3 +1009,38 @@ def test_the_tree_chooser_is_kept_across_requests(qwen):
     assert chooser is not None and seen > 0
     eng.generate(prompt, cfg)
     assert eng.tree_choice is chooser and sum(chooser.choices.values()) > seen
+
+
+@pytest.mark.parametrize("budget", [0, 6])
+def test_a_draft_vocabulary_wider_than_the_targets(budget):
+    """A draft with 70 rows for a 60-row target proposes ids the target lacks: they are rejected (target probability
+    0), never fed to the target's embedding; greedy output is plain decoding's, sampled and lossy requests run."""
+    from adaspec.batch import BatchEngine
+    from adaspec.drafters import ModelDrafter
+
+    from conftest import tiny_model
+
+    target = tiny_model("qwen", seed=5, layers=2, vocab=60, head_scale=4.0)
+    draft = tiny_model("qwen", seed=6, layers=1, vocab=70, head_scale=4.0)
+    draft.lm_head.weight.data[60:] *= 3.0  # the extra rows get drafted often
+    prompt = [3, 17, 42, 5, 9]
+    plain = SpeculativeEngine(TorchBackend(target, "p")).generate(prompt, GenerationConfig(max_new_tokens=30))
+    drafter = ModelDrafter(TorchBackend(draft, "d"))
+    proposed: list[int] = []
+    propose, propose_tree = drafter.propose, drafter.propose_tree
+    drafter.propose = lambda *a, **k: (lambda d: (proposed.extend(d.tokens.tolist()), d)[1])(propose(*a, **k))
+    drafter.propose_tree = lambda *a, **k: (lambda d: (proposed.extend(d.tokens.tolist()), d)[1])(
+        propose_tree(*a, **k))
+    eng = SpeculativeEngine(TorchBackend(target, "t"), drafter, FixedController(4))
+    tree = dict(tree_budget=budget, tree_choice="always")
+    assert eng.generate(prompt, GenerationConfig(max_new_tokens=30, **tree)).token_ids == plain.token_ids
+    assert any(t >= 60 for t in proposed)  # out-of-vocabulary ids were drafted and rejected
+    for extra in (dict(temperature=1.0, seed=1), dict(temperature=1.0, seed=1, lossy="topk:2")):
+        out = eng.generate(prompt, GenerationConfig(max_new_tokens=30, **tree, **extra))
+        assert len(out.token_ids) == 30 and max(out.token_ids) < 60
+    if budget == 0:  # batched rows too
+        batch = BatchEngine(TorchBackend(target, "b", max_sequences=2),
+                            ModelDrafter(TorchBackend(draft, "bd", max_sequences=2)).for_sequence,
+                            lambda: FixedController(4))
+        outs = batch.generate([prompt, prompt[:3]], GenerationConfig(max_new_tokens=20))
+        assert outs[0].token_ids == plain.token_ids[:20]

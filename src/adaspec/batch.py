@@ -49,6 +49,7 @@ from adaspec.engine import (
     cut,
     decide,
     default_eos_ids,
+    in_vocab,
     pick_token,
     request_eos,
     request_generator,
@@ -280,7 +281,8 @@ class BatchEngine:
             self.last_rows = self.last_tokens = 0
             return out
         rows = [BatchRow(r.seq, r.prompt, len(r.prompt) if r.cfg.prompt_logprobs is not None else 1) if not r.prefilled
-                else BatchRow(r.seq, [r.ids[-1]] + drafts[r.rid].tokens.tolist(), len(drafts[r.rid]) + 1)
+                else BatchRow(r.seq, [r.ids[-1]] + in_vocab(drafts[r.rid].tokens, self.target.vocab_size),
+                              len(drafts[r.rid]) + 1)
                 for r in running]
         forward_start = time.perf_counter()
         logits = self._forward(running, rows, out)
@@ -434,7 +436,8 @@ class BatchEngine:
                  step_start: float, batch: int, behind: int = 0) -> StreamChunk:
         """Verify one row's drafts on its logits, cut its cache back, record the step."""
         t = time.perf_counter()
-        logits = controlled(logits, row.controls, row.ids, len(row.prompt), draft.tokens)
+        logits = controlled(logits, row.controls, row.ids, len(row.prompt),
+                            torch.tensor(in_vocab(draft.tokens, self.target.vocab_size), dtype=torch.long))
         n_accepted, token = decide(logits, draft, row.params, row.generator, row.lossy)
         self.target.truncate_seq(row.seq, len(row.ids) + n_accepted)
         generated = len(row.ids) - len(row.prompt)

@@ -388,22 +388,19 @@ class SpeculativeEngine:
         and the cache rollback: ``(accepted draft tokens, next token, the target's logits along them, the accepted
         nodes' indices in the draft)``, the logits ``[accepted + 1, V]`` (a tree's path) or ``[K + 1, V]`` (a chain),
         after the request's controls."""
+        fed = in_vocab(draft.tokens, self.target.vocab_size)
         if draft.is_tree:
             tokens = draft.tokens.tolist()
-            logits = self.target.forward_tree([ids[-1]] + tokens, draft.parents)
+            logits = self.target.forward_tree([ids[-1]] + fed, draft.parents)
             if params.greedy:
                 path, token = verify_tree_greedy(tokens, draft.parents, logits)
             else:  # multi-candidate rejection sampling, one-hot q for a deterministic tree (prompt lookup)
-                probs, q = logits_to_probs(logits, params), draft.probs
-                if q is not None and q.shape[-1] != probs.shape[-1]:  # vocabularies padded to other widths: pad the
-                    width = max(q.shape[-1], probs.shape[-1])          # narrower with zeros (no renormalisation)
-                    probs = torch.nn.functional.pad(probs, (0, width - probs.shape[-1]))
-                    q = torch.nn.functional.pad(q, (0, width - q.shape[-1]))
+                probs, q = common_width(logits_to_probs(logits, params), draft.probs, tokens)
                 path, token = verify_tree_sampling(tokens, draft.parents, probs, generator, q)
             self.target.keep_tree_path(len(ids), path)
             return [tokens[i] for i in path], token, logits[path_rows(path)], path
-        logits = self.target.forward([ids[-1]] + draft.tokens.tolist(), len(draft) + 1)
-        logits = controlled(logits, controls, ids, prompt_len, draft.tokens)
+        logits = self.target.forward([ids[-1]] + fed, len(draft) + 1)
+        logits = controlled(logits, controls, ids, prompt_len, torch.tensor(fed, dtype=torch.long))
         n_accepted, token = decide(logits, draft, params, generator, lossy)
         self.target.truncate(len(ids) + n_accepted)
         return draft.tokens[:n_accepted].tolist(), token, logits, list(range(n_accepted))
@@ -524,13 +521,15 @@ def decide(logits: torch.Tensor, draft: Draft, params: SamplingParams, generator
            lossy: tuple[str, float] | None = None) -> tuple[int, int]:
     """Verification of ``draft`` (K tokens) against the target's ``[K + 1, V]`` logits over ``[pending] + draft``:
     ``(n_accepted, next token)`` by the greedy rule, speculative sampling (Leviathan et al. 2023), or a lossy rule."""
+    tokens = draft.tokens.tolist()
     if lossy is not None:
-        probs = logits.float().softmax(-1) if params.greedy else logits_to_probs(logits, params)
+        probs, _ = common_width(logits.float().softmax(-1) if params.greedy else logits_to_probs(logits, params), None,
+                                tokens)
         return verify_lossy(draft.tokens, probs, *lossy, greedy=params.greedy, generator=generator)
     if params.greedy:
         return verify_greedy(draft.tokens, logits)
-    q = _fit_width(draft.probs, logits.shape[-1]) if draft.probs is not None else None
-    return verify_sampling(draft.tokens, q, logits_to_probs(logits, params), generator)
+    probs, q = common_width(logits_to_probs(logits, params), draft.probs, tokens)
+    return verify_sampling(draft.tokens, q, probs, generator)
 
 
 def cut(ids: list[int], new: list[int], cfg: GenerationConfig, eos: tuple[int, ...], text: TextStream | None,
@@ -560,14 +559,26 @@ def top_margins(logits: torch.Tensor) -> list[float]:
     return (top[:, 0] - top[:, 1]).tolist()
 
 
-def _fit_width(probs: torch.Tensor, width: int) -> torch.Tensor:
-    """Pad (with zeros) or cut ``[K, V_draft]`` draft probabilities to the target's logits width."""
-    v = probs.shape[-1]
-    if v == width:
-        return probs
-    if v > width:
-        return probs[:, :width]
-    return torch.nn.functional.pad(probs, (0, width - v))
+def in_vocab(tokens: torch.Tensor, vocab_size: int) -> list[int]:
+    """Drafted ids as the target is fed them: a draft vocabulary wider than the target's may propose an id the target
+    lacks; its target probability is 0, so it is always rejected, and the forward gets id 0 in its place (the rows
+    after it are never used)."""
+    return [t if t < vocab_size else 0 for t in tokens.tolist()]
+
+
+def common_width(probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                 tokens: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Target ``[n, V_t]`` and draft ``[k, V_d]`` distributions zero-padded to one width, at least every drafted id
+    + 1: vocabularies padded to other widths (Qwen2.5-0.5B's 151936 rows against 7B's 152064) then compare id by
+    id, an id beyond the target's vocabulary has target probability 0 (always rejected), and neither side is
+    renormalised (a cut would change q(x) and the residual)."""
+    width = max(probs.shape[-1], draft_probs.shape[-1] if draft_probs is not None else 0,
+                max(tokens, default=-1) + 1)
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        return x if x.shape[-1] == width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+
+    return pad(probs), None if draft_probs is None else pad(draft_probs)
 
 
 def default_eos_ids(tokenizer) -> tuple[int, ...]:
