@@ -63,17 +63,8 @@ def tree_attention_mask(parents: Sequence[int], past: int, dtype: torch.dtype,
         is all -inf).
     """
     check_parents(parents)
-    n = len(parents)
-    allowed = torch.zeros(n + 1, n + 1, dtype=torch.bool)
-    allowed[:, 0] = True  # everything sees the pending token
-    for i, p in enumerate(parents):
-        row = i + 1
-        if p >= 0:
-            allowed[row] = allowed[p + 1]
-        allowed[row, row] = True
-    mask = torch.zeros(n + 1, past + n + 1, dtype=dtype, device=device)
-    mask[:, past:].masked_fill_(~allowed.to(device), torch.finfo(dtype).min)
-    return mask[None, None]
+    # the pending token is the root of a grown tree whose every node is new
+    return grown_tree_mask([-1] + [p + 1 for p in parents], len(parents) + 1, past, dtype, device)
 
 
 def grown_tree_mask(parents: Sequence[int], new: int, past: int, dtype: torch.dtype,

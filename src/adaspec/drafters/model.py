@@ -11,7 +11,7 @@ from adaspec.drafters.base import Draft, Drafter, DraftStop, Proposal, empty_dra
 from adaspec.errors import ConfigError
 from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
-from adaspec.tree import main_path
+from adaspec.tree import depths, main_path
 
 
 class ModelDrafter(Drafter):
@@ -258,7 +258,8 @@ class ModelDrafter(Drafter):
                 grown_at[n] = grown + j
             grown += len(best)
             frontier = list(zip(best, out))
-        keep = sorted(range(len(tokens)), key=lambda i: (-keys[i], _depth(parents, i), i))[:budget]
+        depth_of = depths(parents)
+        keep = sorted(range(len(tokens)), key=lambda i: (-keys[i], depth_of[i], i))[:budget]
         index = {n: i for i, n in enumerate(keep)}
         draft = Draft(torch.tensor([tokens[n] for n in keep], dtype=torch.long),
                       None if greedy else torch.stack([dists[rows[n]] for n in keep]),
@@ -300,11 +301,7 @@ class ModelDrafter(Drafter):
         reach = 1.0
         for i, (q, token) in enumerate(zip(dists, chain)):
             if spare > 0:  # the spare + 1 best, ties at the cut broken by id (which ties topk returns varies with k)
-                want = min(spare + 1, q.shape[0])
-                floor = torch.topk(q, want).values[-1]
-                above = torch.nonzero(q > floor).flatten().tolist()
-                ids = above + torch.nonzero(q == floor).flatten().tolist()[:want - len(above)]
-                alternatives += [(reach * float(q[t]), i, t) for t in ids if t != token and float(q[t]) > 0]
+                alternatives += [(reach * prob, i, t) for prob, t in _top_tokens(q, spare + 1) if t != token]
             reach *= float(q[token])
         # rank order, ties to the shallower and the lower id: a smaller budget keeps a prefix of the nodes
         chosen = sorted(alternatives, key=lambda a: (-a[0], a[1], a[2]))[:max(spare, 0)]
@@ -353,9 +350,3 @@ def _top_tokens(q: torch.Tensor, k: int) -> list[tuple[float, int]]:
     out = sorted(((float(q[t]), t) for t in above + ties), key=lambda pt: (-pt[0], pt[1]))
     return [(p, t) for p, t in out if p > 0]
 
-
-def _depth(parents: list[int], node: int) -> int:
-    d = 0
-    while node >= 0:
-        node, d = parents[node], d + 1
-    return d
