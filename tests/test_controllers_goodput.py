@@ -281,6 +281,37 @@ def test_goodput_stop_within_a_step_follows_calibrated_confidence():
     assert GoodputController(confidence_stop=False).draft_stop() is None
 
 
+def _draft_asked_at_every_token(stop, qs: list[float], k: int) -> int:
+    """Tokens drafted before the stop rule ends the draft, asked after every token as ModelDrafter does."""
+    for i, q in enumerate(qs[:k]):
+        if stop(i, _peaked(q), 0) or i == k - 1:
+            return i + 1
+    return min(k, len(qs))
+
+
+def test_a_probe_drafts_deep_enough_to_learn_that_a_sure_draft_model_pays():
+    # A draft model the target always agrees with (q = 0.95 at every token), at a cost where one drafted token does
+    # not pay under the prior acceptance but four do: plain 50 ms, t_d 27 ms, t_v(n) = 50 + 12 (n - 1).
+    verify = lambda n: 50.0 + 12.0 * (n - 1)  # noqa: E731
+    ctrl = GoodputController(probe_init=6)
+    ctrl.seed_draft_costs({"d": (27.0, 1.0)})
+    stop = ctrl.draft_stop()
+    ctrl.update(rec(0, 0, verify_ms=verify(1)))
+    ctrl.next_k()  # the seeded drafter is priced: one step of it is the first probe
+    drafted = []
+    for step in range(60):
+        k = ctrl.next_k()
+        n = _draft_asked_at_every_token(stop, [0.95] * 8, k) if k else 0
+        drafted.append(n)
+        ctrl.update(rec(n, n, draft_ms=27.0 * n, verify_ms=verify(n + 1), ctx=100 + step, k=k))
+    # A probe at the best K under what is known (one token) would never observe the later positions: the probe
+    # drafts on while the draft is sure, and a probe that beat plain decoding keeps the probe gap short, so the
+    # second probe is already deep and after a few more the controller speculates deep at every step.
+    first_deep = next(i for i, n in enumerate(drafted) if n >= 4)
+    assert first_deep <= 1 + 6 + 1 + 12 and drafted[first_deep] == 8
+    assert min(drafted[35:]) >= 4
+
+
 def test_draft_cost_and_catch_up_cost_are_measured_apart():
     ctrl = GoodputController()
     ctrl.update(rec(0, 0, ctx=100))
@@ -784,3 +815,33 @@ def test_warmup_measures_draft_costs_even_when_the_draft_cache_holds_the_warmup_
     assert "d" not in ctrl.costs.feed  # no catch-up was timed by the warm-up generation...
     draft_ms, feed_ms = ctrl.costs.draft_seed["d"]  # ...but both costs were measured on the draft's backend
     assert 0 < feed_ms < draft_ms and ctrl.costs.feed_ms("d", 0) == feed_ms
+
+
+def test_a_drafter_that_pays_does_not_keep_a_free_lookup_with_a_long_match_from_being_probed():
+    """Hybrid drafting where the draft model pays (α 0.9) and the free lookup drafter failed once early on: when the
+    lookup matches a long continuation again, it is probed (it would beat the model if its drafts were accepted),
+    wins, and is used from then on; before, a paying draft model kept the lookup from ever being tried again."""
+    rng = random.Random(1)
+    ctrl = GoodputController(probe_init=4, probe_max=16)
+    ctx = 100
+    ctrl.update(rec(0, 0, ctx=ctx))
+    for d, ms, acc in (("lookup", 0.1, 0), ("model", 20.0, 2)):  # the lookup fails at first, the model pays
+        for _ in range(3):
+            ctrl.update(rec(2, acc, draft_ms=2 * ms, ctx=ctx, drafter=d))
+            ctx += 1
+    used = []
+    for _ in range(120):
+        name = ctrl.choose_drafter({"lookup": 6, "model": None})  # the text now repeats: a 6-token match
+        k = ctrl.next_k()
+        used.append(name if k else None)
+        if name == "lookup":
+            ctrl.update(rec(k, k, draft_ms=0.1 * k, verify_ms=100.0 + 5 * k, ctx=ctx, drafter="lookup"))
+        elif name == "model":
+            accepted = next((i for i in range(k) if rng.random() > 0.9), k)
+            ctrl.update(rec(k, accepted, draft_ms=20.0 * k, verify_ms=100.0 + 5 * k, ctx=ctx, drafter="model"))
+        else:
+            ctrl.update(rec(0, 0, ctx=ctx))
+        ctx += 1
+    first = used.index("lookup")
+    assert first <= 4 + 2  # probed once it has sat out its gap
+    assert used[60:].count("lookup") >= 55  # and used from then on

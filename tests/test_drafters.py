@@ -121,6 +121,12 @@ def test_model_drafter_confidence_stop(qwen):
 
     draft = drafter.propose(ids, 6, GREEDY, stop=stop)
     assert len(draft) == 3 and seen == [0, 1, 2]
+    seen.clear()  # a draft of K tokens asks about its last token too (the controller learns from every q) ...
+    draft = drafter.propose(ids, 1, GREEDY, stop=stop)
+    assert len(draft) == 1 and seen == [0]
+    seen.clear()
+    draft = drafter.propose(ids, 2, GREEDY, stop=lambda pos, probs, tok: seen.append(pos) or True)
+    assert len(draft) == 1 and seen == [0]  # ... and a stop at any position ends the draft there
 
 
 # The draft cache across requests -------------------------------------------------------------------------------

@@ -388,6 +388,7 @@ class GoodputController(Controller):
         self.request_ms = 0.0  # time of this request's steps so far
         self.idle: dict[str, int] = {}  # per drafter: steps it could have drafted since it last did
         self.probe_gap: dict[str, int] = {}  # per drafter: idle steps before it is probed again
+        self.probing: tuple[str, float] | None = None  # the probed drafter and the plain step's ms, on a probe
 
     def set_synced(self, synced: Mapping[str, int]) -> None:
         """At a request's start: per drafter, the leading tokens of the sequence it already holds (a draft model
@@ -448,6 +449,7 @@ class GoodputController(Controller):
         candidate (a single drafter's name is learnt from the first speculative step)."""
         c = self.config
         self.planned = (0.0, 0.0)
+        self.probing = None
         if not self.costs.measured or self.fresh:  # a request's first step is plain: it tells the context length
             return None, 0
         if options is None:
@@ -458,6 +460,7 @@ class GoodputController(Controller):
         plain_ms = self.costs.verify_ms(1, b) + overhead
         best: tuple[float, str | None, int, float] = (0.0, None, 0, 0.0)
         candidates: dict[str, tuple[float, int, float]] = {}  # name -> its best (gain, K, catch-up)
+        optimistic: dict[str, tuple[float, int]] = {}  # name -> its best (gain, K) were every draft accepted
         for name, cap in options.items():
             k_top = c.k_max if cap is None else min(c.k_max, cap)
             if k_top <= 0:
@@ -473,6 +476,8 @@ class GoodputController(Controller):
                 gain = expected_tokens(alphas, k) / step_ms
                 if gain > candidates.get(name, (0.0,))[0]:
                     candidates[name] = (gain, k, catch_up)
+                if (k + 1) / step_ms > optimistic.get(name, (0.0,))[0]:
+                    optimistic[name] = ((k + 1) / step_ms, k)
                 if gain > best[0]:
                     best = (gain, name, k, catch_up)
         gain, name, k, catch_up = best
@@ -482,6 +487,17 @@ class GoodputController(Controller):
         for other in candidates:  # every drafter that could draft now and (unless chosen below) does not
             self.idle[other] = self.idle.get(other, 0) + 1
         if gain >= c.min_gain / plain_ms:
+            # A drafter that has sat out its probe gap and would beat the chosen one if all its drafts were accepted
+            # (a free lookup with a long match, say) is probed instead, judged against the chosen one's rate: a
+            # drafter that pays must not keep another that may pay more from ever being measured again.
+            for other, (best_case, k_other) in sorted(optimistic.items(), key=lambda kv: kv[1], reverse=True):
+                gap = self.probe_gap.get(other, c.probe_init)
+                if other != name and best_case > gain and self.idle[other] > gap \
+                        and candidates[other][2] <= self._probe_allowance(plain_ms):
+                    self.idle[other], self.probe_gap[other] = 0, min(2 * gap, c.probe_max)
+                    self.probing = (other, 1.0 / gain)
+                    self.planned = (self.costs.draft_ms(other, b) or 0.0, candidates[other][2])
+                    return self._probe(other, k_other, 1.0 / gain, b, options[other])
             self.plain_run, self.idle[name], self.probe_gap[name] = 0, 0, c.probe_init
             self.planned = (self.costs.draft_ms(name, b) or 0.0, catch_up)
             return self._speculate(name, k, gain, b, options[name])
@@ -494,10 +510,31 @@ class GoodputController(Controller):
             gap = self.probe_gap.get(name, c.probe_init)
             if self.idle[name] > gap and catch_up <= self._probe_allowance(plain_ms):  # else: as soon as allowed
                 self.idle[name], self.probe_gap[name] = 0, min(2 * gap, c.probe_max)
-                self._thresholds = None
+                self.probing = (name, plain_ms)
                 self.planned = (self.costs.draft_ms(name, b) or 0.0, catch_up)
-                return name, k
+                return self._probe(name, k, plain_ms, b, options[name])
         return None, 0
+
+    def _probe(self, name: str, k: int, baseline_ms: float, b: int, cap: int | None) -> tuple[str, int]:
+        """A probe's plan. A probe is there to measure how deep the drafter's acceptance runs, so a drafter that
+        consults the stop rule drafts on (up to k_max) while its own calibrated confidence says the next token is
+        worth more than the baseline's rate (one token per ``baseline_ms``: a plain step's, or the step it displaces), with the positional acceptance it has not yet measured taken as 1;
+        others are probed at their best K. (Probing at the best K under the shrunk acceptance alone drafts one token
+        and never observes the later positions, so a draft model that agrees with the target stays unused.)"""
+        self._thresholds = None
+        if not (self.config.confidence_stop and name in self.stoppable):
+            return name, k
+        k_top = self.config.k_max if cap is None else min(self.config.k_max, cap)
+        self._thresholds = self._stop_thresholds(name, 1.0 / baseline_ms, b, k_top, [1.0] * k_top)
+        return name, k_top
+
+    def _stop_thresholds(self, name: str, gain: float, b: int, k_top: int, alphas: list[float]) -> list[float]:
+        """Per draft position j, the calibrated probability that tokens 0..j are all accepted below which drafting
+        token j + 1 would lower the step's tokens per millisecond under ``gain``: gain · (t_d + Δt_v) / α[j + 1]."""
+        per_token = self.costs.draft_ms(name, b) or 0.0
+        verify = [self.costs.verify_ms(n, b) for n in range(1, k_top + 2)]  # verify[n - 1] = t_v(n)
+        return [gain * (per_token + max(verify[j + 2] - verify[j + 1], 0.0)) / max(alphas[j + 1], 1e-6)
+                for j in range(k_top - 1)]
 
     def _probe_allowance(self, plain_ms: float) -> float:
         """Milliseconds a probe may spend catching its drafter up: a share (``probe_share``) of what this request
@@ -517,11 +554,7 @@ class GoodputController(Controller):
         if not (self.config.confidence_stop and name in self.stoppable):
             return name, k
         k_top = self.config.k_max if cap is None else min(self.config.k_max, cap)
-        alphas = self._acceptance(name).rates()
-        per_token = self.costs.draft_ms(name, b) or 0.0
-        verify = [self.costs.verify_ms(n, b) for n in range(1, k_top + 2)]  # verify[n - 1] = t_v(n)
-        self._thresholds = [gain * (per_token + max(verify[j + 2] - verify[j + 1], 0.0)) / max(alphas[j + 1], 1e-6)
-                            for j in range(k_top - 1)]
+        self._thresholds = self._stop_thresholds(name, gain, b, k_top, self._acceptance(name).rates())
         return name, k_top
 
     def draft_stop(self) -> DraftStop | None:
@@ -540,6 +573,15 @@ class GoodputController(Controller):
 
         return stop
 
+    def _judge_probe(self, step: StepRecord, name: str, baseline_ms: float) -> None:
+        """A probe that beat its baseline (one token per ``baseline_ms``; tokens per millisecond of its drafting, at
+        the steady draft cost, and verification) resets the drafter's probe gap: the gap doubles only while the
+        drafter keeps losing."""
+        per_token = self.costs.draft_ms(name, bucket_of(step.context_len)) or step.draft_ms / step.drafted
+        cost = step.drafted * per_token + step.verify_ms + self.costs.overhead_ms()
+        if step.emitted / cost >= self.config.min_gain / baseline_ms:
+            self.probe_gap[name] = self.config.probe_init
+
     def _acceptance(self, name: str) -> Acceptance:
         if name not in self.acceptance:
             c = self.config
@@ -549,6 +591,9 @@ class GoodputController(Controller):
     def update(self, step: StepRecord) -> None:
         behind = step.context_len - self.synced.get(step.drafter, 0) if step.drafted else 0
         self.costs.observe(step, behind)
+        if step.drafted and self.probing is not None and self.probing[0] == step.drafter:
+            self._judge_probe(step, *self.probing)
+        self.probing = None
         if step.drafted:  # it has fed the context and its drafts but the last; those past the rejection are gone
             self.synced[step.drafter] = step.context_len + min(step.drafted - 1, step.accepted)
         self.context_len = step.context_len + step.emitted

@@ -331,7 +331,8 @@ class ModelDrafter(Drafter):
                 token = sample(q, generator)
                 probs.append(q)
             tokens.append(token)
-            if i == k - 1 or (stop is not None and stop(i, q, int(token))):
+            stopped = stop is not None and stop(i, q, int(token))  # asked at the last position too: its q is data
+            if stopped or i == k - 1:
                 break
             token_id = int(token)
             if self._controls is not None:
