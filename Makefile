@@ -32,7 +32,7 @@ $(VENV)/.test-extras: $(BIN)/adaspec
 setup: $(BIN)/adaspec
 
 models: setup
-	$(BIN)/adaspec models fetch --gguf-only qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct
+	$(BIN)/adaspec models fetch --gguf-only qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct qwen2.5-coder-0.5b-instruct-q4_0
 
 demo: models
 	$(BIN)/adaspec generate "$(PROMPT)" --compare --threads 2

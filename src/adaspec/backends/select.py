@@ -289,11 +289,11 @@ def fastest_gguf_runtime(gguf_file: Path, threads: int, probe_ids: list[int], *,
 
 
 def has_gguf(spec: str) -> bool:
-    """True when ``spec`` names a model with a GGUF file (a zoo name or a ``.gguf`` path)."""
-    from adaspec.models import ZOO
+    """True when ``spec`` names a model with a GGUF file (a zoo name or variant, or a ``.gguf`` path)."""
+    from adaspec.models import VARIANTS, ZOO
 
     text = str(spec).strip()
-    return text.lower() in ZOO or text.lower().endswith(".gguf")
+    return text.lower() in ZOO or text.lower() in VARIANTS or text.lower().endswith(".gguf")
 
 
 def choose_backend(spec: str, backend: str = "auto", *, device: str = "cpu", dtype: str | None = None,

@@ -11,7 +11,8 @@ from ..errors import AdaspecError
 from .assemble import fetch_gguf
 from .cache import cache_root
 from .convert import fetch
-from .registry import ZOO
+from .registry import VARIANTS, ZOO
+from .requantize import fetch_variant
 from .resolve import model_status
 
 __all__ = ["add_models_parser"]
@@ -43,6 +44,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
         elif status == "not fetched" and st["parts_downloaded"]:
             status = f"not fetched ({st['parts_downloaded']}/{st['parts_total']} packages downloaded)"
         rows.append((name, st["role"], _human(st["gguf_expected_size"]), st["quant"], status))
+    for name, v in VARIANTS.items():  # requantised here from a zoo model on first use
+        path = cache_root() / "gguf" / f"{name}.gguf"
+        built = path.is_file() and path.stat().st_size == v.gguf_size
+        rows.append((name, v.role, _human(v.gguf_size), v.quant,
+                     "cached" if built else f"not built (requantised from {v.base} on first use)"))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
@@ -60,6 +66,10 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     for name in names:
         started = time.monotonic()
         try:
+            if name.strip().lower() in VARIANTS:  # a GGUF only: requantised, runs on the GGUF runtimes
+                path = fetch_variant(name, progress=progress)
+                print(f"{name}: ready at {path} [{time.monotonic() - started:.1f}s]")
+                continue
             if args.verify or args.gguf_only:
                 path = fetch_gguf(name, progress=progress, keep_wheels=args.keep_wheels, verify=args.verify)
             if not args.gguf_only:

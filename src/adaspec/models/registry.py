@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..errors import UnknownModelError
 
-__all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "ModelEntry", "ZOO"]
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "ModelEntry", "VARIANTS", "Variant", "ZOO"]
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,44 @@ ZOO: dict[str, ModelEntry] = {
     ),
 }
 
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A zoo model requantised here from another's GGUF by ik_llama.cpp's ``llama-quantize`` (a cheaper draft):
+    built on first use, deterministic for the pinned ik-llama-cpp-python, and checked against ``gguf_sha256``."""
+
+    name: str
+    base: str  # the zoo model it is built from
+    quant: str  # llama-quantize's type for the layers
+    output_quant: str  # its type for output.weight (the LM head, a large share of a small model's bytes)
+    description: str
+    gguf_size: int
+    gguf_sha256: str
+
+    @property
+    def role(self) -> str:
+        return ZOO[self.base].role
+
+    @property
+    def license(self) -> str:
+        return ZOO[self.base].license
+
+
+VARIANTS: dict[str, Variant] = {
+    "qwen2.5-coder-0.5b-instruct-q4_0": Variant(
+        name="qwen2.5-coder-0.5b-instruct-q4_0",
+        base="qwen2.5-coder-0.5b-instruct",
+        quant="Q4_0",
+        output_quant="q4_0",
+        description="Qwen2.5-Coder 0.5B Instruct requantised to Q4_0, LM head included (a cheaper draft)",
+        gguf_size=360_662_912,
+        gguf_sha256="f0060c089e6d88a919d228f67061f5146a4750b615bbf5bc297b0898f352f2e7",
+    ),
+}
+
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_0"  # on PyTorch, or where it cannot be built: its base
 
 
 def _entry(name: str) -> ModelEntry:
@@ -85,7 +121,7 @@ def _entry(name: str) -> ModelEntry:
 
 
 def _unknown_message(spec: str, extra: str = "") -> str:
-    names = sorted(ZOO)
+    names = sorted([*ZOO, *VARIANTS])
     close = difflib.get_close_matches(spec.strip().lower(), names, n=1, cutoff=0.5)
     msg = f"unknown model {spec!r}"
     if extra:

