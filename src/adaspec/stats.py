@@ -67,6 +67,7 @@ class GenerationStats:
     steps: list[StepRecord] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     tree_fallback: str = ""  # why a request that asked for token trees verified chains ("" = it did not ask)
+    grammar_ms: float = 0.0  # time in the grammar engine (masks, cuts, forced tokens) of a constrained request
 
     def record(self, step: StepRecord) -> None:
         self.steps.append(step)
