@@ -153,6 +153,7 @@ class GenerationStats:
             "peak_rss_bytes": self.peak_rss_bytes,
             **({"tree_fallback": self.tree_fallback} if self.tree_fallback else {}),
             **({"tree_steps": sum(s.tree for s in self.steps)} if any(s.tree for s in self.steps) else {}),
+            **({"grammar_ms": round(self.grammar_ms, 2)} if self.grammar_ms else {}),
         }
 
     def to_dict(self) -> dict:
