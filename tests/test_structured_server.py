@@ -13,7 +13,7 @@ pytest.importorskip("llguidance")
 
 import openai  # noqa: E402
 
-from adaspec.server.tools import ToolCallStream, parse_tool_calls, plan_tools  # noqa: E402
+from adaspec.toolcalls import ToolCallStream, parse_tool_calls, plan_tools  # noqa: E402
 from test_server import live, make_host  # noqa: E402
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "size", "kind"],

@@ -9,6 +9,7 @@ model reconciles its own cache against the sequence (see :class:`~adaspec.drafte
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -334,16 +335,17 @@ class SpeculativeEngine:
             drafter.prefill(prompt)
             drafter.set_controls(controls, len(prompt))
             stats.prefill_ms += (time.perf_counter() - t) * 1e3
-            self.controller.set_synced(cached_prefixes(drafter, ids))  # a draft cache kept from a request before
+            self.controller.set_synced(cached_prefixes(unwrapped(drafter), ids))  # a draft cache kept from a request before
 
         while finish is None:
             step_start = time.perf_counter()
             generated = len(ids) - len(prompt)
+            n_forced = 0
             room = min(cfg.max_new_tokens - generated, self.target.max_context - len(ids))
             if room <= 0:
                 new, finish = [], "length"
                 break
-            route(drafter, self.controller, ids)  # per-step drafter choice (MultiDrafter only)
+            route(unwrapped(drafter), self.controller, ids)  # per-step drafter choice (MultiDrafter only)
             k = min(self.controller.next_k(), room - 1) if drafter is not None else 0
             # a tree's nodes must fit the context (the depth k already does) and the target's tree capacity
             budget = min(tree_budget, self.target.max_context - len(ids), self.target.max_tree_nodes)
@@ -352,6 +354,8 @@ class SpeculativeEngine:
                 if chooser is not None:
                     budget = chooser.width(k, budget)
                 draft = drafter.propose_tree(ids, k, budget, params, generator, cfg.tree_expand)
+            elif isinstance(drafter, ForcedDrafter):  # the grammar's forced tokens, then K of the wrapped drafter
+                draft, n_forced = drafter.propose_free(ids, k, room - 1, params, generator, stop_rule)
             else:
                 draft = drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft()
             cut_q = None
@@ -382,7 +386,7 @@ class SpeculativeEngine:
                               total_ms=(time.perf_counter() - step_start) * 1e3,
                               drafter=(draft.source or drafter.name) if len(draft) else "", tree=as_tree)
             stats.record(step)
-            self.controller.update(step)
+            self.controller.update(without_forced(step, n_forced))
             if chooser is not None and k > 0:
                 chooser.update(as_tree, step.emitted, step.total_ms, chain_emitted(draft, accepted, len(new)), k,
                                nodes=len(draft), path=path, verify_ms=step.verify_ms)
@@ -511,6 +515,24 @@ class SpeculativeEngine:
             self.verify_curve = dict(calibrate(self.target) or {})
         if self.drafter is not None and type(self.controller).seed_draft_costs is not Controller.seed_draft_costs:
             self.controller.seed_draft_costs(measure_drafters(self.drafter))
+
+
+def unwrapped(drafter: Drafter | None) -> Drafter | None:
+    """The drafter a grammar's :class:`~adaspec.drafters.forced.ForcedDrafter` wraps (the one a controller
+    routes and prices), else ``drafter``."""
+    return drafter.inner if isinstance(drafter, ForcedDrafter) and drafter.inner is not None else drafter
+
+
+def without_forced(step: StepRecord, n_forced: int) -> StepRecord:
+    """``step`` as the controller sees it: the grammar's forced drafts left out (they cost no draft forward and
+    their acceptance is the grammar's, not the drafter's), so K, acceptance and draft prices stay the wrapped
+    drafter's; with only forced drafts, a plain step of the controller's."""
+    if not n_forced:
+        return step
+    accepted = max(0, step.accepted - n_forced) if step.accepted >= n_forced else 0
+    drafted = step.drafted - n_forced if step.accepted >= n_forced else 0
+    return dataclasses.replace(step, drafted=drafted, accepted=accepted,
+                               drafter=step.drafter if drafted else "")
 
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

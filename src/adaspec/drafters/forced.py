@@ -27,14 +27,15 @@ class ForcedDrafter(Drafter):
             :meth:`bound`); it must stand at the sequence ``propose`` is given.
     """
 
-    def __init__(self, inner: Drafter | None = None, state=None) -> None:
+    def __init__(self, inner: Drafter | None = None, state=None, max_forced: int = 16) -> None:
         self.inner = inner
         self.state = state
+        self.max_forced = max_forced
         self.name = "forced" if inner is None else f"forced+{inner.name}"
 
     def bound(self, state) -> ForcedDrafter:
         """This drafter for one request whose grammar state is ``state`` (None = no grammar)."""
-        return ForcedDrafter(self.inner, state)
+        return ForcedDrafter(self.inner, state, self.max_forced)
 
     @property
     def branches(self) -> bool:
@@ -63,6 +64,20 @@ class ForcedDrafter(Drafter):
         """Up to ``k`` tokens the grammar forces from its current state (none without a grammar)."""
         return self.state.forced()[:k] if self.state is not None and k > 0 else []
 
+    def propose_free(self, ids: list[int], k: int, room: int, sampling: SamplingParams,
+                     generator: torch.Generator | None = None, stop: DraftStop | None = None) -> tuple[Draft, int]:
+        """How the engine drafts (``(draft, n forced)``): the forced tokens come on top of the controller's K, as
+        they cost no draft forward and are accepted with certainty where the grammar allows one token; at most
+        ``max_forced`` of them and ``room`` tokens in all (the request's token budget and context). ``k`` (the
+        controller's K) goes to the wrapped drafter after them. The engine hands the controller the step without
+        the forced tokens, so its prices and acceptance are the wrapped drafter's own."""
+        forced = self.forced(min(self.max_forced, room))
+        k = min(k, room - len(forced))
+        if self.inner is None or k <= 0:
+            return (Draft(torch.tensor(forced, dtype=torch.long), source="forced") if forced else empty_draft(),
+                    len(forced))
+        return self._with_inner(ids, forced, k, sampling, generator, stop), len(forced)
+
     def propose(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
                 stop: DraftStop | None = None) -> Draft:
         """``[forced tokens] + inner's proposal after them``, at most ``k`` tokens. Forced tokens have a one-hot q
@@ -70,8 +85,12 @@ class ForcedDrafter(Drafter):
         forced = self.forced(k)
         rest = k - len(forced)
         if self.inner is None or rest <= 0:
-            return Draft(torch.tensor(forced, dtype=torch.long)) if forced else empty_draft()
-        inner = self.inner.propose(ids + forced, rest, sampling, generator, stop)
+            return Draft(torch.tensor(forced, dtype=torch.long), source="forced") if forced else empty_draft()
+        return self._with_inner(ids, forced, rest, sampling, generator, stop)
+
+    def _with_inner(self, ids: list[int], forced: list[int], k: int, sampling: SamplingParams,
+                    generator: torch.Generator | None, stop: DraftStop | None) -> Draft:
+        inner = self.inner.propose(ids + forced, k, sampling, generator, stop)
         if not forced:
             return inner
         tokens = torch.cat([torch.tensor(forced, dtype=torch.long), inner.tokens])

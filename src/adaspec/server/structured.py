@@ -5,7 +5,7 @@ constraint on the encode thread (a schema, regex or tool grammar that is invalid
 engine's limits is a 400 naming the problem) before the request takes a place or joins a batch, and shares the
 compiled grammar with the engine that will run it (:meth:`~adaspec.engine.SpeculativeEngine.compile` caches it).
 :func:`chat_message` and :class:`StreamedChoice` shape the answer: tool calls parsed from the model's
-``<tool_call>`` blocks (:mod:`adaspec.server.tools`) with ``finish_reason: "tool_calls"``.
+``<tool_call>`` blocks (:mod:`adaspec.toolcalls`) with ``finish_reason: "tool_calls"``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from adaspec.errors import ConfigError
 from adaspec.server.protocol import APIError
-from adaspec.server.tools import ToolCallStream, ToolPlan, parse_tool_calls, plan_tools, template_message
+from adaspec.toolcalls import ToolCallStream, ToolPlan, parse_tool_calls, plan_tools, template_message
 from adaspec.structured import Constraint
 
 
