@@ -232,3 +232,55 @@ def test_constrained_speculative_sampling_matches_masked_target(vocab, drafter):
     keys = sorted(set(exact) | set(counts))
     assert_matches(np.array([counts.get(k, 0) for k in keys]), np.array([exact.get(k, 0.0) for k in keys]),
                    f"{drafter}: first three tokens")
+
+
+# The real small model (slow) ---------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_smollm2_schema_valid_and_speculative_equals_constrained_plain():
+    """smollm2-135m-instruct (fp32, its own tokenizer): every answer is valid JSON for the schema, and greedy
+    speculative output (prompt lookup; a layer-truncated draft model; forced drafts alone) is constrained plain
+    decoding token for token."""
+    from adaspec.api import load, make_drafter
+    from adaspec.controllers import make_controller
+    from adaspec.structured_workload import schema_errors
+
+    torch.set_num_threads(2)
+    lm = load("smollm2-135m-instruct", draft="ngram", dtype="float32", threads=2, progress=False)
+    schema = {"type": "object", "additionalProperties": False, "required": ["city", "country", "population"],
+              "properties": {"city": {"type": "string"}, "country": {"type": "string"},
+                             "population": {"type": "integer"}}}
+    cfg = GenerationConfig(max_new_tokens=64, json_schema=schema)
+    prompts = ["Paris is the capital of France, home to about 2.1 million people. Give its facts as JSON.",
+               "Describe Tokyo as JSON.", "Berlin has 3.7 million inhabitants. Answer in JSON."]
+    drafters = [lm.engine.drafter, make_drafter("layerskip:20", lm.target, dtype="float32", progress=False),
+                ForcedDrafter(None)]
+    for prompt in prompts:
+        ids = lm.encode(prompt)
+        plain = lm.plain().generate(ids, cfg)
+        assert plain.finish_reason == "stop", plain.text
+        assert schema_errors(json.loads(plain.text), schema) == []
+        for drafter in drafters:
+            engine = SpeculativeEngine(lm.target.backend, drafter, make_controller("fixed", 4), tokenizer=lm.tokenizer)
+            spec = engine.generate(ids, cfg)
+            assert spec.token_ids == plain.token_ids, (prompt, drafter.name)
+
+
+# The structured workload -------------------------------------------------------------------------------------------
+def test_structured_workload_tasks_and_scoring():
+    from adaspec.structured_workload import CATEGORIES, load_tasks, schema_errors, score
+
+    tasks = load_tasks(6)
+    assert [t.category for t in tasks] == list(CATEGORIES) * 2
+    sig, answer, tool = tasks[:3]
+    assert sig.expected == {"function_name": "has_close_elements", "parameters": ["numbers", "threshold"],
+                            "returns": "bool"}
+    assert score(sig, json.dumps(sig.expected), "stop") == {"valid": True, "exact": 1.0, "fields": {
+        "function_name": True, "parameters": True, "returns": True}}
+    assert score(sig, json.dumps(sig.expected), "length")["valid"] is False  # cut by the budget: not complete
+    wrong = score(answer, json.dumps({"reasoning": "r", "answer": answer.expected["answer"] + 1}), "stop")
+    assert wrong["valid"] and wrong["exact"] == 0.0
+    assert not score(answer, '{"reasoning": "r"}', "stop")["valid"]
+    call = '<tool_call>\n' + json.dumps({"name": "translate", "arguments": tool.expected}) + '\n</tool_call>'
+    assert score(tool, call, "stop")["exact"] == 1.0 and tool.constraint.kind == "lark"
+    assert schema_errors({"a": 1.5}, {"type": "object", "properties": {"a": {"type": "integer"}}}) == [
+        "$.a: expected integer, got float"]

@@ -24,6 +24,7 @@ grammar; llguidance not installed; a grammar too complex for the limits).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -209,6 +210,8 @@ class GrammarVocab:
                 return CompiledGrammar(self._cache[constraint], self.vocab_size)
         llg = _llguidance()
         grammar = constraint.grammar()
+        if constraint.kind == "lark":
+            grammar = llg.LLMatcher.grammar_from_lark(self._special_literals(constraint.source))
         matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
         if matcher.is_error():
             raise ConfigError(f"invalid {constraint.kind.replace('_', ' ')}: {_first_line(matcher.get_error())}")
@@ -217,6 +220,17 @@ class GrammarVocab:
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return CompiledGrammar(matcher, self.vocab_size)
+
+
+    def _special_literals(self, lark: str) -> str:
+        """``lark`` with each quoted literal that this tokenizer reads as one special token (``"<tool_call>"`` in
+        Qwen2.5's vocabulary) written as that token (``<[id]>``): the model emits such a text as its special token,
+        which llguidance otherwise never matches against the literal's bytes."""
+        def sub(m: re.Match) -> str:
+            ids = self.tokenizer.tokenize_str(m.group(1))
+            return f"<[{ids[0]}]>" if len(ids) == 1 and self.tokenizer.is_special_token(ids[0]) else m.group(0)
+
+        return re.sub(r'"(<[^"\\\s]+>)"', sub, lark)
 
 
 def _first_line(error: str) -> str:

@@ -72,7 +72,7 @@ class ToolPlan:
         schema = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
         schema = {**schema, "x-guidance": {**JSON_OPTIONS, "lenient": True}}
         repeat = ' ("\\n" call)*' if self.parallel else ""
-        return Constraint.lark(f'start: call{repeat}\ncall: "{OPEN}\\n" body "\\n{CLOSE}"\n'
+        return Constraint.lark(f'start: call{repeat}\ncall: "{OPEN}" "\\n" body "\\n" "{CLOSE}"\n'
                                f"body: %json {json.dumps(schema)}\n")
 
 
