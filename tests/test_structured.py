@@ -248,7 +248,7 @@ def test_smollm2_schema_valid_and_speculative_equals_constrained_plain():
     lm = load("smollm2-135m-instruct", draft="ngram", dtype="float32", threads=2, progress=False)
     schema = {"type": "object", "additionalProperties": False, "required": ["city", "country", "population"],
               "properties": {"city": {"type": "string"}, "country": {"type": "string"},
-                             "population": {"type": "integer"}}}
+                             "population": {"type": "integer", "minimum": 0, "maximum": 99999999}}}
     cfg = GenerationConfig(max_new_tokens=64, json_schema=schema)
     prompts = ["Paris is the capital of France, home to about 2.1 million people. Give its facts as JSON.",
                "Describe Tokyo as JSON.", "Berlin has 3.7 million inhabitants. Answer in JSON."]

@@ -11,7 +11,7 @@ the grammar forces (:meth:`~GrammarState.forced`) and whether the output may end
 
 The grammar engine is llguidance (Microsoft; what llama.cpp uses): Earley parsing over a lexer, token masks
 computed from a token trie, rollback of consumed tokens, forced ("fast-forward") tokens. Its parser limits
-(:data:`LIMITS`: "fuel" per compile and per mask) bound the work of compiling a grammar and of every mask, so a
+(:func:`parser_limits`: "fuel" per compile and per mask) bound the work of compiling a grammar and of every mask, so a
 pathological schema fails with an error instead of hanging a request.
 
 JSON output is compact (``whitespace_flexible`` off, ``", "`` and ``": "`` separators, as OpenAI's strict mode
@@ -52,7 +52,7 @@ def _llguidance():
     return llguidance
 
 
-def _limits():
+def parser_limits():
     """Parser limits: llguidance's defaults made explicit (fuel ~50k/ms to build a lexer, ~14k/ms per mask step),
     which bound one compile to well under a second and one mask to a few milliseconds of work."""
     llg = _llguidance()
@@ -212,7 +212,7 @@ class GrammarVocab:
         grammar = constraint.grammar()
         if constraint.kind == "lark":
             grammar = llg.LLMatcher.grammar_from_lark(self._special_literals(constraint.source))
-        matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0, limits=_limits())
+        matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0, limits=parser_limits())
         if matcher.is_error():
             raise ConfigError(f"invalid {constraint.kind.replace('_', ' ')}: {_first_line(matcher.get_error())}")
         with self._lock:
