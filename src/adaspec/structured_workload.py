@@ -74,6 +74,10 @@ class StructuredTask:
     def template_tools(self) -> list[dict] | None:
         return self.tools.template_tools if self.tools is not None else None
 
+    def model_input(self, chat: bool = True) -> list[dict]:
+        """What to encode (as :meth:`adaspec.workloads.Prompt.model_input`): the chat messages."""
+        return list(self.messages)
+
 
 def _signature(code: str, name: str) -> dict:
     for node in ast.walk(ast.parse(code)):
@@ -144,6 +148,11 @@ def load_tasks(limit: int | None = None, categories: tuple[str, ...] = CATEGORIE
     for i in range(shortest, longest):
         out += [x[i] for x in lists if i < len(x)]
     return out[:limit] if limit is not None else out
+
+
+def workload_tasks(limit: int | None = None) -> list[StructuredTask]:
+    """The workload named ``structured`` in ``adaspec compare``: ``limit`` tasks per category (None: all)."""
+    return load_tasks(None if limit is None else limit * len(CATEGORIES))
 
 
 def schema_errors(value: Any, schema: dict, path: str = "$") -> list[str]:
