@@ -335,7 +335,8 @@ class SpeculativeEngine:
             drafter.prefill(prompt)
             drafter.set_controls(controls, len(prompt))
             stats.prefill_ms += (time.perf_counter() - t) * 1e3
-            self.controller.set_synced(cached_prefixes(unwrapped(drafter), ids))  # a draft cache kept from a request before
+            # a draft cache kept from a request before
+            self.controller.set_synced(cached_prefixes(unwrapped(drafter), ids))
 
         while finish is None:
             step_start = time.perf_counter()
