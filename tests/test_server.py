@@ -470,9 +470,12 @@ BAD = [
     (CC, {"messages": MSG, "n": 0}, 400, "n=0"),
     (CC, {"messages": MSG, "top_logprobs": 2}, 400, "needs logprobs"),
     (CC, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
-    (CC, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools is not supported"),
+    (CC, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools[0]"),
     (CC, {"messages": MSG, "max_tokens": 5, "max_completion_tokens": 6}, 400, "disagree"),
-    (CC, {"messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    (CC, {"messages": MSG, "response_format": {"type": "yaml"}}, 400, "response_format"),
+    (CC, {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "objectx"}}}}, 400, "objectx"),
+    (CC, {"messages": MSG, "tool_choice": "required"}, 400, "needs tools"),
     ("/v1/models/nope", None, 404, "does not exist"),
     ("/v1/nothing", {"x": 1}, 404, "no route"),
 ]

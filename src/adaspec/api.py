@@ -220,9 +220,10 @@ class SpeculativeLM:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def encode(self, prompt: str | Sequence[dict], chat: bool | None = None) -> list[int]:
+    def encode(self, prompt: str | Sequence[dict], chat: bool | None = None, tools: list[dict] | None = None
+               ) -> list[int]:
         """Token ids for a prompt string, or for OpenAI-style ``messages``; ``chat=None`` applies the chat template
-        when the model has one."""
+        when the model has one, with ``tools`` (OpenAI tool definitions) rendered by it when given."""
         chat = self.has_chat_template if chat is None else chat
         if not isinstance(prompt, str):
             chat = True
@@ -232,7 +233,8 @@ class SpeculativeLM:
         if chat:
             if not self.has_chat_template:
                 raise ConfigError(f"{self.target.name} has no chat template; use chat=False")
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                      **({"tools": tools} if tools else {}))
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(prompt)["input_ids"]
 

@@ -202,6 +202,9 @@ class BatchEngine:
                               f"(asked strict={cfg.strict})")
         if cfg.stop and self.tokenizer is None:
             raise ConfigError("stop strings need a tokenizer")
+        if cfg.constraint is not None:  # refused, never ignored (adaspec.structured runs in SpeculativeEngine)
+            raise ConfigError("structured output (response_format, json_schema, regex, grammar) is not supported in "
+                              "batched decoding yet; use SpeculativeEngine (a server with --max-batch 1)")
         drafter_for = drafter_for or self._drafter_for
         controller_factory = controller_factory or self._controller_factory
         if drafter_for is None and controller_factory is not self._controller_factory \

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from adaspec.defaults import BACKEND_CHOICES, DEFAULT_CONTROLLER, DEFAULT_DRAFTER, DEVICE_CHOICES
 from adaspec.errors import AdaspecError, ConfigError
@@ -81,6 +82,29 @@ def _sampling_kwargs(args: argparse.Namespace) -> dict:
                 logit_bias=_logit_bias(args.logit_bias))
 
 
+def _add_structured_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("structured output (docs/structured.md)").add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="FILE", help="the output is JSON following this JSON schema (strict)")
+    g.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    g.add_argument("--regex", help="the output matches this regular expression")
+    g.add_argument("--grammar", metavar="FILE", help="the output follows this Lark grammar")
+    p.add_argument("--no-forced-drafts", action="store_true",
+                   help="under a grammar, do not propose the tokens it forces as drafts")
+
+
+def _structured_kwargs(args: argparse.Namespace) -> dict:
+    """The GenerationConfig fields of _add_structured_args (files read here)."""
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text()
+        except OSError as e:
+            raise AdaspecError(f"cannot read {path}: {e.strerror}") from None
+
+    return dict(json_schema=read(args.json_schema) if args.json_schema else None,
+                response_format="json_object" if args.json_object else None, regex=args.regex,
+                grammar=read(args.grammar) if args.grammar else None, forced_drafts=not args.no_forced_drafts)
+
+
 def _add_strict_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true",
                    help="strict mode: a batch-invariant target, so greedy output equals plain (strict) decoding "
@@ -116,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --tree-budget and a draft model: grow its tree level by level, expanding the E most "
                           "likely nodes per level with one draft forward (EAGLE-2; default 4 where the draft backend "
                           "can: PyTorch, ik_llama.cpp); 0 = its chain plus sibling leaves")
+    _add_structured_args(gen)
     gen.set_defaults(func=cmd_generate)
 
     cmp = sub.add_parser("compare", help="compare decoding methods on workloads (interleaved, resumable)")
@@ -212,7 +237,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     prompt = _read_prompt(args)
     config = GenerationConfig(**_sampling_kwargs(args), logprobs=args.logprobs, tree_budget=args.tree_budget,
-                              tree_choice=args.tree_choice, tree_expand=args.tree_expand)
+                              tree_choice=args.tree_choice, tree_expand=args.tree_expand, **_structured_kwargs(args))
     lm = load(args.target, args.draft, controller=args.controller, k=args.k, backend=args.backend,
               device=args.device, dtype=args.dtype, threads=args.threads)
     if lm.target.runtime_reason:

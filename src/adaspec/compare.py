@@ -20,6 +20,10 @@ step from measured goodput, or a tree every step with ``:always``; a draft model
 ``expand=0`` one-level trees, :attr:`adaspec.engine.GenerationConfig.tree_expand`). A strict method's identity is
 counted against ``plain+strict``.
 
+The workload ``structured`` (:mod:`adaspec.structured_workload`: schema-constrained extraction and forced tool
+calls) runs every adaspec method under each task's grammar; its rows also carry ``valid`` (schema-valid) and
+``exact`` (the fraction of expected fields right). Transformers peers skip it (no grammar here).
+
 The report adds, per category and temperature, the **oracle** (the best fixed K in hindsight, default drafter) and
 a target check: the default method's tokens/s against the oracle, plain decoding and the best transformers
 assisted-generation peer, plus the Spec-Bench average over its categories.
@@ -39,10 +43,12 @@ from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
 from adaspec.peers import parse_peer
+from adaspec.structured import GrammarVocab
 from adaspec.tree import MAX_TREE_NODES, check_budget
 from adaspec.verify import parse_lossy
 
 DEFAULT_METHOD = f"{DEFAULT_DRAFTER}/{DEFAULT_CONTROLLER}"
+STRUCTURED = "structured"  # the structured-output workload (adaspec.structured_workload): rows carry valid, exact
 """What ``adaspec generate`` does by default (the method the target check is about)."""
 
 FIXED_KS = (1, 2, 3, 4, 6, 8)
@@ -203,6 +209,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     from adaspec.api import SpeculativeLM, load_model, make_drafter, set_threads
     from adaspec.backends.gguf import GgufBackend
     from adaspec.backends.select import cpu_label
+    from adaspec.structured_workload import score, workload_tasks
     from adaspec.workloads import load_workload
 
     parsed = [parse_method(m, draft) for m in methods]
@@ -213,7 +220,8 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
         parsed.insert(0, Method("plain", None, "fixed", 0, strict))
     if not strict and any(m.strict for m in parsed) and not any(m.label == "plain+strict" for m in parsed):
         parsed.insert(1, parse_method("plain+strict", draft))  # the reference of the strict methods
-    prompts = _round_robin([(w, p) for w in workloads for p in load_workload(w, limit)])
+    prompts = _round_robin([(w, p) for w in workloads for p in (workload_tasks(limit) if w == STRUCTURED
+                                                                else load_workload(w, limit))])
     set_threads(threads)
     cpu = cpu_label()
     done = {result_key(r) for r in read_results(out)}
@@ -252,6 +260,11 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                                  tokenizer=tgt.tokenizer)
 
     runners = {m.label: engine(m) for m in parsed if m.controller not in PEER_LIBRARIES}
+    if STRUCTURED in workloads:  # one grammar vocabulary (read once, ~1 s) and grammar cache for every method
+        vocab = runners["plain"].grammar_vocab or GrammarVocab.from_tokenizer(
+            tgt.tokenizer, tgt.backend.vocab_size, runners["plain"].eos_token_ids)
+        for r in runners.values():
+            r.grammar_vocab = vocab
     peers = [m for m in parsed if m.controller in PEER_LIBRARIES]
     runners.update(_peer_runners(peers, tgt, drafters, runners["plain"], dtype=dtype, progress=progress,
                                  device=device))
@@ -274,7 +287,8 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
         for i, (workload, prompt, temp) in enumerate(todo):
             if i and time_limit_s is not None and time.monotonic() - start > time_limit_s:
                 break
-            ids = lm.encode(prompt.model_input(lm.has_chat_template))
+            ids = lm.encode(prompt.model_input(lm.has_chat_template), tools=getattr(prompt, "template_tools", None))
+            constraint = getattr(prompt, "constraint", None)  # the structured workload's tasks
             if prompt_cache and ids != cached:  # prefill this prompt once, outside every method's timing
                 t = time.perf_counter()
                 target_backend.reset()
@@ -287,6 +301,8 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                 if (workload, prompt.id, m.label, temp, m.strict) in done:
                     continue
                 runner = runners[m.label]
+                if m.controller in PEER_LIBRARIES and constraint is not None:
+                    continue  # peers have no grammar here
                 if m.controller in PEER_LIBRARIES:
                     result = runner.generate(ids, max_new_tokens=max_new_tokens, temperature=temp, seed=seed)
                     if prompt_cache and result.get("decode_ms") is None:  # transformers prefills itself: leave
@@ -297,9 +313,12 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temp, seed=seed,
                                            strict=m.strict, lossy=m.lossy, return_margins=record_margins,
                                            tree_budget=m.tree_budget, tree_choice=m.tree_choice,
-                                           tree_expand=m.tree_expand)
+                                           tree_expand=m.tree_expand, response_format=constraint)
                     _forget_drafts(runner.drafter)
                     result = _run_engine(runner, ids, cfg)
+                    if constraint is not None:  # schema validity and exact fields (adaspec.structured_workload)
+                        graded = score(prompt, result["text"], result["finish_reason"])
+                        result.update(valid=graded["valid"], exact=graded["exact"])
                 row = {"workload": workload, "category": prompt.category, "prompt_id": prompt.id,
                        "method": m.label, "temperature": temp, "target": tgt.name, "drafter": m.drafter,
                        "controller": m.controller, "k": m.k, "threads": threads, "strict": m.strict,

@@ -9,6 +9,7 @@ model reconciles its own cache against the sequence (see :class:`~adaspec.drafte
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -20,12 +21,15 @@ from adaspec.backends.base import Backend
 from adaspec.controllers.base import Controller
 from adaspec.controllers.fixed import FixedController
 from adaspec.controllers.tree_choice import TreeChoice
+from adaspec.constrained import cut_draft, masked, residual_token
 from adaspec.drafters.base import Draft, Drafter, empty_draft
+from adaspec.drafters.forced import ForcedDrafter
 from adaspec.drafters.multi import cached_prefixes, measure_drafters, route
 from adaspec.errors import ConfigError, ContextLengthError
 from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
+from adaspec.structured import Constraint, GrammarState, GrammarVocab, constraint_of, mask_logits
 from adaspec.text import TextStream
 from adaspec.tree import check_budget, path_rows, verify_tree_greedy, verify_tree_sampling, would_emit
 from adaspec.verify import parse_lossy, verify_greedy, verify_lossy, verify_sampling
@@ -78,6 +82,15 @@ class GenerationConfig:
             (EAGLE-2) where the draft backend can grow trees; 0 = one-level trees (the draft's chain plus sibling
             leaves); None (default) = the drafter's own setting (:class:`~adaspec.drafters.model.ModelDrafter`
             ``tree_expand``, 4). Prompt lookup ignores it.
+        response_format, json_schema, regex, grammar: structured output (:mod:`adaspec.structured`), at most one:
+            ``response_format="json_object"`` (any JSON object) or a :class:`~adaspec.structured.Constraint`;
+            ``json_schema`` a JSON schema (dict or JSON text; strict); ``regex`` a regular expression; ``grammar`` a
+            Lark grammar. Every emitted token is allowed by the grammar, under speculation too, losslessly
+            (:mod:`adaspec.constrained`); EOS only where the grammar is satisfied, and the request ends with
+            ``"stop"`` once the grammar allows nothing more. ``max_new_tokens`` reached inside an unfinished value
+            ends it with ``"length"``: the text is then a prefix of a valid output, not a valid one. Chains only.
+        forced_drafts: under a grammar, propose the tokens it forces as drafts before the engine's drafter
+            (:class:`~adaspec.drafters.forced.ForcedDrafter`; free, certain where the grammar allows one token).
     """
 
     max_new_tokens: int = 128
@@ -101,6 +114,11 @@ class GenerationConfig:
     tree_budget: int = 0
     tree_choice: str = "goodput"
     tree_expand: int | None = None
+    response_format: str | Constraint | None = None
+    json_schema: Mapping | str | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    forced_drafts: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # OpenAI and HF accept one stop string as a plain str
@@ -109,6 +127,7 @@ class GenerationConfig:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         self.sampling  # validates temperature/top_k/top_p/min_p
         self.controls  # validates the penalties and logit_bias
+        self.constraint  # validates the structured-output options (compiled by the engine)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
@@ -127,6 +146,11 @@ class GenerationConfig:
     @property
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """The request's structured-output constraint (:mod:`adaspec.structured`), or None."""
+        return constraint_of(self.response_format, self.json_schema, self.regex, self.grammar)
 
     @property
     def controls(self) -> LogitsControls | None:
@@ -214,6 +238,7 @@ class SpeculativeEngine:
         self.eos_token_ids = tuple(eos_token_ids) if eos_token_ids is not None else default_eos_ids(tokenizer)
         self.verify_curve: dict[int, float] = {}  # ms per forward of n tokens, measured by warmup() (goodput only)
         self.tree_choice: TreeChoice | None = None  # the chain/tree chooser, kept across requests (tree_choice())
+        self.grammar_vocab: GrammarVocab | None = None  # built from the tokenizer on the first constrained request
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         """Generate a continuation of ``prompt_ids`` (list of int token ids); see :meth:`stream`."""
@@ -250,32 +275,54 @@ class SpeculativeEngine:
         if cfg.strict and not self.target.supports_batch_invariance:
             raise ConfigError(f"strict mode needs a batch-invariant backend; {self.target.name} "
                               f"({type(self.target).__name__}) has none")
+        grammar = self.start_grammar(cfg)
         was_invariant = self.target.batch_invariant
         if cfg.strict is not None:
             self.target.batch_invariant = cfg.strict
         try:
-            yield from self._stream(prompt, cfg, params, eos, generator, text, stats, stop_rule, lossy)
+            yield from self._stream(prompt, cfg, params, eos, generator, text, stats, stop_rule, lossy, grammar)
         finally:
             self.target.batch_invariant = was_invariant
 
+    def compile(self, constraint: Constraint):
+        """``constraint`` compiled against this engine's vocabulary (:class:`~adaspec.structured.CompiledGrammar`;
+        cached). The vocabulary is read from the tokenizer once (``grammar_vocab``; set it to use another).
+
+        Raises:
+            ConfigError: no tokenizer, or an invalid schema/regex/grammar (the message names the problem).
+        """
+        if self.grammar_vocab is None:
+            if self.tokenizer is None:
+                raise ConfigError("structured output needs a tokenizer (pass tokenizer= to SpeculativeEngine)")
+            self.grammar_vocab = GrammarVocab.from_tokenizer(self.tokenizer, self.target.vocab_size,
+                                                             self.eos_token_ids)
+        return self.grammar_vocab.compile(constraint)
+
+    def start_grammar(self, cfg: GenerationConfig) -> GrammarState | None:
+        """A fresh grammar state for a request with a constraint (None without one). Raises as :meth:`compile`."""
+        constraint = cfg.constraint
+        return None if constraint is None else self.compile(constraint).start()
+
     def _stream(self, prompt: list[int], cfg: GenerationConfig, params: SamplingParams, eos: tuple[int, ...],
                 generator: torch.Generator, text: TextStream | None, stats: GenerationStats, stop_rule,
-                lossy: tuple[str, float] | None) -> Iterator[StreamChunk]:
+                lossy: tuple[str, float] | None, grammar: GrammarState | None = None) -> Iterator[StreamChunk]:
         """The loop of :meth:`stream`, once the request is validated and the backend's mode is set."""
         margins: list[float] | None = [] if cfg.return_margins else None
         logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
         controls = cfg.controls
-        tree_budget, stats.tree_fallback = self._tree_mode(cfg, params, lossy, controls)
+        drafter = self._request_drafter(cfg, grammar)
+        tree_budget, stats.tree_fallback = self._tree_mode(cfg, params, lossy, controls, grammar)
         chooser = self._tree_choice() if tree_budget and cfg.tree_choice == "goodput" else None
         start = time.perf_counter()
         self.target.reset()
         logits = self.target.forward(prompt, len(prompt) if cfg.prompt_logprobs is not None else 1)
         prompt_lp = prompt_logprobs(logits, prompt, cfg.prompt_logprobs)
         last = controlled(logits[-1:], controls, prompt, len(prompt))
-        first = pick_token(last[0], params, generator)
+        first = pick_token(last[0] if grammar is None else mask_logits(last, grammar.allowed()[None])[0], params,
+                           generator)
         self.target.synchronize()
         stats.ttft_ms = stats.prefill_ms = (time.perf_counter() - start) * 1e3
-        new, finish = self._accept(prompt, [first], cfg, eos, text, 0)
+        new, finish = self._accept(prompt, [first], cfg, eos, text, 0, grammar)
         if margins is not None:
             margins += top_margins(last)[:len(new)]
         lp = token_logprobs(last, new, cfg.logprobs)
@@ -283,44 +330,51 @@ class SpeculativeEngine:
             logprobs += lp
         ids = prompt + new
         yield StreamChunk(new, text.delta() if text else "", logprobs=lp, prompt_logprobs=prompt_lp)
-        if self.drafter is not None and finish is None:
+        if drafter is not None and finish is None:
             t = time.perf_counter()
-            self.drafter.prefill(prompt)
-            self.drafter.set_controls(controls, len(prompt))
+            drafter.prefill(prompt)
+            drafter.set_controls(controls, len(prompt))
             stats.prefill_ms += (time.perf_counter() - t) * 1e3
-            self.controller.set_synced(cached_prefixes(self.drafter, ids))  # a draft cache kept from a request before
+            # a draft cache kept from a request before
+            self.controller.set_synced(cached_prefixes(unwrapped(drafter), ids))
 
         while finish is None:
             step_start = time.perf_counter()
             generated = len(ids) - len(prompt)
+            n_forced = 0
             room = min(cfg.max_new_tokens - generated, self.target.max_context - len(ids))
             if room <= 0:
                 new, finish = [], "length"
                 break
-            route(self.drafter, self.controller, ids)  # per-step drafter choice (MultiDrafter only)
-            k = min(self.controller.next_k(), room - 1) if self.drafter is not None else 0
+            route(unwrapped(drafter), self.controller, ids)  # per-step drafter choice (MultiDrafter only)
+            k = min(self.controller.next_k(), room - 1) if drafter is not None else 0
             # a tree's nodes must fit the context (the depth k already does) and the target's tree capacity
             budget = min(tree_budget, self.target.max_context - len(ids), self.target.max_tree_nodes)
             as_tree = bool(k > 0 and budget > 1 and (chooser is None or chooser.use_tree()))
             if as_tree:
                 if chooser is not None:
                     budget = chooser.width(k, budget)
-                draft = self.drafter.propose_tree(ids, k, budget, params, generator, cfg.tree_expand)
+                draft = drafter.propose_tree(ids, k, budget, params, generator, cfg.tree_expand)
+            elif isinstance(drafter, ForcedDrafter):  # the grammar's forced tokens, then K of the wrapped drafter
+                draft, n_forced = drafter.propose_free(ids, k, room - 1, params, generator, stop_rule)
             else:
-                draft = self.drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft()
+                draft = drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft()
+            cut_q = None
+            if grammar is not None:  # drafts the grammar rejects are cut before verification
+                draft, cut_q = cut_draft(grammar, draft)
             # the tree this chain step could have verified, to learn whether trees pay without running them
-            what_if = (self.drafter.propose_tree(ids, k, budget, params, generator, cfg.tree_expand)
+            what_if = (drafter.propose_tree(ids, k, budget, params, generator, cfg.tree_expand)
                        if chooser is not None and chooser.what_if and not as_tree and len(draft) and budget > 1
                        else None)
             draft_end = time.perf_counter()
 
             accepted, token, logits, path = self._verify(ids, draft, params, generator, lossy, controls,
-                                                         len(prompt))
+                                                         len(prompt), grammar, cut_q)
             n_accepted = len(accepted)
             self.target.synchronize()
             verify_end = time.perf_counter()
 
-            new, finish = self._accept(ids, accepted + [token], cfg, eos, text, generated)
+            new, finish = self._accept(ids, accepted + [token], cfg, eos, text, generated, grammar)
             if margins is not None:
                 margins += top_margins(logits[:len(new)])
             lp = token_logprobs(logits[:len(new)], new, cfg.logprobs)
@@ -331,9 +385,9 @@ class SpeculativeEngine:
                               context_len=len(ids) - len(new),
                               draft_ms=(draft_end - step_start) * 1e3, verify_ms=(verify_end - draft_end) * 1e3,
                               total_ms=(time.perf_counter() - step_start) * 1e3,
-                              drafter=(draft.source or self.drafter.name) if len(draft) else "", tree=as_tree)
+                              drafter=(draft.source or drafter.name) if len(draft) else "", tree=as_tree)
             stats.record(step)
-            self.controller.update(step)
+            self.controller.update(without_forced(step, n_forced))
             if chooser is not None and k > 0:
                 chooser.update(as_tree, step.emitted, step.total_ms, chain_emitted(draft, accepted, len(new)), k,
                                nodes=len(draft), path=path, verify_ms=step.verify_ms)
@@ -347,6 +401,7 @@ class SpeculativeEngine:
                 break
 
         stats.new_tokens = len(ids) - len(prompt)
+        stats.grammar_ms = grammar.ms if grammar is not None else 0.0
         stats.total_ms = (time.perf_counter() - start) * 1e3
         stats.peak_rss_bytes = peak_rss_bytes()
         tail = text.delta(final=True) if text else ""
@@ -367,12 +422,24 @@ class SpeculativeEngine:
             self.tree_choice = TreeChoice(what_if=what_if)
         return self.tree_choice
 
-    def _tree_mode(self, cfg: GenerationConfig, params: SamplingParams, lossy, controls) -> tuple[int, str]:
+    def _request_drafter(self, cfg: GenerationConfig, grammar: GrammarState | None) -> Drafter | None:
+        """The drafter of one request: under a grammar with ``forced_drafts``, the engine's drafter behind the
+        grammar's forced tokens (:class:`~adaspec.drafters.forced.ForcedDrafter`); else the engine's drafter. Plain
+        decoding (no drafter) stays plain."""
+        if isinstance(self.drafter, ForcedDrafter):
+            return self.drafter.bound(grammar if cfg.forced_drafts else None)
+        if grammar is None or not cfg.forced_drafts or self.drafter is None:
+            return self.drafter
+        return ForcedDrafter(self.drafter, grammar)
+
+    def _tree_mode(self, cfg: GenerationConfig, params: SamplingParams, lossy, controls,
+                   grammar: GrammarState | None = None) -> tuple[int, str]:
         """``(tree budget, why chains instead)``: the request's tree budget where trees can be verified here, else
         0 and the reason (empty when the request asked for chains)."""
         if not cfg.tree_budget or self.drafter is None:
             return 0, ""
-        why = ("a lossy acceptance rule" if lossy is not None
+        why = ("a grammar constraint (structured output verifies chains)" if grammar is not None
+               else "a lossy acceptance rule" if lossy is not None
                else "logits controls (penalties, logit_bias)" if controls is not None
                else f"{self.target.name} cannot verify trees" if not self.target.supports_trees
                else f"{self.drafter.name} proposes chains only (trees need ngram-tree or a draft model)"
@@ -383,11 +450,14 @@ class SpeculativeEngine:
 
     def _verify(self, ids: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator,
                 lossy: tuple[str, float] | None = None, controls: LogitsControls | None = None,
-                prompt_len: int = 0) -> tuple[list[int], int, torch.Tensor, list[int]]:
+                prompt_len: int = 0, grammar: GrammarState | None = None,
+                cut_q: torch.Tensor | None = None) -> tuple[list[int], int, torch.Tensor, list[int]]:
         """One target forward over ``[pending] + draft`` (a chain, or a token tree), the accept/reject decision
         and the cache rollback: ``(accepted draft tokens, next token, the target's logits along them, the accepted
         nodes' indices in the draft)``, the logits ``[accepted + 1, V]`` (a tree's path) or ``[K + 1, V]`` (a chain),
-        after the request's controls."""
+        after the request's controls (not the grammar's mask: logprobs and margins report the model's view). Under a
+        grammar (a chain cut to what it allows, ``cut_q`` the q of the token cut after it) every row is masked before
+        the decision (:mod:`adaspec.constrained`)."""
         fed = in_vocab(draft.tokens, self.target.vocab_size)
         if draft.is_tree:
             tokens = draft.tokens.tolist()
@@ -401,13 +471,31 @@ class SpeculativeEngine:
             return [tokens[i] for i in path], token, logits[path_rows(path)], path
         logits = self.target.forward([ids[-1]] + fed, len(draft) + 1)
         logits = controlled(logits, controls, ids, prompt_len, torch.tensor(fed, dtype=torch.long))
-        n_accepted, token = decide(logits, draft, params, generator, lossy)
+        scored = logits if grammar is None else masked(grammar, logits, fed)
+        n_accepted, token = decide(scored, draft, params, generator, lossy)
+        if cut_q is not None and n_accepted == len(draft) and not params.greedy and lossy is None:
+            token = residual_token(scored[n_accepted], cut_q, params, generator)
         self.target.truncate(len(ids) + n_accepted)
         return draft.tokens[:n_accepted].tolist(), token, logits, list(range(n_accepted))
 
     def _accept(self, ids: list[int], new: list[int], cfg: GenerationConfig, eos: tuple[int, ...],
-                text: TextStream | None, generated: int) -> tuple[list[int], str | None]:
-        return cut(ids, new, cfg, eos, text, generated, self.target.max_context)
+                text: TextStream | None, generated: int,
+                grammar: GrammarState | None = None) -> tuple[list[int], str | None]:
+        if grammar is None:
+            return cut(ids, new, cfg, eos, text, generated, self.target.max_context)
+        # the grammar keeps what the KV cache keeps, and the output ends with the token that completes the grammar
+        ended = False
+        for i, t in enumerate(new):
+            grammar.advance([t])
+            if grammar.done:
+                new, ended = new[:i + 1], True
+                break
+        consumed = len(new)
+        new, finish = cut(ids, new, cfg, eos, text, generated, self.target.max_context)
+        grammar.rollback(consumed - len(new))
+        if ended and len(new) == consumed:
+            finish = finish or "stop"
+        return new, finish
 
     def warmup(self, prompt_ids: Sequence[int] = tuple(range(100, 148)), steps: int = 3) -> None:
         """Run a short greedy generation so one-time allocation costs stay out of measurements; then let a controller
@@ -428,6 +516,24 @@ class SpeculativeEngine:
             self.verify_curve = dict(calibrate(self.target) or {})
         if self.drafter is not None and type(self.controller).seed_draft_costs is not Controller.seed_draft_costs:
             self.controller.seed_draft_costs(measure_drafters(self.drafter))
+
+
+def unwrapped(drafter: Drafter | None) -> Drafter | None:
+    """The drafter a grammar's :class:`~adaspec.drafters.forced.ForcedDrafter` wraps (the one a controller
+    routes and prices), else ``drafter``."""
+    return drafter.inner if isinstance(drafter, ForcedDrafter) and drafter.inner is not None else drafter
+
+
+def without_forced(step: StepRecord, n_forced: int) -> StepRecord:
+    """``step`` as the controller sees it: the grammar's forced drafts left out (they cost no draft forward and
+    their acceptance is the grammar's, not the drafter's), so K, acceptance and draft prices stay the wrapped
+    drafter's; with only forced drafts, a plain step of the controller's."""
+    if not n_forced:
+        return step
+    accepted = max(0, step.accepted - n_forced) if step.accepted >= n_forced else 0
+    drafted = step.drafted - n_forced if step.accepted >= n_forced else 0
+    return dataclasses.replace(step, drafted=drafted, accepted=accepted,
+                               drafter=step.drafter if drafted else "")
 
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

@@ -67,6 +67,7 @@ class GenerationStats:
     steps: list[StepRecord] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     tree_fallback: str = ""  # why a request that asked for token trees verified chains ("" = it did not ask)
+    grammar_ms: float = 0.0  # time in the grammar engine (masks, cuts, forced tokens) of a constrained request
 
     def record(self, step: StepRecord) -> None:
         self.steps.append(step)
@@ -152,6 +153,7 @@ class GenerationStats:
             "peak_rss_bytes": self.peak_rss_bytes,
             **({"tree_fallback": self.tree_fallback} if self.tree_fallback else {}),
             **({"tree_steps": sum(s.tree for s in self.steps)} if any(s.tree for s in self.steps) else {}),
+            **({"grammar_ms": round(self.grammar_ms, 2)} if self.grammar_ms else {}),
         }
 
     def to_dict(self) -> dict:

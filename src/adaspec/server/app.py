@@ -36,6 +36,8 @@ from adaspec.errors import AdaspecError, ConfigError, ContextLengthError
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from adaspec.server.runtime import EngineHandle, Job, ModelHost, QueueFull, Scheduler
+from adaspec.server.structured import (StreamedChoice, StructuredPlan, chat_message, compile_request, plan_request,
+                                       template_messages)
 
 log = logging.getLogger("adaspec.server")
 
@@ -309,8 +311,9 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
         loop = asyncio.get_running_loop()
         try:
             if chat:
-                messages = [m.as_template_message() for m in body.messages]
-                ids = await loop.run_in_executor(host.encode_executor, host.encode_chat, messages)
+                messages = template_messages([m.as_template_message() for m in body.messages])
+                tools = body._structured.tools.template_tools if body._structured.tools else None
+                ids = await loop.run_in_executor(host.encode_executor, host.encode_chat, messages, tools)
             elif isinstance(body.prompt, str):
                 ids = await loop.run_in_executor(host.encode_executor, host.encode_text, body.prompt)
             else:
@@ -414,8 +417,15 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
         arrival = time.monotonic()
         check_model(body.model)
         handle = resolve_settings(body)
+        plan = plan_request(body) if chat else StructuredPlan()
+        if chat:
+            body._structured = plan
         ids = await encode(body, chat)
         cfg = generation_config(body, len(ids), chat)
+        if plan.constraint is not None:  # compiled before the request takes a place (400 on a bad grammar)
+            await asyncio.get_running_loop().run_in_executor(host.encode_executor, compile_request, host, handle,
+                                                             plan)
+            cfg = dataclasses.replace(cfg, response_format=plan.constraint)
         return arrival, handle, ids, cfg
 
     def timeout_error() -> APIError:
@@ -570,8 +580,9 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             result = job.result
             logprobs = result.logprobs if not scored else ([] if result.logprobs is not None else None)
             if chat:
-                choice = {"index": i, "message": {"role": "assistant", "content": result.text},
-                          "logprobs": chat_logprobs(logprobs), "finish_reason": result.finish_reason}
+                message, finish = chat_message(body._structured, result.text, result.finish_reason)
+                choice = {"index": i, "message": message, "logprobs": chat_logprobs(logprobs),
+                          "finish_reason": finish}
             else:
                 text = "" if scored else result.text
                 lp = completion_logprobs(logprobs, ids if body.echo else None, result.prompt_logprobs)
@@ -601,10 +612,12 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
         scored = not chat and body.max_tokens == 0
         sent = [0] * n  # text offset of each choice's next completion token (completions' logprobs)
 
+        streamed = [StreamedChoice(body._structured) for _ in range(n)] if chat else []
+
         def chunk(i: int, delta_text: str | None, finish: str | None = None, *, role: bool = False, logprobs=None,
-                  **extra) -> dict:
+                  delta: dict | None = None, **extra) -> dict:
             if chat:
-                delta = {"role": "assistant", "content": ""} if role else (
+                delta = delta if delta is not None else {"role": "assistant", "content": ""} if role else (
                     {"content": delta_text} if delta_text is not None else {})
                 choice = {"index": i, "delta": delta, "logprobs": chat_logprobs(logprobs), "finish_reason": finish}
             else:
@@ -664,7 +677,9 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
                         lp = item.logprobs if cfgs[i].logprobs is not None else None
                         if not scored and (item.text or lp):
                             if chat:
-                                yield _sse(chunk(i, item.text, logprobs=lp))
+                                deltas = streamed[i].deltas(item.text)
+                                for j, d in enumerate(deltas or ([{"content": ""}] if lp else [])):
+                                    yield _sse(chunk(i, None, logprobs=lp if j == 0 else None, delta=d))
                             else:
                                 out = completion_logprobs(lp, offset=sent[i]) if lp is not None else None
                                 if out is not None and out["tokens"]:  # offsets follow the tokens' pieces
@@ -683,8 +698,12 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
                             yield _sse(timeout_error().body())
                         else:
                             total_new += usage(job, scored)["completion_tokens"]
-                            yield _sse(chunk(i, None, "length" if scored else job.result.finish_reason,
-                                             speculation=job.summary()))
+                            finish = "length" if scored else job.result.finish_reason
+                            if chat:
+                                last, finish = streamed[i].finish(finish)
+                                for d in last:
+                                    yield _sse(chunk(i, None, delta=d))
+                            yield _sse(chunk(i, None, finish, speculation=job.summary()))
                 if body.include_usage:
                     done = [st["job"] for st in states if st["job"] is not None and st["job"].result is not None]
                     if done:

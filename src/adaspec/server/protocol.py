@@ -1,8 +1,10 @@
 """Request and response shapes of the OpenAI-compatible API (pydantic), and OpenAI-style errors.
 
 Requests follow OpenAI's ``/v1/completions`` and ``/v1/chat/completions`` bodies. Unknown fields are rejected
-(as OpenAI does), and OpenAI fields adaspec cannot honour (``suffix``, ``best_of``, tools, ...) are
-accepted only at their neutral value, so a client never gets silently different behaviour. Extensions:
+(as OpenAI does), and OpenAI fields adaspec cannot honour (``suffix``, ``best_of``, ``functions``, ...) are
+accepted only at their neutral value, so a client never gets silently different behaviour. Structured output
+(``response_format`` ``json_object`` / ``json_schema``) and tool calls (``tools``, ``tool_choice``) are compiled by
+:mod:`adaspec.server.structured`. Extensions:
 
 * ``speculation``: ``{"drafter": ..., "controller": ..., "k": ...}``, this request's speculation settings
   (server-side defaults for what is left out);
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, field_validator, model_validator
 
 # --------------------------------------------------------------------------------------------------------------
 # Errors
@@ -216,12 +218,12 @@ class ChatMessage(BaseModel):
     name: str | None = Field(None, max_length=256)
     # Fields clients echo back from earlier responses; accepted while empty.
     refusal: str | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[Any] | None = None  # an assistant's earlier calls (rendered by the chat template)
     function_call: Any | None = None
     audio: Any | None = None
     tool_call_id: str | None = None
 
-    @field_validator("tool_calls", "function_call", "audio")
+    @field_validator("function_call", "audio")
     @classmethod
     def _empty(cls, v, info):
         return _neutral(info.field_name, v, (None,))
@@ -236,13 +238,37 @@ class ChatMessage(BaseModel):
 
     def as_template_message(self) -> dict:
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": self.text}
+        out = {"role": role, "content": self.text}
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI ``response_format.json_schema``: the schema the output follows (``strict``: unsupported keywords are
+    errors; default true here, as structured output is exact or refused)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None
 
 
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["text"]
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema object")
+        return self
 
 
 class ChatCompletionRequest(_CommonRequest):
@@ -258,16 +284,12 @@ class ChatCompletionRequest(_CommonRequest):
     tool_choice: Any | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
+    _structured: Any = PrivateAttr(default=None)  # its StructuredPlan, set by the server (adaspec.server.structured)
 
-    @field_validator("tools", "functions")
+    @field_validator("functions")
     @classmethod
     def _none_only(cls, v, info):
         return _neutral(info.field_name, v, (None,))
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _tool_choice(cls, v, info):
-        return _neutral(info.field_name, v, (None, "none"))
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):

@@ -298,10 +298,10 @@ class ModelHost:
     def encode_text(self, prompt: str) -> list[int]:
         return self.encoder.encode(prompt, chat=False)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         if not self.encoder.has_chat_template:
             raise ConfigError(f"{self.name} has no chat template; use /v1/completions with a plain prompt")
-        return self.encoder.encode(messages, chat=True)
+        return self.encoder.encode(messages, chat=True, tools=tools)
 
     @property
     def has_chat_template(self) -> bool:

@@ -1,0 +1,68 @@
+"""Speculation under a grammar (:mod:`adaspec.structured`), lossless: cut drafts, mask the verified rows.
+
+One step over a chain of K drafts, with the grammar state at the sequence so far (the accepted prefix):
+
+1. **Cut** (:func:`cut_draft`): the drafts are kept up to the first one the grammar rejects, before verification,
+   so no verify width is spent on a token that cannot be emitted.
+2. **Mask** (:func:`masked`): the matcher advances over the kept drafts, row i of the allowed-token masks is taken
+   after ``drafts[:i]``, then it rolls back (:meth:`~adaspec.structured.GrammarState.masks`); each of the K' + 1
+   verified rows of target logits gets -inf on the tokens its position forbids. Temperature, top-k/top-p/min-p then
+   act on the masked logits, so the target distribution p at every position is the constrained one: the target's
+   masked and renormalised distribution, exactly what constrained plain decoding samples from.
+3. **Verify** as usual on the masked rows. Greedy: the argmax of the masked logits at each position, so the output
+   is constrained plain greedy decoding token for token. Sampling: speculative (rejection) sampling (Leviathan et
+   al. 2023) with the masked p and the draft's own q. Rejection sampling is exact for *any* proposal q, masked or
+   not: a draft model that drafts without the grammar has q on tokens the grammar forbids, and those drafts are
+   cut. At a cut position i the draft had proposed x_i ~ q_i with p_i(x_i) = 0, which rejection sampling would
+   reject with certainty, drawing the correction from norm(max(p_i - q_i, 0)); :func:`residual_token` draws
+   exactly that (not a plain sample of p_i, which would not be exact for a model's q). For a deterministic drafter
+   (q = one-hot(x_i), n-gram lookup, grammar-forced tokens) the residual is p_i itself. A drafter whose q is
+   itself masked by the grammar never proposes a token that is cut, and the rule is the textbook one on (p, q).
+4. **Advance** the grammar over the emitted tokens (accepted drafts + the target's token) after the cut for EOS,
+   max_tokens and stop strings, as the KV cache keeps them; rejected drafts were never consumed (rolled back in 2).
+
+Token trees are not verified under a grammar (the engine verifies chains and says so in
+:attr:`~adaspec.stats.GenerationStats.tree_fallback`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from adaspec.drafters.base import Draft
+from adaspec.sampling import SamplingParams, logits_to_probs, sample
+from adaspec.structured import GrammarState, mask_logits
+
+
+def cut_draft(state: GrammarState, draft: Draft) -> tuple[Draft, torch.Tensor | None]:
+    """``draft`` (a chain) cut before the first token the grammar rejects from ``state``, and the draft
+    distribution q ``[V]`` of the rejected token (None when nothing was cut or the draft is deterministic)."""
+    tokens = draft.tokens.tolist()
+    n = state.valid_prefix(tokens)
+    if n == len(tokens):
+        return draft, None
+    probs = draft.probs
+    kept = Draft(draft.tokens[:n], None if probs is None else probs[:n], draft.source)
+    return kept, None if probs is None else probs[n]
+
+
+def masked(state: GrammarState, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
+    """The target's ``[K + 1, V]`` logits over ``[pending] + drafts`` with each row masked by the grammar after
+    ``drafts[:i]`` (every draft allowed, :func:`cut_draft`); the state is left where it was."""
+    return mask_logits(logits, state.masks(drafts))
+
+
+def residual_token(masked_row: torch.Tensor, q: torch.Tensor, params: SamplingParams,
+                   generator: torch.Generator) -> int:
+    """The correction at a position whose draft (sampled from ``q``, ``[V_d]`` float) the grammar cut: a sample of
+    norm(max(p - q, 0)) with p the masked target distribution of ``masked_row`` (``[V]`` logits). Exact rejection
+    sampling, as the cut token has p = 0 (see the module docstring)."""
+    p = logits_to_probs(masked_row[None], params)[0]
+    width = max(p.shape[-1], q.shape[-1])
+    p = torch.nn.functional.pad(p, (0, width - p.shape[-1]))
+    q = torch.nn.functional.pad(q.float(), (0, width - q.shape[-1]))
+    residual = (p - q).clamp_min(0.0)
+    total = residual.sum()
+    if not total > 0:  # q >= p everywhere p lives: cannot happen with p(x) = 0 < q(x), kept for safety
+        residual, total = p, p.sum()
+    return int(sample(residual / total, generator))

@@ -1,0 +1,102 @@
+"""Grammar-forced drafts: the tokens a request's grammar forces, proposed first, then any drafter for the rest.
+
+Where the grammar (:mod:`adaspec.structured`) allows one continuation only (a key, a bracket, a quote, the rest of
+an enum value), :meth:`~adaspec.structured.GrammarState.forced` gives its tokens. Proposing them costs no draft
+forward, and where the mask allows that one token alone the constrained target accepts it with certainty (α = 1).
+llguidance's forced tokens are the canonical tokenization of the forced bytes; where the bytes could be tokenized
+otherwise, the target may choose another split, and verification decides (the drafts are drafts, never emitted
+unverified). The wrapped drafter (n-gram, suffix, a draft model, any :class:`~adaspec.drafters.base.Drafter`)
+continues after the forced tokens; the engine cuts its drafts where the grammar rejects them
+(:mod:`adaspec.constrained`). Without a grammar this drafter is the wrapped one (or proposes nothing).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
+from adaspec.sampling import SamplingParams
+
+
+class ForcedDrafter(Drafter):
+    """Forced tokens of the request's grammar first, then ``inner`` (None: forced tokens only).
+
+    Args:
+        inner: the drafter for the free parts, or None.
+        state: the request's :class:`~adaspec.structured.GrammarState` (the engine binds it per request with
+            :meth:`bound`); it must stand at the sequence ``propose`` is given.
+    """
+
+    def __init__(self, inner: Drafter | None = None, state=None, max_forced: int = 16) -> None:
+        self.inner = inner
+        self.state = state
+        self.max_forced = max_forced
+        self.name = "forced" if inner is None else f"forced+{inner.name}"
+
+    def bound(self, state) -> ForcedDrafter:
+        """This drafter for one request whose grammar state is ``state`` (None = no grammar)."""
+        return ForcedDrafter(self.inner, state, self.max_forced)
+
+    @property
+    def branches(self) -> bool:
+        return False  # chains only: trees are not verified under a grammar
+
+    # Delegation to the wrapped drafter ------------------------------------------------------------------------
+    def prefill(self, prompt_ids: list[int]) -> None:
+        if self.inner is not None:
+            self.inner.prefill(prompt_ids)
+
+    def set_controls(self, controls, prompt_len: int) -> None:
+        if self.inner is not None:
+            self.inner.set_controls(controls, prompt_len)
+
+    def cached_prefix(self, ids: list[int]) -> int:
+        return self.inner.cached_prefix(ids) if self.inner is not None else len(ids)
+
+    @property
+    def match(self):  # a lookup drafter needs no feeding (adaspec.drafters.multi.cached_prefixes)
+        if self.inner is None:
+            return None
+        return getattr(self.inner, "match")
+
+    # Proposing ---------------------------------------------------------------------------------------------------
+    def forced(self, k: int) -> list[int]:
+        """Up to ``k`` tokens the grammar forces from its current state (none without a grammar)."""
+        return self.state.forced()[:k] if self.state is not None and k > 0 else []
+
+    def propose_free(self, ids: list[int], k: int, room: int, sampling: SamplingParams,
+                     generator: torch.Generator | None = None, stop: DraftStop | None = None) -> tuple[Draft, int]:
+        """How the engine drafts (``(draft, n forced)``): the forced tokens come on top of the controller's K, as
+        they cost no draft forward and are accepted with certainty where the grammar allows one token; at most
+        ``max_forced`` of them and ``room`` tokens in all (the request's token budget and context). ``k`` (the
+        controller's K) goes to the wrapped drafter after them. The engine hands the controller the step without
+        the forced tokens, so its prices and acceptance are the wrapped drafter's own."""
+        forced = self.forced(min(self.max_forced, room))
+        k = min(k, room - len(forced))
+        if self.inner is None or k <= 0:
+            return (Draft(torch.tensor(forced, dtype=torch.long), source="forced") if forced else empty_draft(),
+                    len(forced))
+        return self._with_inner(ids, forced, k, sampling, generator, stop), len(forced)
+
+    def propose(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
+                stop: DraftStop | None = None) -> Draft:
+        """``[forced tokens] + inner's proposal after them``, at most ``k`` tokens. Forced tokens have a one-hot q
+        (deterministic); with a model's q for the rest, their rows are one-hot rows of the same width."""
+        forced = self.forced(k)
+        rest = k - len(forced)
+        if self.inner is None or rest <= 0:
+            return Draft(torch.tensor(forced, dtype=torch.long), source="forced") if forced else empty_draft()
+        return self._with_inner(ids, forced, rest, sampling, generator, stop)
+
+    def _with_inner(self, ids: list[int], forced: list[int], k: int, sampling: SamplingParams,
+                    generator: torch.Generator | None, stop: DraftStop | None) -> Draft:
+        inner = self.inner.propose(ids + forced, k, sampling, generator, stop)
+        if not forced:
+            return inner
+        tokens = torch.cat([torch.tensor(forced, dtype=torch.long), inner.tokens])
+        probs = inner.probs
+        if probs is not None:
+            width = max(probs.shape[-1], max(forced) + 1)
+            probs = torch.nn.functional.pad(probs, (0, width - probs.shape[-1]))
+            probs = torch.cat([torch.nn.functional.one_hot(torch.tensor(forced), width).float(), probs])
+        return Draft(tokens, probs, inner.source or (self.inner.name if len(inner) else ""))

@@ -1,0 +1,219 @@
+"""Tool calls (OpenAI ``tools`` / ``tool_choice``) in the model's own format: Qwen2.5's (Hermes-style) ``<tool_call>``.
+
+The chat template renders the tools into the system prompt and the model answers a call as::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+(several calls one after another, separated by a newline). :class:`ToolPlan` turns a request's ``tools`` and
+``tool_choice`` into what the engine runs:
+
+* ``"none"``: the tools are not rendered and the output is text;
+* ``"auto"`` (the default with tools): the model chooses; the output is parsed afterwards, and calls found in it
+  become ``tool_calls`` (free text before the first call stays ``content``);
+* ``"required"`` or a named function: the output is constrained by a grammar (:meth:`ToolPlan.constraint`, a
+  Lark grammar whose call bodies are JSON schemas: ``name`` fixed to one of the allowed tools and ``arguments``
+  following that tool's ``parameters``), so it is always a well-formed call; the name and the keys are forced
+  tokens, drafted for free under speculation.
+
+A response with calls has ``finish_reason: "tool_calls"`` (OpenAI's). Calls are parsed with :func:`parse_tool_calls`
+and, when streaming, with :class:`ToolCallStream`, which passes text through until a call opens and emits each
+call as one ``tool_calls`` delta when it closes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from adaspec.errors import ConfigError
+from adaspec.structured import JSON_OPTIONS, Constraint
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+@dataclass
+class ToolPlan:
+    """A request's tools and how the output may use them (see the module docstring).
+
+    Attributes:
+        mode: ``"none"``, ``"auto"``, ``"required"`` or ``"named"``.
+        tools: the OpenAI tool definitions (``{"type": "function", "function": {...}}``) offered.
+        name: the function a ``"named"`` choice forces.
+        parallel: several calls in one answer allowed (OpenAI ``parallel_tool_calls``, default true).
+    """
+
+    mode: str
+    tools: list[dict] = field(default_factory=list)
+    name: str | None = None
+    parallel: bool = True
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        """The tools the chat template renders (None: none)."""
+        return None if self.mode == "none" else self.tools
+
+    @property
+    def parses_calls(self) -> bool:
+        return self.mode != "none"
+
+    def constraint(self) -> Constraint | None:
+        """The grammar of a forced call (``"required"``, ``"named"``), None otherwise."""
+        if self.mode not in ("required", "named"):
+            return None
+        chosen = [t for t in self.tools if self.mode == "required" or t["function"]["name"] == self.name]
+        bodies = [_call_schema(t["function"]) for t in chosen]
+        schema = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
+        schema = {**schema, "x-guidance": {**JSON_OPTIONS, "lenient": True}}
+        repeat = ' ("\\n" call)*' if self.parallel else ""
+        return Constraint.lark(f'start: call{repeat}\ncall: "{OPEN}" "\\n" body "\\n" "{CLOSE}"\n'
+                               f"body: %json {json.dumps(schema)}\n")
+
+
+def _call_schema(function: dict) -> dict:
+    params = function.get("parameters") or {"type": "object", "properties": {}}
+    return {"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": params},
+            "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool | None) -> ToolPlan | None:
+    """The :class:`ToolPlan` of a request (None without tools and without a tool choice).
+
+    Raises:
+        ConfigError: a malformed tool, an unknown choice, a named function that is not among the tools, or a
+            choice other than ``"none"`` without tools; the message names the field.
+    """
+    if not tools:
+        if tool_choice in (None, "none"):
+            return None
+        raise ConfigError(f"tool_choice {tool_choice!r} needs tools")
+    checked = [_checked_tool(i, t) for i, t in enumerate(tools)]
+    names = [t["function"]["name"] for t in checked]
+    if len(set(names)) != len(names):
+        raise ConfigError("tools: function names must be unique")
+    parallel = True if parallel is None else bool(parallel)
+    if tool_choice in (None, "auto"):
+        return ToolPlan("auto", checked, parallel=parallel)
+    if tool_choice in ("none", "required"):
+        return ToolPlan(tool_choice, checked, parallel=parallel)
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        name = (tool_choice.get("function") or {}).get("name")
+        if name not in names:
+            raise ConfigError(f"tool_choice names the function {name!r}, which is not among the tools "
+                              f"({', '.join(names)})")
+        return ToolPlan("named", checked, name=name, parallel=parallel)
+    raise ConfigError("tool_choice must be 'none', 'auto', 'required' or "
+                      "{'type': 'function', 'function': {'name': ...}}")
+
+
+def _checked_tool(i: int, tool: Any) -> dict:
+    where = f"tools[{i}]"
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+        raise ConfigError(f"{where} must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}")
+    fn = tool["function"]
+    name = fn.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(f"{where}.function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}")
+    params = fn.get("parameters")
+    if params is not None and not (isinstance(params, dict) and params.get("type", "object") == "object"):
+        raise ConfigError(f"{where}.function.parameters must be a JSON schema of an object")
+    return {"type": "function", "function": {k: v for k, v in fn.items()
+                                             if k in ("name", "description", "parameters", "strict")}}
+
+
+def template_message(message: dict) -> dict:
+    """An OpenAI message as the chat template takes it: an assistant's ``tool_calls`` with their ``arguments``
+    as objects (Qwen2.5's template writes them with ``tojson``), not JSON text."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    out = []
+    for call in calls:
+        fn = dict((call or {}).get("function") or {})
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                fn["arguments"] = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                raise ConfigError(f"tool_calls: the arguments of {fn.get('name')!r} are not valid JSON") from None
+        out.append({"type": "function", "function": fn, **({"id": call["id"]} if call.get("id") else {})})
+    return {**message, "tool_calls": out}
+
+
+def _call(body: str) -> dict | None:
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    args = value.get("arguments", value.get("parameters", {}))
+    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+            "function": {"name": value["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
+    """``(content, tool calls)`` of a model's answer: the calls in OpenAI's shape (``arguments`` as JSON text),
+    the text before the first call as content (None when empty). Text that does not hold a complete, valid call
+    is all content, with no calls."""
+    calls = [c for c in (_call(m.group(1)) for m in _CALL.finditer(text)) if c is not None]
+    if not calls:
+        return text, []
+    content = text[:text.find(OPEN)].strip()
+    return content or None, calls
+
+
+class ToolCallStream:
+    """Streamed text split into content deltas and tool calls: :meth:`feed` returns the content that is surely not
+    part of a call (text that could still begin ``<tool_call>`` is held back), :meth:`calls` the calls completed so
+    far (each returned once), :meth:`finish` the rest."""
+
+    def __init__(self) -> None:
+        self.buffer = ""
+        self.in_calls = False
+        self.count = 0
+
+    def feed(self, text: str) -> str:
+        self.buffer += text
+        if self.in_calls:
+            return ""
+        at = self.buffer.find(OPEN)
+        if at >= 0:
+            self.in_calls = True
+            out, self.buffer = self.buffer[:at], self.buffer[at:]
+            return out
+        keep = _partial_suffix(self.buffer, OPEN)
+        out, self.buffer = self.buffer[:len(self.buffer) - keep], self.buffer[len(self.buffer) - keep:]
+        return out
+
+    def calls(self) -> list[dict]:
+        """Calls whose ``</tool_call>`` has arrived since the last call, in OpenAI's streamed shape (with index)."""
+        out = []
+        while self.in_calls and CLOSE in self.buffer:
+            end = self.buffer.find(CLOSE) + len(CLOSE)
+            block, self.buffer = self.buffer[:end], self.buffer[end:]
+            _, parsed = parse_tool_calls(block)
+            for call in parsed:
+                out.append({"index": self.count, **call})
+                self.count += 1
+        return out
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """(content left over, calls left): text of an unclosed or invalid call is content (it was no call)."""
+        calls = self.calls()
+        rest, self.buffer = self.buffer, ""
+        return ("" if not rest.strip() else rest), calls
+
+
+def _partial_suffix(text: str, token: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``token``."""
+    for n in range(min(len(text), len(token) - 1), 0, -1):
+        if token.startswith(text[-n:]):
+            return n
+    return 0
