@@ -80,6 +80,19 @@ def test_eos_only_where_the_grammar_accepts(vocab):
     assert state.done and state.allowed().nonzero().flatten().tolist() == [EOS]
 
 
+def test_masks_over_a_drafted_end_of_sequence(vocab):
+    # A draft that ends the output (EOS where the grammar accepts, or anything once it has stopped): the rows after
+    # it are never read; masks() must not fail there and must leave the state as it was.
+    state = vocab.compile(Constraint.regex("[0-9]{1,3}")).start()
+    state.advance([TOKENS.index(b"7")])
+    before = state.allowed()
+    rows = state.masks([EOS, TOKENS.index(b"5")])
+    assert rows.shape == (3, 64) and torch.equal(rows[0], before) and torch.equal(state.allowed(), before)
+    state.advance([TOKENS.index(b"1"), TOKENS.index(b"2")])  # done: only EOS
+    rows = state.masks([EOS, EOS])
+    assert rows.shape == (3, 64) and rows[0].nonzero().flatten().tolist() == [EOS] and state.done
+
+
 @pytest.mark.parametrize("constraint, problem", [
     (Constraint.json_schema({"type": "objectx"}), "objectx"),
     (Constraint.regex("[a-"), "regex"),

@@ -285,14 +285,19 @@ class GrammarState:
 
     def masks(self, drafts: Sequence[int]) -> torch.Tensor:
         """``[len(drafts) + 1, V]`` bool: row i is :meth:`allowed` after ``drafts[:i]`` (the rows a verification
-        over ``[pending] + drafts`` scores). Every draft must be allowed (:meth:`valid_prefix`); the state is
+        over ``[pending] + drafts`` scores). Every draft must be allowed (:meth:`valid_prefix`); rows after the
+        grammar has stopped (an end of sequence drafted) repeat the last computed one, as none is read; the state is
         left as it was."""
         rows = [self.allowed()]
+        consumed = 0
         for token in drafts:
+            if self._m.is_stopped():  # the output ends at this draft (an end of sequence the grammar allowed):
+                break  # no row after it is ever read, so those repeat the last one
             self.advance([token])
-            rows.append(self.allowed())
-        if drafts:
-            self.rollback(len(drafts))
+            consumed += 1
+            rows.append(rows[-1] if self._m.is_stopped() else self.allowed())
+        rows += [rows[-1]] * (len(drafts) + 1 - len(rows))
+        self.rollback(consumed)
         return torch.stack(rows)
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:

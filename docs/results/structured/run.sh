@@ -6,6 +6,6 @@
 # machine. Appends to results.jsonl and resumes where it stopped; writes results.md.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-python docs/results/structured/bench.py --backend ik --threads 2 --limit "${LIMIT:-9}" \
+${PYTHON:-.venv/bin/python} docs/results/structured/bench.py --backend ik --threads 2 --limit "${LIMIT:-9}" \
     --max-new-tokens "${MAX_NEW_TOKENS:-160}" \
     --out docs/results/structured/results.jsonl --report docs/results/structured/results.md "$@"
