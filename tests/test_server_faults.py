@@ -316,6 +316,7 @@ def test_echo_scoring_limits(served):
         for line in s.iter_lines():
             if line.startswith("data: {"):
                 c = json.loads(line[6:])["choices"][0]
-                first.setdefault(c["index"], c["logprobs"]["token_logprobs"])
+                if c["index"] not in first:  # a choice's first chunk: the echoed prompt and its scores
+                    first[c["index"]] = c["logprobs"]["token_logprobs"]
     assert first[0] == first[1] and first[0][1:] == pytest.approx(lp["token_logprobs"][1:], abs=1e-4)
     served.check_clean()
