@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="running slots one request's n choices may hold at once (default: half of --max-batch)")
     srv.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
                      help="with --max-batch > 1: prompt tokens prefilled per batch step while other requests decode "
-                          "(default: 128; 0: whole prompts)")
+                          "(default: 64; 0: whole prompts)")
     srv.add_argument("--max-scored-tokens", type=int, default=4096, metavar="TOKENS",
                      help="prompt tokens echo + logprobs may score per request (413 beyond)")
     srv.add_argument("--max-scored-logits-mb", type=int, default=256, metavar="MIB",

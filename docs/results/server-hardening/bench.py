@@ -91,6 +91,8 @@ def start_server(args, log_path: Path) -> tuple[subprocess.Popen, str]:
         cmd += ["--draft", args.draft]
     if args.backend:
         cmd += ["--backend", args.backend]
+    if args.prefill_chunk is not None:
+        cmd += ["--prefill-chunk", str(args.prefill_chunk)]
     print("starting:", " ".join(cmd), file=sys.stderr, flush=True)
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -127,9 +129,10 @@ async def head_of_line(url: str, long_tokens: int, stream_tokens: int) -> dict:
                 async for line in r.aiter_lines():
                     if line.startswith("data: {"):
                         arrivals.append(time.monotonic())
+            marks["stream_done"] = time.monotonic()
 
         async def long() -> dict:
-            while len(arrivals) < 8:  # A is under way
+            while len(arrivals) < 8 and "stream_done" not in marks:  # A is under way
                 await asyncio.sleep(0.01)
             marks["sent"] = time.monotonic()
             r = await http.post("/v1/completions", json={"prompt": token_ids(long_tokens, 41), "max_tokens": 1})
@@ -289,6 +292,7 @@ def main() -> None:
     p.add_argument("--max-queue", type=int, default=8)
     p.add_argument("--max-scored-tokens", type=int, default=4096)
     p.add_argument("--rss-budget-mib", type=float, default=1024.0)
+    p.add_argument("--prefill-chunk", type=int, default=None, help="adaspec serve --prefill-chunk (default: its own)")
     p.add_argument("--long-tokens", type=int, default=8000)
     p.add_argument("--stream-tokens", type=int, default=400)
     p.add_argument("--clients", type=int, default=4)
@@ -306,7 +310,8 @@ def main() -> None:
     parts = set(args.parts.split(","))
     res: dict = {"setup": f"`adaspec serve` {args.target or '(default target)'} / {args.draft or '(default drafter)'}"
                           f" on {args.backend}, {args.threads} threads, --max-batch {args.max_batch}, "
-                          f"--max-queue {args.max_queue}, {os.cpu_count()} CPUs; "
+                          f"--max-queue {args.max_queue}, --prefill-chunk {args.prefill_chunk or 'default'}, "
+                          f"{os.cpu_count()} CPUs; "
                           + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "args": vars(args)}
     try:
         ctx = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["max_model_len"]

@@ -45,7 +45,7 @@ from adaspec.stats import GenerationStats, StepRecord, compress_trace
 
 log = logging.getLogger("adaspec.server")
 
-DEFAULT_PREFILL_CHUNK = 128  # prompt tokens per batch step while other rows decode (--prefill-chunk)
+DEFAULT_PREFILL_CHUNK = 64  # prompt tokens per batch step while other rows decode (--prefill-chunk)
 
 
 # --------------------------------------------------------------------------------------------------------------
