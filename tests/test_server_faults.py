@@ -67,6 +67,16 @@ class Served:
                     got[name] = float(line.rsplit(" ", 1)[1])
         return got["running"], got["waiting"]
 
+    def iteration_buckets(self) -> dict[str, float]:
+        """Cumulative counts of the tokens-per-forward histogram, by upper bound."""
+        text = httpx.get(self.url + "/metrics", headers=AUTH, timeout=10).text
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("adaspec:iteration_tokens_total_bucket{"):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                out[le] = float(line.rsplit(" ", 1)[1])
+        return out
+
     def canary(self) -> str:
         r = self.post(body=CANARY)
         assert r.status_code == 200, r.text
@@ -297,8 +307,13 @@ def test_long_prompt_prefill_during_other_streams(served):
 
             return await asyncio.gather(stream(), long())
 
+    before = served.iteration_buckets()
     (chunks, finish), prompt_tokens = asyncio.run(run())
     assert finish in ("length", "stop") and chunks >= 2 and prompt_tokens > 500
+    after = served.iteration_buckets()
+    steps = after["+Inf"] - before["+Inf"]
+    # chunked prefill: no forward held more than 4 chunks of 32 tokens (the whole prompt would be one forward)
+    assert steps >= prompt_tokens // 128 and after["128.0"] - before["128.0"] == steps
     served.check_clean()
 
 
