@@ -320,3 +320,21 @@ def test_stated_answer_has_no_last_number_fallback(text, expected):
     assert is_correct(text, "18", stated_only=True) is (expected == "18")
     if expected is not None:
         assert extract_answer(text) == expected
+
+
+def test_a_forged_result_on_the_harness_descriptor_is_not_a_pass(problem):
+    """The program writes a 'passed' line on every descriptor it may share with the harness, then exits before its
+    wrong answer is checked: the line lacks the run's token, so it is no pass."""
+    body = ("    import posix\n    for fd in range(3, 64):\n        try:\n"
+            "            posix.write(fd, b'{\"result\": \"passed\"}\\n')\n        except OSError:\n            pass\n"
+            "    posix._exit(0)\n")
+    r = check(problem, body)
+    assert r == {"passed": False, "result": "failed: result channel tampered"}
+
+
+def test_a_flood_on_the_harness_descriptor_is_cut_off(problem):
+    body = ("    import posix\n    block = b'x' * (1 << 20)\n    for _ in range(64):\n        for fd in range(3, 64):\n"
+            "            try:\n                posix.write(fd, block)\n            except OSError:\n"
+            "                pass\n" + problem["canonical_solution"].replace("\n", "\n", 1))
+    r = check(problem, body)
+    assert r == {"passed": False, "result": "failed: output flood"}

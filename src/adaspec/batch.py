@@ -2,7 +2,13 @@
 
 Each step (as in vLLM's scheduler and llama.cpp's server slots):
 
-1. rows that joined since the last step are prefilled in the same forward as the others' decoding;
+1. rows that joined are prefilled in the same forward as the others' decoding, by chunks of at most
+   ``prefill_chunk`` prompt tokens per step over all joining rows (chunked prefill, as vLLM and llama.cpp's server
+   do), so a long prompt delays the decoding rows by one chunk's forward per step, not by its whole prefill, and a
+   cancellation or deadline takes effect between chunks; a draft model that must catch up with a long sequence
+   is fed by chunks of the same size between steps (the row drafts nothing until it has caught up). A scored
+   prompt (``prompt_logprobs``) is prefilled in chunks of at most ``max_scored_rows`` positions per step, each
+   scored before the next, so its ``[len(prompt), V]`` logits are never held at once;
 2. every decoding row asks its own controller for K, the :class:`~adaspec.controllers.batch.BatchPricer` caps K for
    the batch from the measured cost of the batch's total tokens, and the row's own drafter proposes; draft models
    draft for all rows at once (batched drafting: each draft step is one forward of the multi-sequence draft backend
@@ -53,7 +59,7 @@ from adaspec.engine import (
     pick_token,
     request_eos,
     request_generator,
-    prompt_logprobs,
+    score_rows,
     token_logprobs,
     top_margins,
 )
@@ -91,6 +97,7 @@ class _Row:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     start: float = 0.0
     prefilled: bool = False
+    prefill_pos: int = 0  # prompt tokens in the target's cache while prefilling (chunked prefill)
     alpha: float = 0.6  # acceptance estimate for the batch pricer (EMA)
     draft_ms: float | None = None  # ms per drafted token (EMA)
 
@@ -142,6 +149,12 @@ class BatchEngine:
         probe_every: when the pricer's cap is 0 but rows want to draft, every this many steps one step drafts at
             the best positive cap anyway, so the rows' acceptance keeps being measured (without it a pessimistic
             acceptance prior keeps speculation off for good; 0 = never probe).
+        prefill_chunk: prompt tokens prefilled per step over all joining rows while other rows decode (four times
+            as many when no row decodes), and draft-model catch-up tokens fed per row and step; None = whole
+            prompts in one forward. A batch in strict mode prefills unscored prompts whole (strict output equals
+            plain decoding, whose prefill is one forward).
+        max_scored_rows: positions whose logits one step keeps for prompt scoring, over all rows (default:
+            :func:`~adaspec.engine.score_rows`, 256 MiB of float32 logits).
 
     Raises:
         ConfigError: ``max_batch`` above what the target holds, or K > 0 without a drafter.
@@ -150,8 +163,15 @@ class BatchEngine:
     def __init__(self, target: Backend, drafter_for: Callable[[int], Drafter | None] | None = None,
                  controller_factory: Callable[[], Controller] | None = None, *, tokenizer=None,
                  eos_token_ids: Sequence[int] | None = None, max_batch: int | None = None,
-                 pricer: BatchPricer | None = None, probe_every: int = 16) -> None:
+                 pricer: BatchPricer | None = None, probe_every: int = 16, prefill_chunk: int | None = None,
+                 max_scored_rows: int | None = None) -> None:
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk must be >= 1 (or None: whole prompts), got {prefill_chunk}")
+        if max_scored_rows is not None and max_scored_rows < 1:
+            raise ConfigError(f"max_scored_rows must be >= 1, got {max_scored_rows}")
         self.target = target
+        self.prefill_chunk = prefill_chunk
+        self.max_scored_rows = max_scored_rows or score_rows(target.vocab_size)
         self.probe_every = probe_every
         self._priced_steps = 0
         self.max_batch = max_batch or target.max_sequences
@@ -168,6 +188,9 @@ class BatchEngine:
         self.draft_costs: dict[str, tuple[float, float]] = {}  # per drafter name: (draft, feed) ms per token, from
         # calibrate() and from the rows that finished; seeds each new row's controller (they belong to the machine)
         self._drafters: dict[tuple[Callable, int], Drafter | None] = {}
+        # drafter_for functions whose per-slot draft caches outlive a request (a later request on the slot reuses
+        # the shared prefix); every other row's draft caches are emptied when it leaves
+        self.keep_draft_caches: set[Callable] = {drafter_for} if drafter_for is not None else set()
         self._free = list(range(self.max_batch))
         self._waiting: deque[_Row] = deque()
         self._running: dict[int, _Row] = {}
@@ -217,7 +240,8 @@ class BatchEngine:
                    drafter_for, controller_factory, controls=cfg.controls,
                    stats=GenerationStats(prompt_tokens=len(prompt),
                                          tree_fallback="chains: batched rows verify chains" if cfg.tree_budget else ""),
-                   margins=[] if cfg.return_margins else None, logprobs=[] if cfg.logprobs is not None else None)
+                   margins=[] if cfg.return_margins else None, logprobs=[] if cfg.logprobs is not None else None,
+                   prompt_logprobs=[None] if cfg.prompt_logprobs is not None else None)
         self._next_id += 1
         self._waiting.append(row)
         return row.rid
@@ -276,14 +300,17 @@ class BatchEngine:
             return out
         step_start = time.perf_counter()
         decoding = [r for r in self._running.values() if r.prefilled]
+        plan = self._plan_prefill(alone=not decoding)
         ks = self._choose_k(decoding, out)
         decoding = [r for r in decoding if r.rid in self._running]
+        self._catch_up(decoding, ks, out)
+        decoding = [r for r in decoding if r.rid in self._running]
         drafts, draft_ms, behind = self._draft(decoding, ks, out)
-        running = list(self._running.values())
+        running = [r for r in self._running.values() if r.prefilled or r.rid in plan]
         if not running:
             self.last_rows = self.last_tokens = 0
             return out
-        rows = [BatchRow(r.seq, r.prompt, len(r.prompt) if r.cfg.prompt_logprobs is not None else 1) if not r.prefilled
+        rows = [self._prefill_row(r, *plan[r.rid]) if not r.prefilled
                 else BatchRow(r.seq, [r.ids[-1]] + in_vocab(drafts[r.rid].tokens, self.target.vocab_size),
                               len(drafts[r.rid]) + 1)
                 for r in running]
@@ -297,13 +324,75 @@ class BatchEngine:
                 continue  # failed in the forward
             try:
                 if not row.prefilled:
-                    out[row.rid] = self._first(row, lg)
+                    chunk = self._prefilled(row, plan[row.rid][1], lg)
+                    if chunk is not None:
+                        out[row.rid] = chunk
                 else:
                     out[row.rid] = self._advance(row, ks[row.rid], drafts[row.rid], lg, draft_ms[row.rid],
                                                  forward_ms, step_start, len(rows), behind[row.rid])
             except Exception as e:
                 self._fail(row, e, out)
         return out
+
+    # Chunked prefill ------------------------------------------------------------------------------------------------
+    def _plan_prefill(self, alone: bool) -> dict[int, tuple[int, int]]:
+        """``{rid: (start, end)}``: the prompt slice each prefilling row feeds this step, in admission order, within
+        the step's ``prefill_chunk`` tokens (four times that when no row decodes) and ``max_scored_rows``."""
+        budget = None if self.prefill_chunk is None else self.prefill_chunk * (4 if alone else 1)
+        scored_left = self.max_scored_rows
+        plan: dict[int, tuple[int, int]] = {}
+        for row in self._running.values():
+            if row.prefilled:
+                continue
+            start = row.prefill_pos
+            n = len(row.prompt) - start
+            scored = row.cfg.prompt_logprobs is not None
+            if budget is not None and not (self.target.batch_invariant and not scored):
+                if budget <= 0:
+                    continue
+                n = min(n, budget)
+            if scored:
+                if scored_left <= 0:
+                    continue
+                n = min(n, scored_left, row.cfg.prompt_logprobs_chunk or scored_left)
+                scored_left -= n
+            if budget is not None:
+                budget -= n
+            plan[row.rid] = (start, start + n)
+        return plan
+
+    def _prefill_row(self, row: _Row, start: int, end: int) -> BatchRow:
+        return BatchRow(row.seq, row.prompt[start:end], end - start if row.cfg.prompt_logprobs is not None else 1)
+
+    def _prefilled(self, row: _Row, end: int, logits: torch.Tensor) -> StreamChunk | None:
+        """After a prefill chunk ending at prompt position ``end``: score its positions (with ``prompt_logprobs``);
+        after the last chunk, the first token (:meth:`_first`)."""
+        start, row.prefill_pos = row.prefill_pos, end
+        if row.prompt_logprobs is not None:  # position i predicts prompt token i + 1
+            row.prompt_logprobs += token_logprobs(logits, row.prompt[start + 1:end + 1],
+                                                  row.cfg.prompt_logprobs) or []
+        if end < len(row.prompt):
+            return None
+        return self._first(row, logits[-1:])
+
+    def _catch_up(self, decoding: list[_Row], ks: dict[int, int], out: dict[int, StreamChunk]) -> None:
+        """Feed each draft model that is more than ``prefill_chunk`` tokens behind its row's sequence one chunk
+        (the row drafts nothing this step), so a long prompt's draft prefill is spread over steps too."""
+        if self.prefill_chunk is None:
+            return
+        for row in decoding:
+            if row.drafter is None or not ks.get(row.rid):
+                continue
+            try:
+                for d in model_drafters(row.drafter).values():
+                    if not hasattr(d, "feed"):
+                        continue
+                    have = d.cached_prefix(row.ids)
+                    if len(row.ids) - have > self.prefill_chunk:
+                        d.feed(row.ids[:have + self.prefill_chunk + 1])
+                        ks[row.rid] = 0
+            except Exception as e:
+                self._fail(row, e, out)
 
     def _draft(self, decoding: list[_Row], ks: dict[int, int], out: dict[int, StreamChunk]
                ) -> tuple[dict[int, Draft], dict[int, float], dict[int, int]]:
@@ -404,6 +493,12 @@ class BatchEngine:
         self.last_cap = cap
         return {rid: min(k, cap) for rid, k in ks.items()} if cap is not None else ks
 
+    def forget_drafters(self, drafter_for: Callable[[int], Drafter | None]) -> None:
+        """Drop the per-slot drafters built by ``drafter_for`` (a row running with one keeps it until it ends)."""
+        for key in [k for k in self._drafters if k[0] == drafter_for]:
+            del self._drafters[key]
+        self.keep_draft_caches.discard(drafter_for)
+
     def _drafter(self, drafter_for: Callable[[int], Drafter | None] | None, seq: int) -> Drafter | None:
         if drafter_for is None:
             return None
@@ -413,8 +508,8 @@ class BatchEngine:
         return self._drafters[key]
 
     def _first(self, row: _Row, logits: torch.Tensor) -> StreamChunk:
-        """The prefill's token: TTFT, then the drafter's prefill."""
-        row.prompt_logprobs = prompt_logprobs(logits, row.prompt, row.cfg.prompt_logprobs)
+        """The prefill's token from the last prompt position's ``[1, V]`` logits: TTFT, then the drafter's
+        prefill."""
         last = controlled(logits[-1:], row.controls, row.prompt, len(row.prompt))
         token = pick_token(last[0], row.params, row.generator)
         row.stats.ttft_ms = row.stats.prefill_ms = (time.perf_counter() - row.start) * 1e3
@@ -504,6 +599,14 @@ class BatchEngine:
             self.target.truncate_seq(row.seq, 0)  # free its cache now (a shared cache serves the other rows)
         except Exception:  # a broken runtime: the next request on this row truncates again
             pass
+        if row.drafter is not None and row.drafter_for not in self.keep_draft_caches:
+            for d in model_drafters(row.drafter).values():  # its draft KV goes with it
+                try:
+                    forget = getattr(d, "forget", None)
+                    if forget is not None:
+                        forget()
+                except Exception:  # a broken draft runtime: its next _sync starts from an empty cache anyway
+                    pass
         self._free.append(row.seq)
         self._free.sort()
 

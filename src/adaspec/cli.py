@@ -199,7 +199,21 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--api-key", default=None,
                      help="require 'Authorization: Bearer KEY' on every route but /health (or $ADASPEC_API_KEY)")
-    srv.add_argument("--served-model-name", default=None, help="model name clients use (default: the target's)")
+    srv.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                     help="model name(s) clients use, the first one reported (default: --target as given; the "
+                          "runtime-qualified name, e.g. NAME@llamacpp, is always accepted too)")
+    srv.add_argument("--allowed-hosts", default=None, metavar="H1,H2",
+                     help="host names accepted in the Host/Origin headers (DNS-rebinding protection; default for a "
+                          "loopback bind: localhost,127.0.0.1,::1 and --host; '*': no check, the default otherwise)")
+    srv.add_argument("--max-slots-per-request", type=int, default=None, metavar="N",
+                     help="running slots one request's n choices may hold at once (default: half of --max-batch)")
+    srv.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
+                     help="with --max-batch > 1: prompt tokens prefilled per batch step while other requests decode "
+                          "(default: 64; 0: whole prompts)")
+    srv.add_argument("--max-scored-tokens", type=int, default=4096, metavar="TOKENS",
+                     help="prompt tokens echo + logprobs may score per request (413 beyond)")
+    srv.add_argument("--max-scored-logits-mb", type=int, default=256, metavar="MIB",
+                     help="MiB of float32 logits a scored prefill holds at once (per request and batch step)")
     srv.add_argument("--allow-drafter", action="append", default=[], metavar="MODEL",
                      help="another draft model clients may pick per request (loaded at start; repeatable)")
     srv.add_argument("--max-batch", type=int, default=1,

@@ -65,6 +65,9 @@ class GenerationConfig:
             sampling filters). None = off.
         prompt_logprobs: the same for every prompt token after the first (the model's own distribution, no
             controls; OpenAI ``echo`` + ``logprobs``) in :attr:`GenerationResult.prompt_logprobs`. None = off.
+        prompt_logprobs_chunk: with ``prompt_logprobs``, the prefill runs in forwards of at most this many
+            positions, each scored before the next, so at most ``[chunk, V]`` float32 logits are held at once
+            (None: :func:`score_rows`, 256 MiB of logits).
         tree_budget: draft token trees of at most this many nodes per step (:mod:`adaspec.tree`; the controller's K is
             the depth) where the drafter branches (``ngram-tree``; a draft model: a tree grown level by level as EAGLE-2
             does, or its chain plus sibling leaves, :meth:`~adaspec.drafters.model.ModelDrafter.propose_tree`), the
@@ -111,6 +114,7 @@ class GenerationConfig:
     min_p: float = 0.0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    prompt_logprobs_chunk: int | None = None
     tree_budget: int = 0
     tree_choice: str = "goodput"
     tree_expand: int | None = None
@@ -132,6 +136,8 @@ class GenerationConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 raise ConfigError(f"{name} must be in [0, {MAX_LOGPROBS}] (top alternatives per token), got {value}")
+        if self.prompt_logprobs_chunk is not None and self.prompt_logprobs_chunk < 1:
+            raise ConfigError(f"prompt_logprobs_chunk must be >= 1, got {self.prompt_logprobs_chunk}")
         check_budget(self.tree_budget)
         if self.tree_expand is not None and self.tree_expand < 0:
             raise ConfigError(f"tree_expand must be >= 0 (0 = one-level draft-model trees), got {self.tree_expand}")
@@ -315,8 +321,7 @@ class SpeculativeEngine:
         chooser = self._tree_choice() if tree_budget and cfg.tree_choice == "goodput" else None
         start = time.perf_counter()
         self.target.reset()
-        logits = self.target.forward(prompt, len(prompt) if cfg.prompt_logprobs is not None else 1)
-        prompt_lp = prompt_logprobs(logits, prompt, cfg.prompt_logprobs)
+        logits, prompt_lp = scored_prefill(self.target, prompt, cfg)
         last = controlled(logits[-1:], controls, prompt, len(prompt))
         first = pick_token(last[0] if grammar is None else mask_logits(last, grammar.allowed()[None])[0], params,
                            generator)
@@ -555,16 +560,27 @@ def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int | None)
     None when ``top`` is None (logprobs not asked for)."""
     if top is None:
         return None
-    if not tokens:
-        return []
-    lp = logits[:len(tokens)].float().log_softmax(-1)
-    chosen = lp[torch.arange(len(tokens)), torch.tensor(list(tokens), dtype=torch.long)].tolist()
-    out = [TokenLogprob(int(t), float(v)) for t, v in zip(tokens, chosen)]
-    if top > 0:
-        values, index = lp.topk(min(top, lp.shape[-1]), dim=-1)
-        for item, vs, ix in zip(out, values.tolist(), index.tolist()):
-            item.top = [(int(i), float(v)) for i, v in zip(ix, vs)]
+    out: list[TokenLogprob] = []
+    for start in range(0, len(tokens), LOGPROB_ROWS):  # one [LOGPROB_ROWS, V] log-softmax copy at a time
+        part = list(tokens[start:start + LOGPROB_ROWS])
+        lp = logits[start:start + len(part)].float().log_softmax(-1)
+        chosen = lp[torch.arange(len(part)), torch.tensor(part, dtype=torch.long)].tolist()
+        items = [TokenLogprob(int(t), float(v)) for t, v in zip(part, chosen)]
+        if top > 0:
+            values, index = lp.topk(min(top, lp.shape[-1]), dim=-1)
+            for item, vs, ix in zip(items, values.tolist(), index.tolist()):
+                item.top = [(int(i), float(v)) for i, v in zip(ix, vs)]
+        out += items
     return out
+
+
+LOGPROB_ROWS = 64  # positions per log-softmax block in token_logprobs
+SCORED_LOGITS_BYTES = 256 << 20  # default bound on the float32 logits a scored prefill holds at once
+
+
+def score_rows(vocab_size: int, budget_bytes: int = SCORED_LOGITS_BYTES) -> int:
+    """Positions of ``[n, vocab_size]`` float32 logits that fit ``budget_bytes`` (at least 1)."""
+    return max(1, budget_bytes // (4 * max(1, vocab_size)))
 
 
 def prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], top: int | None) -> list[TokenLogprob | None] | None:
@@ -573,6 +589,22 @@ def prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], top: int | None
     if top is None:
         return None
     return [None] + (token_logprobs(logits[:len(prompt) - 1], list(prompt[1:]), top) or [])
+
+
+def scored_prefill(target: Backend, prompt: Sequence[int], cfg: GenerationConfig
+                   ) -> tuple[torch.Tensor, list[TokenLogprob | None] | None]:
+    """Prefill ``prompt`` on ``target`` (appended to its cache): the last position's ``[1, V]`` logits and, with
+    ``cfg.prompt_logprobs``, the prompt's log-probabilities (:func:`prompt_logprobs`), computed over forwards of at
+    most ``cfg.prompt_logprobs_chunk`` positions so the ``[len(prompt), V]`` logits are never held at once."""
+    if cfg.prompt_logprobs is None:
+        return target.forward(prompt, 1), None
+    rows = cfg.prompt_logprobs_chunk or score_rows(target.vocab_size)
+    scored: list[TokenLogprob | None] = [None]
+    for start in range(0, len(prompt), rows):
+        part = list(prompt[start:start + rows])
+        logits = target.forward(part, len(part))
+        scored += token_logprobs(logits, list(prompt[start + 1:start + len(part) + 1]), cfg.prompt_logprobs) or []
+    return logits[-1:], scored
 
 
 def chain_emitted(draft: Draft, accepted: list[int], emitted: int) -> int:

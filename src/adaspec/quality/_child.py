@@ -1,8 +1,10 @@
 """Child process of :func:`adaspec.quality.sandbox.check_humaneval`: runs one HumanEval program and reports.
 
 Run as ``python -I <path>/_child.py`` by the parent (importing it runs nothing). Protocol: one JSON object on stdin,
-``{"program": str, "timeout_s": float, "memory_bytes": int}``; one JSON line on stdout, ``{"result": str}`` with
-``"passed"``, ``"timed out"`` or ``"failed: <exception>"``. No line (the program killed the process or called
+``{"program": str, "timeout_s": float, "memory_bytes": int, "token": str}``; one JSON line on stdout,
+``{"result": str, "token": str}`` with ``"passed"``, ``"timed out"`` or ``"failed: <exception>"`` and the job's
+token (a random secret per run: a line the program writes on the inherited result descriptor lacks it, and any
+extra line makes the parent fail the run). No line (the program killed the process or called
 ``os._exit``) is the parent's business. A harness error before the program starts is a traceback on
 stderr (exit code 1), which the parent quotes.
 
@@ -145,14 +147,28 @@ def _landlock() -> int:
     return abi
 
 
+def _reporter(token: str, write, fd: int, dumps):
+    """The one function that can sign a result: the token lives only in its closure (not in any frame's locals
+    or module global the program can read by name)."""
+    def report(result: str) -> None:
+        try:
+            line = dumps({"result": result, "token": token}) + "\n"
+        except BaseException:  # noqa: BLE001 - e.g. MemoryError while the program's objects are still alive
+            line = dumps({"result": "failed: unreportable exception", "token": token}) + "\n"
+        write(fd, line.encode())
+    return report
+
+
 def main() -> None:
     job = json.loads(sys.stdin.buffer.read())
-    program: str = job["program"]
+    program: str = job.pop("program")
     timeout_s = float(job["timeout_s"])
     memory_bytes = int(job["memory_bytes"])
     sys.dont_write_bytecode = True  # an import must not try to write a .pyc (RLIMIT_FSIZE would kill us)
     write, exit_, dumps = os.write, os._exit, json.dumps
     result_fd = os.dup(1)
+    report = _reporter(job.pop("token", ""), write, result_fd, dumps)
+    del job
     devnull = os.open(os.devnull, os.O_WRONLY)
 
     with create_tempdir():  # under $TMPDIR, which the parent points at a directory it removes afterwards
@@ -173,11 +189,7 @@ def main() -> None:
             result = "timed out"
         except BaseException as e:  # noqa: BLE001 - SystemExit, MemoryError, ... are all failures of the program
             result = _describe(e)
-        try:
-            line = dumps({"result": result}) + "\n"
-        except BaseException:  # noqa: BLE001 - e.g. MemoryError while the program's objects are still alive
-            line = '{"result": "failed: unreportable exception"}\n'
-        write(result_fd, line.encode())
+        report(result)
         # No clean-up in here (the guards removed rmtree and Landlock forbids removal): the parent does it.
         exit_(0)
 

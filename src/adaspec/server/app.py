@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
+import threading
 import dataclasses
 import hmac
 import json
@@ -23,6 +25,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -33,16 +36,24 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from adaspec.engine import GenerationConfig
 from adaspec.errors import AdaspecError, ConfigError, ContextLengthError
+from adaspec.server.hostcheck import HostCheckMiddleware
+from adaspec.server.limits import (
+    DEFAULT_MAX_SCORED_LOGITS_MB,
+    DEFAULT_MAX_SCORED_TOKENS,
+    ScoringBudget,
+    default_slots_per_request,
+    refuse_lone_surrogates,
+)
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
-from adaspec.server.runtime import EngineHandle, Job, ModelHost, QueueFull, Scheduler
+from adaspec.server.admission import Place, QueueFull, Scheduler, SlotTimeout, reserve_places
+from adaspec.server.runtime import EngineHandle, Job, ModelHost
 from adaspec.server.structured import (StreamedChoice, StructuredPlan, chat_message, compile_request, plan_request,
                                        template_messages)
 
 log = logging.getLogger("adaspec.server")
 
 SAMPLING_EPS = 1e-5
-MAX_SCORED_PROMPT = 4096  # prompt tokens echo + logprobs may score (their logits are all kept)
 
 
 @dataclass
@@ -60,6 +71,12 @@ class ServerConfig:
         metrics_namespace: prefix of the metric names.
         strict: every request runs in strict mode (batch-invariant target: greedy output equals plain decoding and
             a repeated request gives the same text) unless it sends ``"strict": false``.
+        model_aliases: more names accepted as ``model`` (the target's runtime-qualified name always is).
+        allowed_hosts: host names accepted in ``Host``/``Origin`` headers (:mod:`adaspec.server.hostcheck`);
+            None: no check.
+        max_slots_per_request: running slots one request's ``n`` choices hold at once (default: half the slots).
+        max_scored_tokens: prompt tokens ``echo`` + ``logprobs`` may score per request (413 beyond).
+        max_scored_logits_mb: MiB of float32 logits a scored prefill holds at once, per request and per batch step.
     """
 
     served_model_name: str | None = None
@@ -71,6 +88,11 @@ class ServerConfig:
     max_tokens_limit: int | None = None
     metrics_namespace: str = "adaspec"
     strict: bool = False
+    model_aliases: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] | None = None
+    max_slots_per_request: int | None = None
+    max_scored_tokens: int = DEFAULT_MAX_SCORED_TOKENS
+    max_scored_logits_mb: int = DEFAULT_MAX_SCORED_LOGITS_MB
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -220,7 +242,14 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig()
     served = config.served_model_name or host.name
     metrics = ServerMetrics(served, namespace=config.metrics_namespace)
-    scheduler = Scheduler(config.max_queue, slots=host.max_batch)
+    scheduler = Scheduler(config.max_queue, slots=host.max_batch,
+                          per_owner=config.max_slots_per_request or default_slots_per_request(host.max_batch))
+    names = {served, host.name, *config.model_aliases}  # accepted as "model"
+    budget = ScoringBudget(config.max_scored_tokens, config.max_scored_logits_mb << 20)
+    score_chunk = budget.rows(host.target.backend.vocab_size)
+    if host.batch is not None:
+        host.batch.max_scored_rows = score_chunk
+    render = ThreadPoolExecutor(1, thread_name_prefix="adaspec-render")  # builds large responses off the loop
     if host.batch is not None:
         host.start_runner(metrics)
     metrics.running.labels(served).set_function(lambda: scheduler.running)
@@ -233,6 +262,7 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         yield
         host.cancel_current()  # stop a running generation so shutdown does not wait for it
+        render.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="adaspec", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible API over adaspec's adaptive, lossless speculative decoding.")
@@ -295,7 +325,7 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
 
     # Generation ----------------------------------------------------------------------------------------------
     def check_model(name: str | None) -> None:
-        if name is not None and name not in (served, host.name):
+        if name is not None and name not in names:
             raise APIError(404, f"the model {name!r} does not exist on this server; it serves {served!r}",
                            param="model", code="model_not_found")
 
@@ -365,9 +395,8 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
                 raise APIError(400, f"logit_bias: token id {bad[0]} is out of range: this model's vocabulary has "
                                     f"{vocab} ids", param="logit_bias")
         want = body.want_logprobs
-        if body.echo and want is not None and prompt_len > MAX_SCORED_PROMPT:
-            raise APIError(400, f"echo with logprobs scores at most {MAX_SCORED_PROMPT} prompt tokens (the logits of "
-                                f"every position are kept); this prompt has {prompt_len}", param="echo")
+        if body.echo and want is not None:
+            budget.check(prompt_len)
         try:
             return GenerationConfig(max_new_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
                                     top_k=max(0, body.top_k), seed=seed, stop=body.stop_list,
@@ -376,7 +405,8 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
                                     repetition_penalty=body.repetition_penalty,
                                     presence_penalty=body.presence_penalty,
                                     frequency_penalty=body.frequency_penalty, logit_bias=bias, min_p=body.min_p,
-                                    logprobs=want, prompt_logprobs=want if body.echo and want is not None else None)
+                                    logprobs=want, prompt_logprobs=want if body.echo and want is not None else None,
+                                    prompt_logprobs_chunk=score_chunk)
         except ConfigError as e:
             raise APIError(400, str(e)) from None
 
@@ -384,37 +414,35 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
         per = (host.service_s or 10.0) / scheduler.slots
         return str(max(1, min(3600, math.ceil(per * (scheduler.waiting + 1)))))
 
-    async def wait_for_slot(ticket: asyncio.Future, deadline: float) -> None:
+    async def take_slot(place: Place, deadline: float) -> None:
+        """Wait for ``place``'s slot; 504 when the deadline passes first (the place is given back either way)."""
         try:
-            await asyncio.wait_for(asyncio.shield(ticket), timeout=max(0.0, deadline - time.monotonic()))
-        except BaseException as e:
-            scheduler.abandon(ticket)
-            if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
-                metrics.outcome("timeout")
-                raise APIError(504, f"the request waited longer than this server's timeout of "
-                                    f"{config.request_timeout:g} s for the model", type="timeout_error",
-                               code="timeout") from None
-            raise
+            await place.acquire(deadline)
+        except SlotTimeout:
+            metrics.outcome("timeout")
+            raise APIError(504, f"the request waited longer than this server's timeout of "
+                                f"{config.request_timeout:g} s for the model", type="timeout_error",
+                           code="timeout") from None
 
     def start_job(handle: EngineHandle, ids: list[int], cfg: GenerationConfig, arrival: float,
-                  deadline: float) -> Job:
-        """Start generating; the slot is released when the generation thread finishes."""
+                  deadline: float, place: Place) -> Job:
+        """Start generating on ``place``'s slot, which the job releases when the generation thread finishes. Must
+        follow ``take_slot`` with no ``await`` in between (so no cancellation can land while the slot is unowned)."""
         loop = asyncio.get_running_loop()
         job = Job(host, handle, ids, cfg, arrival, deadline, metrics, loop)
         if host.runner is not None:  # a row of the continuous batch
-            job.on_end = lambda: loop.call_soon_threadsafe(scheduler.release)
+            job.on_end = lambda: loop.call_soon_threadsafe(place.release_slot)
+            place.hand_over()
             host.runner.submit(job)
             return job
-        try:
-            fut = loop.run_in_executor(host.generate_executor, job.run)
-        except BaseException:
-            scheduler.release()
-            raise
-        fut.add_done_callback(lambda _: scheduler.release())
+        fut = loop.run_in_executor(host.generate_executor, job.run)  # raises: the place still holds the slot
+        place.hand_over()
+        fut.add_done_callback(lambda _: place.release_slot())
         return job
 
     async def prepare(request: Request, body, chat: bool):
         arrival = time.monotonic()
+        refuse_lone_surrogates(body)
         check_model(body.model)
         handle = resolve_settings(body)
         plan = plan_request(body) if chat else StructuredPlan()
@@ -443,10 +471,13 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
         return {"prompt_tokens": s.prompt_tokens, "completion_tokens": new, "total_tokens": s.prompt_tokens + new}
 
     # Log-probabilities (OpenAI's two formats) ---------------------------------------------------------------
-    detok = copy.deepcopy(host.tokenizer)  # event-loop thread only
+    detok = copy.deepcopy(host.tokenizer)  # the event-loop and render threads' own copy
+    detok_lock = threading.Lock()
 
+    @functools.lru_cache(maxsize=1 << 16)
     def piece(token_id: int) -> str:
-        return detok.decode([token_id])
+        with detok_lock:
+            return detok.decode([token_id])
 
     def chat_logprobs(items) -> dict | None:
         if items is None:
@@ -476,10 +507,11 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             offset += len(text)
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
-    async def prompt_text(body, ids: list[int]) -> str:
+    def prompt_text(body, ids: list[int]) -> str:
         if isinstance(body.prompt, str):
             return body.prompt
-        return detok.decode(ids)
+        with detok_lock:
+            return detok.decode(ids)
 
     async def generate(request: Request, body, chat: bool):
         try:
@@ -492,24 +524,22 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             metrics.outcome("invalid")
             raise APIError(400, f"n={body.n} choices need {body.n} places, but this server has {scheduler.slots} "
                                 f"running and {scheduler.max_waiting} waiting", param="n")
-        tickets = []
-        try:
-            for _ in range(body.n):  # one place per choice (with --max-batch > 1 the choices decode together)
-                tickets.append(scheduler.reserve())
+        try:  # one place per choice (with --max-batch > 1 the choices decode together, up to the per-request cap)
+            places = reserve_places(scheduler, body.n, owner=object())
         except QueueFull:
-            for t in tickets:
-                scheduler.abandon(t)
             metrics.outcome("rejected")
             raise APIError(503, f"the server is busy: {scheduler.waiting} requests are already waiting for the "
                                 f"model (queue limit {scheduler.max_waiting}); retry later",
                            type="server_busy", code="queue_full", headers={"retry-after": retry_after()}) from None
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        # choice i samples with seed + i (or its own random seed), as vLLM does for n > 1
+        # choice i samples with seed + i (or its own random seed), as vLLM does for n > 1; the prompt is scored
+        # once, by choice 0 (its prompt logprobs serve every choice)
         cfgs = [cfg if i == 0 else dataclasses.replace(
-                    cfg, seed=None if cfg.seed is None else (cfg.seed + i) % (1 << 64)) for i in range(body.n)]
+                    cfg, seed=None if cfg.seed is None else (cfg.seed + i) % (1 << 64), prompt_logprobs=None)
+                for i in range(body.n)]
         if body.stream:
-            return stream_response(request, body, chat, rid, tickets, handle, ids, cfgs, arrival, deadline)
-        return await complete(request, body, chat, rid, tickets, handle, ids, cfgs, arrival, deadline)
+            return stream_response(request, body, chat, rid, places, handle, ids, cfgs, arrival, deadline)
+        return await complete(request, body, chat, rid, places, handle, ids, cfgs, arrival, deadline)
 
     async def _disconnected(request: Request) -> None:
         while True:
@@ -517,54 +547,40 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             if message["type"] == "http.disconnect":
                 return
 
-    async def complete(request, body, chat, rid, tickets, handle, ids, cfgs, arrival, deadline):
-        watcher = asyncio.ensure_future(_disconnected(request))
-        jobs: list[Job | None] = [None] * len(tickets)
-        left = asyncio.Event()  # the client went away
+    async def complete(request, body, chat, rid, places, handle, ids, cfgs, arrival, deadline):
+        jobs: list[Job | None] = [None] * len(places)
 
         async def one(i: int) -> None:
-            """Choice i: wait for its place, generate, collect (sets ``left`` if the client goes away)."""
-            waiting = asyncio.ensure_future(wait_for_slot(tickets[i], deadline))
-            try:
-                await _one(i, waiting)
-            finally:
-                if not waiting.done():
-                    waiting.cancel()  # gives the place back (wait_for_slot abandons its ticket)
+            """Choice i: wait for its place, generate, wait for its end."""
+            await take_slot(places[i], deadline)
+            job = jobs[i] = start_job(handle, ids, cfgs[i], arrival, deadline, places[i])
+            while (await job.events.get())[0] != "end":
+                pass
 
-        async def _one(i: int, waiting: asyncio.Future) -> None:
-            done, _ = await asyncio.wait({waiting, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if waiting not in done:  # the client left while queued
-                waiting.cancel()
-                try:
-                    await waiting
-                except BaseException:
-                    pass
-                left.set()
-                return
-            waiting.result()  # raises the 504 if it timed out
-            job = jobs[i] = start_job(handle, ids, cfgs[i], arrival, deadline)
-            while True:
-                getter = asyncio.ensure_future(job.events.get())
-                done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    job.cancel.set()
-                    left.set()
-                    return
-                kind, _item = getter.result()
-                if kind == "end":
-                    return
-
-        tasks = [asyncio.ensure_future(one(i)) for i in range(len(tickets))]
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(places))]
+        watcher = asyncio.ensure_future(_disconnected(request))
+        left = asyncio.Event()  # the client went away
+        failed: BaseException | None = None
         try:
-            await asyncio.gather(*tasks)
+            pending = set(tasks)
+            while pending and failed is None:
+                done, _ = await asyncio.wait(pending | {watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if watcher in done:
+                    left.set()
+                    break
+                pending -= done
+                failed = next((t.exception() for t in done if not t.cancelled() and t.exception()), None)
         finally:
             watcher.cancel()
             for t in tasks:
                 t.cancel()
             for job in jobs:
                 if job is not None and job.finished is None:
-                    job.cancel.set()
+                    job.cancel.set()  # its row stops after the current step; the job then releases its slot
+            for place in places:
+                place.give_back()  # a choice cancelled before it ran (or while queued) leaves no slot behind
+        if failed is not None:
+            raise failed
         if left.is_set():
             if all(j is None for j in jobs):
                 metrics.outcome("cancelled")
@@ -575,24 +591,30 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             if job.outcome == "timeout" or job.result is None:
                 raise timeout_error()
         scored = not chat and body.max_tokens == 0  # echo + max_tokens 0: the prompt only
-        choices = []
-        for i, job in enumerate(jobs):
-            result = job.result
-            logprobs = result.logprobs if not scored else ([] if result.logprobs is not None else None)
-            if chat:
-                message, finish = chat_message(body._structured, result.text, result.finish_reason)
-                choice = {"index": i, "message": message, "logprobs": chat_logprobs(logprobs),
-                          "finish_reason": finish}
-            else:
-                text = "" if scored else result.text
-                lp = completion_logprobs(logprobs, ids if body.echo else None, result.prompt_logprobs)
-                if body.echo:
-                    text = await prompt_text(body, ids) + text
-                choice = {"index": i, "text": text, "logprobs": lp,
-                          "finish_reason": "length" if scored else result.finish_reason}
-            if len(jobs) > 1:
-                choice["speculation"] = job.summary()
-            choices.append(choice)
+        shared_prompt_lp = jobs[0].result.prompt_logprobs  # scored once, by choice 0
+
+        def build() -> list[dict]:  # on the render thread: one decode per token and alternative
+            choices = []
+            for i, job in enumerate(jobs):
+                result = job.result
+                logprobs = result.logprobs if not scored else ([] if result.logprobs is not None else None)
+                if chat:
+                    message, finish = chat_message(body._structured, result.text, result.finish_reason)
+                    choice = {"index": i, "message": message, "logprobs": chat_logprobs(logprobs),
+                              "finish_reason": finish}
+                else:
+                    text = "" if scored else result.text
+                    lp = completion_logprobs(logprobs, ids if body.echo else None, shared_prompt_lp)
+                    if body.echo:
+                        text = prompt_text(body, ids) + text
+                    choice = {"index": i, "text": text, "logprobs": lp,
+                              "finish_reason": "length" if scored else result.finish_reason}
+                if len(jobs) > 1:
+                    choice["speculation"] = job.summary()
+                choices.append(choice)
+            return choices
+
+        choices = await asyncio.get_running_loop().run_in_executor(render, build)
         use = usage(jobs[0], scored)
         for job in jobs[1:]:
             extra = usage(job, scored)["completion_tokens"]
@@ -601,12 +623,12 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": served, "choices": choices, "usage": use, "speculation": jobs[0].summary()}
 
-    def stream_response(request, body, chat, rid, tickets, handle, ids, cfgs, arrival, deadline):
-        """Server-sent events for ``len(tickets)`` choices: each waits for its own place and generates; their chunks
+    def stream_response(request, body, chat, rid, places, handle, ids, cfgs, arrival, deadline):
+        """Server-sent events for ``len(places)`` choices: each waits for its own place and generates; their chunks
         are interleaved as they come (``index`` tells them apart), each ends with its own finish chunk."""
-        n = len(tickets)
-        states = [{"job": None, "holding": False} for _ in range(n)]  # holding: False queued, True running, None gone
-        started = {"pumps": False}  # once the pumps run, each gives its own place back (wait_for_slot)
+        n = len(places)
+        states = [{"job": None} for _ in range(n)]
+        closed = {"done": False}  # the response ended (or never started): no pump may start a generation after it
         created_at = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         scored = not chat and body.max_tokens == 0
@@ -627,20 +649,21 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
         async def pump(i: int, merged: asyncio.Queue) -> None:
             """Choice i's events into ``merged`` as (i, kind, item); always ends with (i, "end", None)."""
             try:
-                await wait_for_slot(tickets[i], deadline)
+                await take_slot(places[i], deadline)
             except APIError as e:  # timed out in the queue
-                states[i]["holding"] = None
                 await merged.put((i, "queue_error", e))
                 await merged.put((i, "end", None))
                 return
-            except BaseException:  # cancelled (client gone) while queued; wait_for_slot gave the place back
-                states[i]["holding"] = None
+            except BaseException:  # cancelled (client gone) while queued; take_slot gave the place back
                 metrics.outcome("cancelled")
                 raise
-            states[i]["holding"] = True
+            if closed["done"]:  # the response already ended: give the slot straight back
+                places[i].give_back()
+                return
             try:
-                job = states[i]["job"] = start_job(handle, ids, cfgs[i], arrival, deadline)
+                job = states[i]["job"] = start_job(handle, ids, cfgs[i], arrival, deadline, places[i])
             except Exception as e:
+                places[i].give_back()
                 log.exception("could not start a generation")
                 await merged.put((i, "queue_error", APIError(500, f"generation failed: {type(e).__name__}",
                                                               type="server_error")))
@@ -654,25 +677,40 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
 
         async def events() -> AsyncIterator[str]:
             merged: asyncio.Queue = asyncio.Queue()
-            started["pumps"] = True
             pumps = [asyncio.ensure_future(pump(i, merged)) for i in range(n)]
             try:
                 if chat:
                     for i in range(n):
                         yield _sse(chunk(i, None, role=True))
                 echo = [body.echo] * n  # sent with a choice's first chunk, which carries the prompt's logprobs
+                # The prompt is scored once, by choice 0: the other choices' events wait until its first event.
+                shared = {"ready": not (body.echo and cfgs[0].prompt_logprobs is not None and n > 1), "lp": None}
+                held: list = []
                 ended = 0
                 total_new = 0
                 while ended < n:
-                    i, kind, item = await merged.get()
+                    if shared["ready"] and held:
+                        i, kind, item = held.pop(0)
+                    else:
+                        i, kind, item = await merged.get()
+                        if not shared["ready"]:
+                            if i > 0:
+                                held.append((i, kind, item))
+                                continue
+                            shared["ready"] = True
+                            shared["lp"] = item.prompt_logprobs if kind == "chunk" else None
                     if kind == "queue_error":
                         yield _sse(item.body())
                     elif kind == "chunk":
                         if echo[i]:
                             echo[i] = False
-                            text = await prompt_text(body, ids)
-                            yield _sse(chunk(i, text, logprobs=completion_logprobs([], ids, item.prompt_logprobs)
-                                             if cfgs[i].logprobs is not None else None))
+                            text = prompt_text(body, ids)
+                            prompt_lp = item.prompt_logprobs if item.prompt_logprobs is not None else shared["lp"]
+                            lp_out = None
+                            if cfgs[i].logprobs is not None:
+                                lp_out = await asyncio.get_running_loop().run_in_executor(
+                                    render, completion_logprobs, [], ids, prompt_lp)
+                            yield _sse(chunk(i, text, logprobs=lp_out))
                             sent[i] = len(text)
                         lp = item.logprobs if cfgs[i].logprobs is not None else None
                         if not scored and (item.text or lp):
@@ -714,19 +752,21 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
                                     "usage": use})
                 yield "data: [DONE]\n\n"
             finally:
+                closed["done"] = True
                 for t in pumps:
                     t.cancel()
 
         def cleanup() -> None:
-            for i, state in enumerate(states):
+            never_ran = not closed["done"]
+            closed["done"] = True
+            for state, place in zip(states, places):
                 job = state["job"]
                 if job is not None:
                     if job.finished is None:
                         job.cancel.set()  # client gone mid-stream: stop after the current step
-                elif state["holding"] is False and not started["pumps"]:  # the body never ran: give the place back
-                    state["holding"] = None
-                    scheduler.abandon(tickets[i])
+                elif place.state == "queued" and never_ran:  # the body never ran
                     metrics.outcome("cancelled")
+                place.give_back()  # no-op once handed to a job; a place still queued or holding goes back
 
         return _SSEResponse(events(), cleanup)
 
@@ -742,4 +782,6 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     if config.api_key:
         app.add_middleware(AuthMiddleware, api_key=config.api_key)
+    if config.allowed_hosts is not None:  # first of all: a rebound web page learns nothing, not even 401
+        app.add_middleware(HostCheckMiddleware, allowed=config.allowed_hosts)
     return app

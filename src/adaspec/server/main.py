@@ -28,7 +28,8 @@ def serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from adaspec.server.app import ServerConfig, create_app
-        from adaspec.server.runtime import ModelHost
+        from adaspec.server.hostcheck import parse_allowed_hosts
+        from adaspec.server.runtime import DEFAULT_PREFILL_CHUNK, ModelHost
     except ImportError as e:
         raise AdaspecError(f"adaspec serve needs the 'serve' extra ({e.name} is missing): "
                            "pip install 'adaspec[serve]'") from None
@@ -45,6 +46,15 @@ def serve(args: argparse.Namespace) -> int:
     print(f"adaspec: loading {args.target} (drafter {args.draft}, controller {args.controller})...", file=sys.stderr)
     if args.max_batch < 1:
         raise AdaspecError(f"--max-batch must be >= 1, got {args.max_batch}")
+    for flag, value in (("--max-slots-per-request", args.max_slots_per_request), ("--max-scored-tokens",
+                        args.max_scored_tokens), ("--max-scored-logits-mb", args.max_scored_logits_mb)):
+        if value is not None and value < 1:
+            raise AdaspecError(f"{flag} must be >= 1, got {value}")
+    if args.prefill_chunk is not None and args.prefill_chunk < 0:
+        raise AdaspecError(f"--prefill-chunk must be >= 0 (0: whole prompts), got {args.prefill_chunk}")
+    prefill_chunk = DEFAULT_PREFILL_CHUNK if args.prefill_chunk is None else (args.prefill_chunk or None)
+    allowed_hosts = parse_allowed_hosts(args.allowed_hosts, args.host, _is_loopback(args.host))
+    names = args.served_model_name or [args.target]  # the name the user typed (vLLM serves the model as given)
     # Loaded on a thread that then ends: loading may run parallel work (the runtime probe of --backend auto, a
     # PyTorch dtype conversion), and an OpenMP team left on the main thread would slow every forward of the
     # generation thread (ModelHost.on_generation_thread); a thread's team ends with it.
@@ -52,7 +62,7 @@ def serve(args: argparse.Namespace) -> int:
         host = once.submit(ModelHost.load, args.target, args.draft, controller=args.controller, k=args.k,
                            dtype=args.dtype, threads=args.threads, extra_drafters=args.allow_drafter,
                            backend=args.backend, device=args.device, max_batch=args.max_batch,
-                           strict=args.strict).result()
+                           strict=args.strict, prefill_chunk=prefill_chunk, served_as=names[0]).result()
     if not args.no_warmup:  # on the generation thread, like every forward (ModelHost.on_generation_thread)
         host.on_generation_thread(host.warmup)
         curve = host.engine_for(host.default).engine.verify_curve
@@ -66,7 +76,9 @@ def serve(args: argparse.Namespace) -> int:
             for name, (draft_ms, feed_ms) in host.batch.draft_costs.items():
                 print(f"adaspec: draft model {name}: {draft_ms:.1f} ms per drafted token, {feed_ms:.2f} ms per "
                       "token fed (prices its first proposal in each request)", file=sys.stderr)
-    config = ServerConfig(served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
+    config = ServerConfig(served_model_name=names[0], model_aliases=tuple(names[1:]), allowed_hosts=allowed_hosts,
+                          max_slots_per_request=args.max_slots_per_request, max_scored_tokens=args.max_scored_tokens,
+                          max_scored_logits_mb=args.max_scored_logits_mb, api_key=api_key, max_queue=args.max_queue,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
                           default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit,
                           metrics_namespace=args.metrics_namespace, strict=args.strict)
@@ -76,7 +88,8 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(host, config)
     plain = f", plain step {host.plain_ms:.1f} ms" if host.plain_ms else ""
     print(f"adaspec: serving {config.served_model_name or host.name} on http://{args.host}:{args.port}/v1 "
-          f"(auth {'on' if api_key else 'off'}, batch {args.max_batch}, queue {args.max_queue}{plain})",
+          f"(auth {'on' if api_key else 'off'}, batch {args.max_batch}, queue {args.max_queue}{plain}; also accepts "
+          f"{host.name!r}; allowed hosts: {', '.join(allowed_hosts) if allowed_hosts else 'any'})",
           file=sys.stderr)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)

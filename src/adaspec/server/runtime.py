@@ -6,7 +6,8 @@
   run concurrently. With ``max_batch`` > 1 the target (and every draft model) holds ``max_batch`` sequences and a
   :class:`BatchRunner` drives one :class:`~adaspec.batch.BatchEngine` (continuous batching): requests join and
   leave at step boundaries, each with its own drafter and controller.
-* :class:`Scheduler` is the bounded FIFO queue in front of the ``max_batch`` running slots (event-loop side only).
+* :class:`~adaspec.server.admission.Scheduler` (re-exported here) is the bounded FIFO queue in front of the
+  ``max_batch`` running slots (event-loop side only).
 * :class:`Job` is one request on the generation side: it runs ``engine.stream`` (``max_batch`` 1) or receives its
   row's chunks from the :class:`BatchRunner`, and hands them to the event loop; setting ``job.cancel`` (client
   gone) or passing the deadline stops it after the current step, which frees the slot.
@@ -38,10 +39,13 @@ from adaspec.defaults import DEFAULT_CONTROLLER
 from adaspec.drafters import Drafter
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
 from adaspec.errors import AdaspecError, ConfigError
+from adaspec.server.admission import QueueFull, Scheduler  # noqa: F401  (re-exported)
 from adaspec.server.metrics import ServerMetrics
 from adaspec.stats import GenerationStats, StepRecord, compress_trace
 
 log = logging.getLogger("adaspec.server")
+
+DEFAULT_PREFILL_CHUNK = 64  # prompt tokens per batch step while other rows decode (--prefill-chunk)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -143,18 +147,25 @@ class ModelHost:
             engines are rebuilt on demand like any other).
         max_batch: requests decoding together (continuous batching, :class:`BatchRunner`); the target and the
             draft models must hold that many sequences (``max_sequences``). 1: one request at a time.
+        prefill_chunk: with ``max_batch`` > 1, prompt tokens prefilled per batch step while other rows decode
+            (:class:`~adaspec.batch.BatchEngine`; None: whole prompts).
+        max_dynamic_drafters: drafters built on demand for a request's ``speculation.drafter`` (``layerskip:N``,
+            ``ngram``) kept at once; the least recently used beyond this are dropped with their engines and
+            per-slot draft caches (the drafters loaded at start are always kept).
 
     Raises:
         ConfigError: ``max_batch`` above what the target holds.
     """
 
     def __init__(self, target: LoadedModel, default: SpecSettings, model_drafters: dict[str, Drafter] | None = None,
-                 *, max_engines: int = 32, max_batch: int = 1) -> None:
+                 *, max_engines: int = 32, max_batch: int = 1, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+                 max_dynamic_drafters: int = 4) -> None:
         self.target = target
         self.max_batch = max_batch
         self.batch: BatchEngine | None = None
         if max_batch > 1:
-            self.batch = BatchEngine(target.backend, max_batch=max_batch, tokenizer=target.tokenizer)
+            self.batch = BatchEngine(target.backend, max_batch=max_batch, tokenizer=target.tokenizer,
+                                     prefill_chunk=prefill_chunk)
         self.runner: BatchRunner | None = None
         self.name = target.name
         self.max_context = target.backend.max_context
@@ -162,6 +173,8 @@ class ModelHost:
         self.num_layers = len(model.get_decoder().layers) if model is not None else 0
         self._model_drafters = {k.lower(): v for k, v in (model_drafters or {}).items()}
         self._drafters: dict[str, Drafter | None] = {"none": None}
+        self._dynamic: OrderedDict[str, Drafter | None] = OrderedDict()  # built on demand, least recently used first
+        self.max_dynamic_drafters = max(1, max_dynamic_drafters)
         self._engines: OrderedDict[SpecSettings, EngineHandle] = OrderedDict()
         self.max_engines = max_engines
         self._raw_default = default
@@ -177,12 +190,14 @@ class ModelHost:
         self.service_s: float | None = None  # EMA of a request's generation time (for Retry-After)
         self.backend = "torch"  # where a draft model a client names is loaded (load() sets the host's)
         self.current: Job | None = None
+        self.requested_name = self.name  # the target as the user named it (load() sets it; served by the CLI)
 
     @classmethod
     def load(cls, target: str, draft: str | None, *, controller: str = DEFAULT_CONTROLLER, k: int | None = None,
              dtype: str | None = None, device: str = "cpu", threads: int | None = None,
              extra_drafters: Sequence[str] = (), progress: bool = True, backend: str = "torch",
-             max_batch: int = 1, strict: bool = False) -> ModelHost:
+             max_batch: int = 1, strict: bool = False, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+             served_as: str | None = None) -> ModelHost:
         """Load the target and every model drafter clients may choose (the default one plus ``extra_drafters``) on
         ``backend``/``device`` (see :func:`adaspec.api.load`; ``adaspec serve`` passes ``auto``), each holding
         ``max_batch`` sequences. With ``max_batch`` > 1 the batch runs in ``strict`` mode or not for every request.
@@ -216,8 +231,10 @@ class ModelHost:
                                    max_sequences=max_batch)
             model_drafters[spec.lower()] = drafter
             model_drafters.setdefault(drafter.name.lower(), drafter)
-        host = cls(tgt, SpecSettings(draft, controller, k), model_drafters, max_batch=max_batch)
+        host = cls(tgt, SpecSettings(draft, controller, k), model_drafters, max_batch=max_batch,
+                   prefill_chunk=prefill_chunk)
         host.backend = backend  # where a draft model a client names later is loaded
+        host.requested_name = served_as or target
         return host
 
     # Settings ----------------------------------------------------------------------------------------------------
@@ -225,7 +242,7 @@ class ModelHost:
         """Drafter specs clients may send (local paths are left out of the list but still accepted)."""
         models = sorted(k for k in self._model_drafters if not os.path.exists(k))
         layerskip = [f"layerskip:N (1 <= N <= {self.num_layers})"] if self.num_layers else []
-        return ["none", "ngram", *layerskip, *models]
+        return ["none", "ngram", "ngram-tree", *layerskip, *models]
 
     def normalise(self, drafter: str | None = None, controller: str | None = None,
                   k: int | None = None) -> SpecSettings:
@@ -239,7 +256,7 @@ class ModelHost:
         controller = raw.controller if controller is None else controller
         k = raw.k if k is None else k
         low = spec.lower()
-        if low in ("none", "ngram"):
+        if low in ("none", "ngram", "ngram-tree"):
             spec = low
         elif low.startswith("layerskip:"):
             try:
@@ -265,13 +282,37 @@ class ModelHost:
         return SpecSettings(spec, controller, k)
 
     def _drafter(self, spec: str) -> Drafter | None:
-        if spec not in self._drafters:
-            if spec in self._model_drafters:
-                self._drafters[spec] = self._model_drafters[spec]
-            else:
-                self._drafters[spec] = make_drafter(spec, self.target, progress=False, backend=self.backend,
-                                                    max_sequences=self.max_batch)
-        return self._drafters[spec]
+        if spec in self._drafters:
+            return self._drafters[spec]
+        if spec in self._model_drafters:
+            self._drafters[spec] = self._model_drafters[spec]
+            if self.batch is not None and self._drafters[spec] is not None:  # loaded at start: its per-slot draft
+                self.batch.keep_draft_caches.add(self._drafters[spec].for_sequence)  # caches serve the next requests
+            return self._drafters[spec]
+        if spec in self._dynamic:
+            self._dynamic.move_to_end(spec)
+            return self._dynamic[spec]
+        drafter = make_drafter(spec, self.target, progress=False, backend=self.backend, max_sequences=self.max_batch)
+        if spec == self.default.drafter:  # the server's default drafter is never evicted
+            self._drafters[spec] = drafter
+            return drafter
+        self._dynamic[spec] = drafter
+        while len(self._dynamic) > self.max_dynamic_drafters:
+            self._evict(*self._dynamic.popitem(last=False))
+        return drafter
+
+    def _evict(self, spec: str, drafter: Drafter | None) -> None:
+        """Drop an on-demand drafter: its engines and its per-slot drafters in the batch (a row still using one
+        keeps it until it ends)."""
+        for settings in [s for s in self._engines if s.drafter == spec]:
+            del self._engines[settings]
+        if self.batch is not None and drafter is not None:
+            self.batch.forget_drafters(drafter.for_sequence)
+
+    @property
+    def dynamic_drafters(self) -> list[str]:
+        """Specs of the on-demand drafters kept now, least recently used first."""
+        return list(self._dynamic)
 
     def engine_for(self, settings: SpecSettings) -> EngineHandle:
         """The engine for ``settings`` (built on first use; event-loop thread only)."""
@@ -421,71 +462,6 @@ class GenerationThread(Executor):
         self._tasks.put(None)
         if wait and threading.current_thread() is not self.thread:
             self.thread.join()
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The queue
-# --------------------------------------------------------------------------------------------------------------
-
-
-class QueueFull(Exception):
-    """The wait queue is full."""
-
-
-class Scheduler:
-    """``slots`` running slots and a bounded FIFO of waiters. Event-loop thread only (no locks needed).
-
-    ``reserve()`` returns a future that resolves when the caller holds a slot (at once when one is free), or raises
-    :class:`QueueFull` when ``max_waiting`` requests already wait. The holder calls ``release()`` exactly once;
-    a waiter that gives up calls ``abandon(ticket)`` (which releases if a slot had just been handed over).
-    """
-
-    def __init__(self, max_waiting: int, slots: int = 1) -> None:
-        if max_waiting < 0:
-            raise ConfigError(f"max queue must be >= 0, got {max_waiting}")
-        if slots < 1:
-            raise ConfigError(f"slots must be >= 1, got {slots}")
-        self.max_waiting = max_waiting
-        self.slots = slots
-        self.busy = 0  # slots held
-        self._waiters: deque[asyncio.Future] = deque()
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
-
-    @property
-    def running(self) -> int:
-        return self.busy
-
-    def reserve(self) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        if self.busy < self.slots and not self._waiters:
-            self.busy += 1
-            fut.set_result(None)
-            return fut
-        if len(self._waiters) >= self.max_waiting:
-            raise QueueFull
-        self._waiters.append(fut)
-        return fut
-
-    def release(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)  # the slot passes straight to the next waiter
-                return
-        self.busy = max(0, self.busy - 1)
-
-    def abandon(self, ticket: asyncio.Future) -> None:
-        if ticket.done() and not ticket.cancelled():
-            self.release()  # it had been handed the slot
-            return
-        try:
-            self._waiters.remove(ticket)
-        except ValueError:
-            pass
-        ticket.cancel()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -655,7 +631,8 @@ class BatchRunner:
         self.metrics = metrics
         self._inbox: deque[Job] = deque()
         self._jobs: dict[int, Job] = {}
-        self._lock = threading.Lock()
+        self._admitting: list[Job] = []
+        self._lock = threading.Lock()  # guards _inbox, _admitting and _jobs (cancel_all runs on the event loop)
         self._wake = threading.Event()
         self._stopped = False
         if executor is not None:  # the host's generation thread, where warm-up ran (see on_generation_thread)
@@ -676,7 +653,7 @@ class BatchRunner:
 
     def cancel_all(self) -> None:
         with self._lock:
-            jobs = list(self._inbox) + list(self._jobs.values())
+            jobs = list(self._inbox) + self._admitting + list(self._jobs.values())
         for job in jobs:
             job.cancel.set()
         self._wake.set()
@@ -699,12 +676,13 @@ class BatchRunner:
                 self._iterate()
             except Exception as e:  # never let the generation thread die: end every running request, go on
                 log.exception("batch runner failed")
-                for rid, job in list(self._jobs.items()):
+                with self._lock:
+                    jobs, self._jobs = dict(self._jobs), {}
+                for rid, job in jobs.items():
                     try:
                         self.engine.cancel(rid)
                     except Exception:
                         pass
-                    self._jobs.pop(rid, None)
                     try:
                         job.fail(e)
                         job.end()
@@ -744,8 +722,16 @@ class BatchRunner:
                 self._finish(rid)
 
     def _admit(self) -> None:
-        with self._lock:
+        with self._lock:  # jobs being admitted stay visible to cancel_all (neither in the inbox nor in _jobs yet)
             jobs, self._inbox = list(self._inbox), deque()
+            self._admitting = jobs
+        try:
+            self._admit_jobs(jobs)
+        finally:
+            with self._lock:
+                self._admitting = []
+
+    def _admit_jobs(self, jobs: list[Job]) -> None:
         for job in jobs:
             job.begin()
             try:
@@ -755,7 +741,8 @@ class BatchRunner:
                 job.fail(e)
                 job.end()
                 continue
-            self._jobs[job.rid] = job
+            with self._lock:  # cancel_all reads it from the event-loop thread
+                self._jobs[job.rid] = job
 
     def _reap(self) -> None:
         for rid, job in list(self._jobs.items()):
@@ -764,7 +751,8 @@ class BatchRunner:
                 self._finish(rid, outcome=job.outcome)
 
     def _finish(self, rid: int, *, error: BaseException | None = None, outcome: str | None = None) -> None:
-        job = self._jobs.pop(rid)
+        with self._lock:
+            job = self._jobs.pop(rid)
         if error is not None:
             job.fail(error)
         elif outcome is not None:
