@@ -212,3 +212,51 @@ class SuffixDrafter(Drafter):
                 heapq.heappush(heap, (-q, order, c, t, here, level + 1))
                 order += 1
         return tokens, parents, score
+
+
+SPEC_KEYS = {"depth": ("max_depth", int), "tokens": ("max_tokens", int), "factor": ("max_spec_factor", float),
+             "prob": ("min_token_prob", float), "match": ("min_match", int), "context": ("context_tokens", int)}
+"""``suffix:KEY=VALUE,...`` options (:func:`suffix_from_spec`) and the :class:`SuffixDrafter` argument each sets."""
+
+
+def is_suffix_spec(spec: str) -> bool:
+    low = spec.lower()
+    return low == "suffix" or low.startswith("suffix:")
+
+
+def suffix_from_spec(spec: str) -> SuffixDrafter:
+    """A :class:`SuffixDrafter` from ``suffix`` or ``suffix:KEY=VALUE,...`` with keys ``depth`` (trie depth),
+    ``tokens`` (global cache size in tokens), ``factor`` (max_spec_factor), ``prob`` (min_token_prob), ``match``
+    (min_match) and ``context`` (context_tokens), e.g. ``suffix:tokens=200000,factor=2``.
+
+    Raises:
+        ConfigError: an unknown key or a malformed value (names the key).
+    """
+    _, _, opts = spec.partition(":")
+    kwargs: dict = {}
+    for item in filter(None, (x.strip() for x in opts.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key not in SPEC_KEYS:
+            raise ConfigError(f"drafter {spec!r}: expected KEY=VALUE with KEY one of {', '.join(SPEC_KEYS)}, "
+                              f"got {item!r}")
+        arg, kind = SPEC_KEYS[key]
+        try:
+            kwargs[arg] = kind(value)
+        except ValueError:
+            raise ConfigError(f"drafter {spec!r}: {key} must be {kind.__name__}, got {value!r}") from None
+    return SuffixDrafter(**kwargs)
+
+
+def with_own_cache(drafter: Drafter | None) -> Drafter | None:
+    """``drafter`` with a fresh, empty global cache for each suffix drafter in it (the same settings; any other
+    drafter, e.g. a draft model, shared as it is): methods compared side by side must not read each other's
+    responses."""
+    from adaspec.drafters.multi import MultiDrafter
+
+    if isinstance(drafter, SuffixDrafter):
+        return SuffixDrafter(SuffixCache(drafter.cache.max_tokens, drafter.cache.max_depth),
+                             partition=drafter.partition, **drafter._settings())
+    if isinstance(drafter, MultiDrafter) and any(isinstance(d, SuffixDrafter) for d in drafter.drafters.values()):
+        return MultiDrafter({name: with_own_cache(d) for name, d in drafter.drafters.items()},
+                            lazy_prefill=drafter.lazy_prefill)
+    return drafter

@@ -36,6 +36,7 @@ from adaspec.batch import BatchEngine
 from adaspec.controllers import CONTROLLERS, Controller, FixedController, make_controller
 from adaspec.defaults import DEFAULT_CONTROLLER
 from adaspec.drafters import Drafter
+from adaspec.drafters.suffix import is_suffix_spec
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
 from adaspec.errors import AdaspecError, ConfigError
 from adaspec.server.metrics import ServerMetrics
@@ -225,7 +226,7 @@ class ModelHost:
         """Drafter specs clients may send (local paths are left out of the list but still accepted)."""
         models = sorted(k for k in self._model_drafters if not os.path.exists(k))
         layerskip = [f"layerskip:N (1 <= N <= {self.num_layers})"] if self.num_layers else []
-        return ["none", "ngram", *layerskip, *models]
+        return ["none", "ngram", "suffix[:KEY=VALUE,...]", *layerskip, *models]
 
     def normalise(self, drafter: str | None = None, controller: str | None = None,
                   k: int | None = None) -> SpecSettings:
@@ -239,7 +240,7 @@ class ModelHost:
         controller = raw.controller if controller is None else controller
         k = raw.k if k is None else k
         low = spec.lower()
-        if low in ("none", "ngram"):
+        if low in ("none", "ngram") or is_suffix_spec(low):  # suffix: one cache per spec, shared by its requests
             spec = low
         elif low.startswith("layerskip:"):
             try:
