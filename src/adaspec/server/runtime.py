@@ -36,7 +36,7 @@ from adaspec.batch import BatchEngine
 from adaspec.controllers import CONTROLLERS, Controller, FixedController, make_controller
 from adaspec.defaults import DEFAULT_CONTROLLER
 from adaspec.drafters import Drafter
-from adaspec.drafters.suffix import is_suffix_spec
+from adaspec.drafters.suffix import is_suffix_spec, suffix_from_spec
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
 from adaspec.errors import AdaspecError, ConfigError
 from adaspec.server.metrics import ServerMetrics
@@ -240,7 +240,10 @@ class ModelHost:
         controller = raw.controller if controller is None else controller
         k = raw.k if k is None else k
         low = spec.lower()
-        if low in ("none", "ngram") or is_suffix_spec(low):  # suffix: one cache per spec, shared by its requests
+        if low in ("none", "ngram"):
+            spec = low
+        elif is_suffix_spec(low):  # one cache per spec, shared by its requests (and their batch rows)
+            suffix_from_spec(low)  # validates its options
             spec = low
         elif low.startswith("layerskip:"):
             try:
