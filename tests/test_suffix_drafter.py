@@ -172,3 +172,18 @@ def test_make_drafter_knows_suffix():
     assert builtin_drafter("suffix") and builtin_drafter("suffix:tokens=10")
     assert isinstance(make_drafter("suffix", None), SuffixDrafter)
     torch.manual_seed(0)
+
+
+def test_a_new_request_never_reuses_the_last_requests_answer():
+    """``available`` and ``propose`` of one step share one lookup; a request of the same length ending in the same
+    token (or a cache that changed) must not get the old one."""
+    d = SuffixDrafter(context_tokens=0)
+    d.prefill([1, 2])
+    assert d.propose([1, 2, 3, 4, 1, 2, 3], 4, GREEDY).tokens.tolist() == [4, 1, 2]  # "1 2 3" matched: 3 tokens
+    assert d.available([1, 2, 3, 4, 1, 2, 3]) == 3
+    assert d.propose([1, 2, 3, 4, 1, 2, 3], 2, GREEDY).tokens.tolist() == [4, 1]  # K caps it
+    d.prefill([5, 6])
+    assert d.propose([5, 6, 7, 8, 9, 9, 3], 4, GREEDY).tokens.tolist() == []  # nothing of it occurred before
+    d.finish([5, 6, 7, 8, 9, 9, 3, 30, 31])
+    d.prefill([5, 6])
+    assert d.propose([5, 6, 7, 8, 9, 9, 3], 4, GREEDY).tokens.tolist() == [30, 31]

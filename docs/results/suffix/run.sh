@@ -5,11 +5,13 @@
 # Writes, in this folder: agentic.jsonl/.md, edits-novel.jsonl/.md, tree_cost.json, summary.md.
 set -u
 cd "${ADASPEC_REPO:-$(dirname "$0")/../../..}"
-A="${ADASPEC:-.venv/bin/adaspec}"
 PY="${PYTHON:-.venv/bin/python}"
-OUT=docs/results/suffix
+export PYTHONPATH=src  # this checkout's adaspec
+A="$PY -m adaspec"
+OUT=${OUT:-docs/results/suffix}
 STEPS="${STEPS:-5}"      # session steps per agentic category (4 categories)
 TOKENS="${TOKENS:-48}"   # new tokens per request
+CACHED="${CACHED:-100000}"  # tokens in the global tree for the cost measurement
 M="plain,hybrid/goodput,suffix/goodput,hybrid-suffix/goodput"
 date
 # 1. Agentic sessions (tool calls over GSM8K and HumanEval, SQL over one schema, extraction): steps run in order,
@@ -23,8 +25,8 @@ $A compare --workloads code-edit,specbench:qa --limit 2 --methods "$M" --max-new
   --out $OUT/edits-novel.jsonl --report $OUT/edits-novel.md --time-limit 1.6 > $OUT/log-edits-novel.txt 2>&1
 date
 # 3. The global tree's lookup + update cost per step at 100k cached tokens vs a plain target step; bytes per token.
-PYTHONPATH=src $PY $OUT/tree_cost.py --cached 100000 --threads 2 --out $OUT/tree_cost.json > $OUT/log-tree.txt 2>&1
+$PY $OUT/tree_cost.py --cached "$CACHED" --threads 2 --out $OUT/tree_cost.json > $OUT/log-tree.txt 2>&1
 date
 # 4. The summary against the issue's targets.
-PYTHONPATH=src $PY $OUT/summary.py $OUT > $OUT/summary.md
+$PY $OUT/summary.py $OUT > $OUT/summary.md
 cat $OUT/summary.md

@@ -77,6 +77,9 @@ class SuffixDrafter(Drafter):
         self._prompt: list[int] = []
         self._open = False  # a request is running whose response is not committed yet
         self.last_match = 0  # match length of the last proposal (0: none)
+        self._memo_key: tuple | None = None
+        self._request = 0  # counts prefills (the memo's key)
+        self._memo: tuple[list[int], float, int] = ([], 0.0, 0)
 
     def _settings(self) -> dict:
         return dict(max_spec_factor=self.max_spec_factor, min_token_prob=self.min_token_prob,
@@ -96,6 +99,7 @@ class SuffixDrafter(Drafter):
         self._local = SuffixTrie(self.max_depth)  # indexed lazily, at the first proposal
         self._cursor = TrieCursor(self._local)
         self._open = True
+        self._request += 1
 
     def finish(self, ids: list[int]) -> None:
         """The request prefilled last ended normally with ``ids`` (prompt + output): cache its response, with the
@@ -113,6 +117,7 @@ class SuffixDrafter(Drafter):
         if cur.length > len(ids) - 1:  # not an extension of what was indexed (a caller outside the engines)
             self._local = SuffixTrie(self.max_depth)
             cur = self._cursor = TrieCursor(self._local)
+            self._request += 1
         cur.extend(ids[cur.length:len(ids) - 1])
 
     # Candidates -----------------------------------------------------------------------------------------------------
@@ -143,18 +148,27 @@ class SuffixDrafter(Drafter):
         if shared is not None:
             tries.append(shared)
         for trie in tries:
-            for m, node in trie.matches(ids):
-                if m >= self.min_match and trie.tok1[node] >= 0:
+            seen = -1  # a shorter match with as many occurrences as a longer one has the same continuations
+            for m, node in reversed(trie.matches(ids)):  # (and a smaller length limit): longest first, skipped
+                if m < self.min_match:
+                    break
+                if trie.count[node] != seen and trie.tok1[node] >= 0:
                     yield trie, m, node
+                seen = trie.count[node]
 
     def best_chain(self, ids: list[int], k: int) -> tuple[list[int], float, int]:
         """The best chain of at most ``k`` tokens after ``ids``: (tokens, score, match length); ([], 0.0, 0) when
-        nothing matches."""
+        nothing matches. The last answer is reused while the sequence, ``k`` and the cache are unchanged (a routed
+        step asks :meth:`available` and then :meth:`propose`)."""
+        key = (len(ids), ids[-1] if ids else -1, k, self.cache.version, self._request)
+        if key == self._memo_key:
+            return self._memo
         best: tuple[list[int], float, int] = ([], 0.0, 0)
         for trie, m, node in self._candidates(ids):
             tokens, score = self._chain(trie, node, self._spec_len(m, k))
             if score > best[1]:
                 best = (tokens, score, m)
+        self._memo_key, self._memo = key, best
         return best
 
     def available(self, ids: list[int]) -> int:
@@ -166,7 +180,8 @@ class SuffixDrafter(Drafter):
                 stop: DraftStop | None = None) -> Draft:
         if k <= 0:
             return empty_draft()
-        tokens, _, self.last_match = self.best_chain(ids, k)
+        tokens, _, self.last_match = self.best_chain(ids, self.max_depth)  # what available() saw, cut to k
+        tokens = tokens[:k]
         if not tokens:
             return empty_draft()
         return Draft(torch.tensor(tokens, dtype=torch.long))

@@ -246,6 +246,7 @@ class SuffixCache:
         self._fifo: deque[tuple[str, array]] = deque()
         self.tokens = 0  # tokens held, all partitions
         self.evicted = 0  # responses evicted so far
+        self.version = 0  # changes whenever the held text does
 
     def trie(self, partition: str = "") -> SuffixTrie | None:
         """The partition's trie, or None when it holds nothing."""
@@ -263,6 +264,7 @@ class SuffixCache:
         if trie is None:
             trie = self.tries[partition] = SuffixTrie(self.max_depth)
         trie.insert(kept)
+        self.version += 1
         self._fifo.append((partition, kept))
         self.tokens += len(kept)
 
@@ -276,6 +278,7 @@ class SuffixCache:
             del self.tries[partition]
 
     def clear(self) -> None:
+        self.version += 1
         self.tries.clear()
         self._fifo.clear()
         self.tokens = 0
