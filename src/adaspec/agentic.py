@@ -14,8 +14,8 @@ Categories:
   ``{"tool": "final_answer", "arguments": {"value": ...}}``.
 - ``agent-code``: HumanEval tasks (``humaneval_dev.jsonl``, in file order) to a coding agent that answers with a
   ``write_file`` tool call holding the function, then a ``run_tests`` call, in a fixed JSON format.
-- ``agent-sql``: questions over one fixed shop schema (:data:`SQL_SCHEMA`), made from a grid of templates
-  (:data:`SQL_QUESTIONS`) and filled with values in a fixed order; the answer is one SQL query.
+- ``agent-sql``: 51 distinct questions over one fixed shop schema (:data:`SQL_SCHEMA`), made from a grid of
+  templates (:data:`SQL_QUESTIONS`) filled with values in a fixed order; the answer is one SQL query.
 - ``agent-extract``: the first 700 characters of each Spec-Bench ``summarization`` article
   (``spec_bench_questions.jsonl``, CNN/DailyMail, in file order) with a request to fill the same JSON fields.
 """
@@ -64,13 +64,12 @@ EXTRACT_CHARS = 700
 
 
 def _sql_questions() -> list[str]:
-    """The SQL questions: template i % 4 of the grid, values stepping through every combination in order."""
-    combos = list(itertools.product(*SQL_VALUES.values()))
-    out = []
-    for i, values in enumerate(combos):
-        fill = dict(zip(SQL_VALUES, values))
-        out.append(SQL_QUESTIONS[i % len(SQL_QUESTIONS)].format(**fill))
-    return out
+    """The SQL questions: combination i of the value grid (in ``itertools.product`` order) fills template i % 4;
+    a question met before (a template that ignores a value) is left out, so each is asked once."""
+    out: dict[str, None] = {}
+    for i, values in enumerate(itertools.product(*SQL_VALUES.values())):
+        out.setdefault(SQL_QUESTIONS[i % len(SQL_QUESTIONS)].format(**dict(zip(SQL_VALUES, values))))
+    return list(out)
 
 
 def _session(category: str, system: str, users: list[str]) -> list[Prompt]:
