@@ -187,3 +187,14 @@ def test_a_new_request_never_reuses_the_last_requests_answer():
     d.finish([5, 6, 7, 8, 9, 9, 3, 30, 31])
     d.prefill([5, 6])
     assert d.propose([5, 6, 7, 8, 9, 9, 3], 4, GREEDY).tokens.tolist() == [30, 31]
+
+
+def test_a_long_copy_uses_the_match_length_that_allows_the_longest_proposal():
+    """Every match length of a copied span has the same occurrences; the trie holds max_depth tokens from a match's
+    start, so the longest match (20 here) would leave 4 tokens, while m = 12 allows 12 (factor 1, depth 24)."""
+    d = SuffixDrafter(context_tokens=0)
+    d.prefill([1])
+    d.finish([1, *range(100, 140)])
+    d.prefill([2])
+    draft = d.propose([2, *range(100, 120)], 16, GREEDY)
+    assert draft.tokens.tolist() == list(range(120, 132)) and d.last_match == 12

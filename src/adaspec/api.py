@@ -11,7 +11,7 @@ local Hugging Face folder, or a Hugging Face hub id. ``draft`` also accepts ``"n
 (SuffixDecoding over the request and earlier responses, :mod:`adaspec.drafters.suffix`; ``suffix:KEY=VALUE,...``
 sets its options; the drafter, and so its cache, outlives requests), ``"layerskip:N"`` (the target's first N layers, sharing its weights), ``"A+B"`` (several drafters, one chosen per
 step: :class:`~adaspec.drafters.multi.MultiDrafter`), ``"hybrid"`` (= ``ngram+`` the default draft model),
-``"hybrid-suffix"`` (= ``suffix+`` the default draft model) and
+``"hybrid-suffix"`` (= ``suffix+ngram+`` the default draft model) and
 ``"none"`` (plain decoding).
 
 Backends (:mod:`adaspec.backends.select`): ``load(..., backend="auto")`` runs each model on the fastest path this
@@ -177,8 +177,8 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
         return None
     if spec.lower() == "hybrid":
         spec = f"ngram+{DEFAULT_DRAFT}"
-    elif spec.lower() == "hybrid-suffix":  # suffix decoding in place of prompt lookup (its request trie covers it)
-        spec = f"suffix+{DEFAULT_DRAFT}"
+    elif spec.lower() == "hybrid-suffix":  # suffix decoding first, then prompt lookup, then the draft model
+        spec = f"suffix+ngram+{DEFAULT_DRAFT}"
     if "+" in spec:  # several drafters, one chosen per step (n-gram lookup of >= 2 tokens when it matches)
         parts = {}
         for part in spec.split("+"):

@@ -11,7 +11,7 @@ the fraction of outputs identical to plain decoding, and where the time went.
 Method syntax: ``plain`` | ``fixed:K`` | ``CONTROLLER[:K]`` (any of :data:`adaspec.controllers.CONTROLLERS`, with
 the default drafter), or ``DRAFTER/CONTROLLER[:K]`` with any drafter spec of :func:`adaspec.api.make_drafter`, e.g.
 ``ngram/fixed:4``; ``hybrid/...`` is n-gram lookup plus the default draft model, chosen per step, and
-``hybrid-suffix/...`` suffix decoding plus the default draft model. Each method gets its own suffix cache, which
+``hybrid-suffix/...`` suffix decoding, n-gram lookup and the default draft model. Each method gets its own suffix cache, which
 lives across the run's prompts (so a session's later steps see its earlier answers; rows of session workloads carry
 their ``step`` and the report adds speedup per step index). ``hf:KIND[:K]``
 runs a Hugging Face transformers peer on the same models (:mod:`adaspec.peers`). Modifiers follow with ``+``:
@@ -157,7 +157,7 @@ def parse_method(text: str, default_draft: str) -> Method:
     if drafter == "hybrid":
         drafter = f"ngram+{default_draft}"
     elif drafter == "hybrid-suffix":
-        drafter = f"suffix+{default_draft}"
+        drafter = f"suffix+ngram+{default_draft}"
     return Method(text, drafter or default_draft, name, k_value)
 
 

@@ -148,13 +148,23 @@ class SuffixDrafter(Drafter):
         if shared is not None:
             tries.append(shared)
         for trie in tries:
-            seen = -1  # a shorter match with as many occurrences as a longer one has the same continuations
-            for m, node in reversed(trie.matches(ids)):  # (and a smaller length limit): longest first, skipped
-                if m < self.min_match:
-                    break
-                if trie.count[node] != seen and trie.tok1[node] >= 0:
-                    yield trie, m, node
-                seen = trie.count[node]
+            # Matches with as many occurrences as each other are the same occurrences: the same continuations. Of
+            # such a run only the length that allows the longest proposal is tried (max_spec_factor · m tokens, and
+            # the trie holds max_depth - m below the match).
+            run: list[tuple[int, int]] = []
+            for m, node in trie.matches(ids):
+                if m < self.min_match or trie.tok1[node] < 0:
+                    continue
+                if run and trie.count[run[-1][1]] != trie.count[node]:
+                    yield trie, *max(run, key=lambda mn: self._room(mn[0]))
+                    run = []
+                run.append((m, node))
+            if run:
+                yield trie, *max(run, key=lambda mn: self._room(mn[0]))
+
+    def _room(self, m: int) -> tuple[int, int]:
+        """How long a proposal after a match of ``m`` tokens can be (ties: the longer match)."""
+        return min(math.floor(self.max_spec_factor * m), self.max_depth - m), m
 
     def best_chain(self, ids: list[int], k: int) -> tuple[list[int], float, int]:
         """The best chain of at most ``k`` tokens after ``ids``: (tokens, score, match length); ([], 0.0, 0) when
