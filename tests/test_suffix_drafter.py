@@ -157,7 +157,7 @@ def test_memory_per_cached_token_is_reported_and_bounded(qwen):
 
 
 def test_spec_parsing():
-    d = suffix_from_spec("suffix:depth=32,tokens=500,factor=2,prob=0.2,match=2,context=0")
+    d = suffix_from_spec("suffix:depth=32,tokens=500;factor=2,prob=0.2;match=2,context=0")
     assert (d.max_depth, d.cache.max_tokens, d.max_spec_factor, d.min_token_prob, d.min_match,
             d.context_tokens) == (32, 500, 2.0, 0.2, 2, 0)
     for bad, field in (("suffix:size=3", "KEY=VALUE"), ("suffix:depth=x", "depth must be int"),

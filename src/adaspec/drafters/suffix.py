@@ -252,14 +252,15 @@ def is_suffix_spec(spec: str) -> bool:
 def suffix_from_spec(spec: str) -> SuffixDrafter:
     """A :class:`SuffixDrafter` from ``suffix`` or ``suffix:KEY=VALUE,...`` with keys ``depth`` (trie depth),
     ``tokens`` (global cache size in tokens), ``factor`` (max_spec_factor), ``prob`` (min_token_prob), ``match``
-    (min_match) and ``context`` (context_tokens), e.g. ``suffix:tokens=200000,factor=2``.
+    (min_match) and ``context`` (context_tokens), e.g. ``suffix:tokens=200000,factor=2``; ``;`` separates them
+    too, for comma-separated lists (``adaspec compare --methods suffix:tokens=5000;factor=2/goodput,plain``).
 
     Raises:
         ConfigError: an unknown key or a malformed value (names the key).
     """
     _, _, opts = spec.partition(":")
     kwargs: dict = {}
-    for item in filter(None, (x.strip() for x in opts.split(","))):
+    for item in filter(None, (x.strip() for x in opts.replace(";", ",").split(","))):
         key, eq, value = item.partition("=")
         if not eq or key not in SPEC_KEYS:
             raise ConfigError(f"drafter {spec!r}: expected KEY=VALUE with KEY one of {', '.join(SPEC_KEYS)}, "
