@@ -37,3 +37,36 @@ def test_compare_reports_speedup_per_step():
     assert table[0]["suffix/goodput"]["speedup"] == 1.2 and table[1]["suffix/goodput"]["speedup"] == 3.0
     assert table[1]["suffix/goodput"]["alpha"] == 1.0
     assert "| 1 | 3.00x (1.00) |" in markdown_report(rows)
+
+
+def test_compare_gives_each_method_its_own_cache_and_a_resumed_run_refills_it(tmp_path, monkeypatch, qwen, tokenizer):
+    import json
+
+    import transformers
+
+    from adaspec.compare import read_results, run_compare
+
+    qwen.save_pretrained(tmp_path / "target")
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
+    data = tmp_path / "prompts.jsonl"
+    text = "w3 w17 w42 w5 w9 w9 w12 w3"
+    data.write_text("".join(json.dumps({"prompt": text, "category": "a", "id": i}) + "\n" for i in range(3)))
+    methods = ["plain", "suffix/fixed:4", "suffix:context=0/fixed:4"]
+    kw = dict(target=str(tmp_path / "target"), draft="ngram", methods=methods, workloads=[str(data)], limit=None,
+              max_new_tokens=16, temperatures=[0.0], dtype="float32", threads=1, progress=False,
+              backend="torch")
+    run_compare(**kw, out=tmp_path / "whole.jsonl")
+    run_compare(**kw, out=tmp_path / "resumed.jsonl", time_limit_s=0.0)  # the first prompt only
+    run_compare(**kw, out=tmp_path / "resumed.jsonl")
+
+    def stats(name):
+        return {(r["prompt_id"], r["method"]): (r["token_ids"], r["draft_tokens"], r["accepted_tokens"])
+                for r in read_results(tmp_path / name)}
+
+    whole = stats("whole.jsonl")
+    assert stats("resumed.jsonl") == whole  # the resumed run drafted from the same caches
+    plain = whole[("0", "plain")][0]
+    for m in methods[1:]:
+        assert [whole[(p, m)][0] for p in "012"] == [plain] * 3
+        first, repeat = whole[("0", m)], whole[("1", m)]
+        assert repeat[2] / repeat[1] >= 0.9 and repeat[2] > first[2]  # the repeat drafts the first answer

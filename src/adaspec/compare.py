@@ -259,6 +259,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                                  tokenizer=tgt.tokenizer)
 
     runners = {m.label: engine(m) for m in parsed if m.controller not in PEER_LIBRARIES}
+    _refill_suffix_caches(runners, read_results(out), prompts, lm)  # a resumed run's caches as they were
     peers = [m for m in parsed if m.controller in PEER_LIBRARIES]
     runners.update(_peer_runners(peers, tgt, drafters, runners["plain"], dtype=dtype, progress=progress,
                                  device=device))
@@ -322,6 +323,28 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                 f.flush()
     bar.close()
     return out
+
+
+def _refill_suffix_caches(runners: dict, rows: list[dict], prompts: list[tuple], lm) -> None:
+    """Put the answers a resumed run already has back into each method's suffix caches
+    (:func:`~adaspec.drafters.suffix.suffixes_in`), in the run's prompt order, so its later prompts see what they
+    would have seen in one go. A no-op without suffix drafters or earlier rows."""
+    from adaspec.drafters.suffix import suffixes_in
+
+    caches = {label: suffixes_in(r.drafter) for label, r in runners.items()}
+    if not rows or not any(caches.values()):
+        return
+    done = {(r["workload"], r["prompt_id"], r["method"]): r for r in rows if r.get("token_ids") is not None}
+    for workload, prompt in prompts:
+        ids = None
+        for label, suffix in caches.items():
+            row = done.get((workload, prompt.id, label))
+            if not suffix or row is None:
+                continue
+            ids = ids or lm.encode(prompt.model_input(lm.has_chat_template))
+            for d in suffix:
+                d.prefill(ids)
+                d.finish(ids + row["token_ids"])
 
 
 def _forget_drafts(drafter) -> None:

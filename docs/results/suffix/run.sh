@@ -1,7 +1,7 @@
 #!/bin/bash
 # Suffix decoding (issue 37) on the default configuration: ik_llama.cpp, Qwen2.5-Coder-1.5B target, 0.5B draft,
 # 2 threads, nothing else running. About 7-8 minutes (each compare stops starting prompts at its --time-limit).
-# Rerunning resumes the compare files (a resumed run's suffix caches start empty: delete the files for a clean run).
+# Rerunning resumes the compare files (the answers already there are put back into each method's suffix cache).
 # Writes, in this folder: agentic.jsonl/.md, edits-novel.jsonl/.md, tree_cost.json, summary.md.
 set -u
 cd "${ADASPEC_REPO:-$(dirname "$0")/../../..}"

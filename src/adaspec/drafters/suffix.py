@@ -286,3 +286,11 @@ def with_own_cache(drafter: Drafter | None) -> Drafter | None:
         return MultiDrafter({name: with_own_cache(d) for name, d in drafter.drafters.items()},
                             lazy_prefill=drafter.lazy_prefill)
     return drafter
+
+
+def suffixes_in(drafter: Drafter | None) -> list[SuffixDrafter]:
+    """The suffix drafters in ``drafter`` (itself, or sub-drafters of a MultiDrafter)."""
+    from adaspec.drafters.multi import MultiDrafter
+
+    parts = drafter.drafters.values() if isinstance(drafter, MultiDrafter) else [drafter]
+    return [d for d in parts if isinstance(d, SuffixDrafter)]
