@@ -65,6 +65,7 @@ def test_compare_gives_each_method_its_own_cache_and_a_resumed_run_refills_it(tm
 
     whole = stats("whole.jsonl")
     assert stats("resumed.jsonl") == whole  # the resumed run drafted from the same caches
+    assert whole[("0", methods[1])] == whole[("0", methods[2])]  # neither read the other's answer to prompt 0
     plain = whole[("0", "plain")][0]
     for m in methods[1:]:
         assert [whole[(p, m)][0] for p in "012"] == [plain] * 3
