@@ -51,7 +51,7 @@ def test_compare_gives_each_method_its_own_cache_and_a_resumed_run_refills_it(tm
     data = tmp_path / "prompts.jsonl"
     text = "w3 w17 w42 w5 w9 w9 w12 w3"
     data.write_text("".join(json.dumps({"prompt": text, "category": "a", "id": i}) + "\n" for i in range(3)))
-    methods = ["plain", "suffix/fixed:4", "suffix:context=0/fixed:4"]
+    methods = ["plain", "suffix/fixed:4", "suffix/fixed:3"]  # one drafter spec: each method its own cache
     kw = dict(target=str(tmp_path / "target"), draft="ngram", methods=methods, workloads=[str(data)], limit=None,
               max_new_tokens=16, temperatures=[0.0], dtype="float32", threads=1, progress=False,
               backend="torch")
@@ -65,9 +65,10 @@ def test_compare_gives_each_method_its_own_cache_and_a_resumed_run_refills_it(tm
 
     whole = stats("whole.jsonl")
     assert stats("resumed.jsonl") == whole  # the resumed run drafted from the same caches
-    assert whole[("0", methods[1])] == whole[("0", methods[2])]  # neither read the other's answer to prompt 0
+    run_compare(**{**kw, "methods": ["plain", methods[2]]}, out=tmp_path / "alone.jsonl")
+    assert stats("alone.jsonl")[("0", methods[2])] == whole[("0", methods[2])]  # it never read fixed:4's answer
     plain = whole[("0", "plain")][0]
     for m in methods[1:]:
         assert [whole[(p, m)][0] for p in "012"] == [plain] * 3
         first, repeat = whole[("0", m)], whole[("1", m)]
-        assert repeat[2] / repeat[1] >= 0.9 and repeat[2] > first[2]  # the repeat drafts the first answer
+        assert repeat[2] / repeat[1] >= 0.8 and repeat[2] > first[2]  # the repeat drafts the first answer (10/12)

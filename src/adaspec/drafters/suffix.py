@@ -143,10 +143,8 @@ class SuffixDrafter(Drafter):
     def _candidates(self, ids: list[int]):
         """``(trie, m, node)`` for every trie and match length m >= ``min_match`` with a continuation."""
         self._sync(ids)
-        tries = [self._local]
         shared = self.cache.trie(self.partition)
-        if shared is not None:
-            tries.append(shared)
+        tries = [self._local] if shared is None else [shared, self._local]  # a tie goes to earlier answers
         for trie in tries:
             # Matches with as many occurrences as each other are the same occurrences: the same continuations. Of
             # such a run only the length that allows the longest proposal is tried (max_spec_factor · m tokens, and
