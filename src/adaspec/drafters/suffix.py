@@ -6,9 +6,11 @@ tokens are accepted, O(max_depth) per token), and the global :class:`~adaspec.dr
 earlier finished responses, which outlives requests. For each length m of the sequence's last tokens that occurs
 in a trie, the candidate continuation follows the counts below that pattern's node: a child's probability is
 ``count(child) / count(node)`` and a path's probability the product along it. Speculation length follows the
-paper's rule: at most ``max_spec_factor · m`` tokens (and the caller's K), stopping where the path probability
-falls below ``min_token_prob``. Among all (trie, m) candidates the one with the highest score (the sum of its
-nodes' path probabilities: the expected number of accepted tokens if the frequencies were the target's) wins.
+paper's rule: at most ``max_spec_factor · m`` tokens (and the caller's K; the trie holds ``max_depth - m`` below a
+match), stopping where the path probability falls below ``min_token_prob``. Match lengths with equal counts are the
+same occurrences, so of each such run only the length allowing the longest proposal is tried. Among the (trie, m)
+candidates the one with the highest score (the sum of its nodes' path probabilities: the expected number of
+accepted tokens if the frequencies were the target's) wins; on a tie, earlier answers before the request's own text.
 
 Chains follow the most frequent child; :meth:`SuffixDrafter.propose_tree` expands the most probable nodes first
 into a token tree of at most ``budget`` nodes (verified by :mod:`adaspec.tree`). Proposals are deterministic
