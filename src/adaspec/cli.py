@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: plain,hybrid/goodput,goodput,fixed:2,fixed:4)")
     cmp.add_argument("--workloads", default=None,
                      help="comma-separated: humaneval, gsm8k, specbench, specbench:<category>, rag, summarization, "
-                          "code-edit, multi-turn, gsm8k-cot, or JSONL paths (default: humaneval)")
+                          "code-edit, multi-turn, gsm8k-cot, agentic (sessions, in step order), or JSONL paths "
+                          "(default: humaneval)")
     cmp.add_argument("--limit", type=int, default=None,
                      help="prompts per workload, per category (default 10)")
     cmp.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
