@@ -94,3 +94,18 @@ def test_cli_errors_are_one_line(capsys):
     assert "no-such-model" in err and "Traceback" not in err
     assert main(["generate", "hi", "--target", MODEL, "--draft", "none", "--k", "-1"]) == 2
     assert "K must be >= 0" in capsys.readouterr().err
+
+
+def test_suffix_drafter_greedy_equals_plain_and_learns_across_requests(lm, plain_outputs):
+    from adaspec.drafters.suffix import SuffixDrafter
+
+    engine = SpeculativeEngine(lm.target.backend, SuffixDrafter(), make_controller("fixed", 4),
+                               tokenizer=lm.tokenizer)
+    accepted = []
+    for _ in range(2):  # the second round drafts from the first round's answers
+        accepted.append(0)
+        for prompt, plain in plain_outputs.items():
+            spec = engine.generate(lm.encode(prompt), CFG)
+            assert spec.token_ids == plain.token_ids, prompt
+            accepted[-1] += spec.stats.accepted_tokens
+    assert accepted[1] > accepted[0]

@@ -231,3 +231,16 @@ def test_greedy_grown_draft_trees_on_ik_reproduce_plain_decoding(path):
     out = eng.generate(prompt, GenerationConfig(max_new_tokens=40, tree_budget=10, tree_choice="always"))
     assert out.token_ids == plain.token_ids and out.stats.tree_fallback == ""
     assert grown and max(grown) > 1  # levels of several nodes were grown on the draft's cache
+
+
+def test_greedy_suffix_decoding_on_ik_reproduces_plain_decoding(path):
+    """The suffix drafter's chains and trees on the default runtime, with a cache warmed by a first request."""
+    from adaspec.drafters.suffix import SuffixDrafter
+
+    prompt = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7, 3, 17, 8, 3, 17, 42, 5, 3, 17]
+    plain = SpeculativeEngine(_backend(path), None, None).generate(prompt, GenerationConfig(max_new_tokens=32))
+    eng = SpeculativeEngine(_backend(path), SuffixDrafter(), FixedController(4))
+    for budget in (0, 8, 8):
+        out = eng.generate(prompt, GenerationConfig(max_new_tokens=32, tree_budget=budget, tree_choice="always"))
+        assert out.token_ids == plain.token_ids
+    assert out.stats.accepted_tokens > 0 and eng.drafter.cache.responses == 3

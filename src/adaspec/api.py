@@ -7,8 +7,11 @@
 
 Model specs accepted for ``target`` and ``draft``: a zoo name (``adaspec models list``), a local ``.gguf`` file, a
 local Hugging Face folder, or a Hugging Face hub id. ``draft`` also accepts ``"ngram"`` (prompt lookup),
-``"ngram-tree"`` (prompt lookup whose matches branch into a token tree, with ``tree_budget``), ``"layerskip:N"`` (the target's first N layers, sharing its weights), ``"A+B"`` (several drafters, one chosen per
-step: :class:`~adaspec.drafters.multi.MultiDrafter`), ``"hybrid"`` (= ``ngram+`` the default draft model) and
+``"ngram-tree"`` (prompt lookup whose matches branch into a token tree, with ``tree_budget``), ``"suffix"``
+(SuffixDecoding over the request and earlier responses, :mod:`adaspec.drafters.suffix`; ``suffix:KEY=VALUE,...``
+sets its options; the drafter, and so its cache, outlives requests), ``"layerskip:N"`` (the target's first N layers, sharing its weights), ``"A+B"`` (several drafters, one chosen per
+step: :class:`~adaspec.drafters.multi.MultiDrafter`), ``"hybrid"`` (= ``ngram+`` the default draft model),
+``"hybrid-suffix"`` (= ``suffix+ngram+`` the default draft model) and
 ``"none"`` (plain decoding).
 
 Backends (:mod:`adaspec.backends.select`): ``load(..., backend="auto")`` runs each model on the fastest path this
@@ -37,6 +40,7 @@ from adaspec.controllers import make_controller
 from adaspec.controllers.base import Controller
 from adaspec.drafters import Drafter, ModelDrafter, NgramDrafter, NgramTreeDrafter
 from adaspec.drafters.multi import MultiDrafter
+from adaspec.drafters.suffix import is_suffix_spec, suffix_from_spec
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
 from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.errors import ConfigError
@@ -154,10 +158,11 @@ def _load_synthetic(spec: str, *, backend: str, dtype: str | None, device: str, 
 
 
 def builtin_drafter(spec: str) -> bool:
-    """True for drafter specs that load no model of their own: ``none``, ``ngram`` and ``layerskip:N`` (which
-    shares the target's weights). Everything else (a model spec, ``hybrid``, ``A+B``) loads a draft model."""
+    """True for drafter specs that load no model of their own: ``none``, ``ngram``, ``ngram-tree``,
+    ``suffix[:...]`` and ``layerskip:N`` (which shares the target's weights). Everything else (a model spec,
+    ``hybrid``, ``A+B``) loads a draft model."""
     low = spec.lower()
-    return low in ("none", "ngram", "ngram-tree") or low.startswith("layerskip:")
+    return low in ("none", "ngram", "ngram-tree") or low.startswith("layerskip:") or is_suffix_spec(low)
 
 
 def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = None, device: str = "auto",
@@ -177,6 +182,8 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
         return None
     if spec.lower() == "hybrid":
         spec = f"ngram+{DEFAULT_DRAFT}"
+    elif spec.lower() == "hybrid-suffix":  # suffix decoding first, then prompt lookup, then the draft model
+        spec = f"suffix+ngram+{DEFAULT_DRAFT}"
     if "+" in spec:  # several drafters, one chosen per step (n-gram lookup of >= 2 tokens when it matches)
         parts = {}
         for part in spec.split("+"):
@@ -189,6 +196,8 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
         return MultiDrafter(parts)
     if spec.lower() == "ngram":
         return NgramDrafter()
+    if is_suffix_spec(spec):  # suffix decoding: this request's text and a cache of earlier responses
+        return suffix_from_spec(spec)
     if spec.lower() == "ngram-tree":  # prompt lookup whose several matches become a token tree (tree_budget > 0)
         return NgramTreeDrafter()
     if spec.lower().startswith("layerskip:"):

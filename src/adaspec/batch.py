@@ -566,6 +566,8 @@ class BatchEngine:
         if finish is None:  # cut() sets a finish reason at max_new_tokens and at the context window
             return StreamChunk(new, row.text.delta() if row.text else "", logprobs=logprobs)
         s = row.stats
+        if row.drafter is not None and s.steps:  # ended normally after the drafter's prefill
+            row.drafter.finish(row.ids)
         s.new_tokens = len(row.ids) - len(row.prompt)
         s.total_ms = (time.perf_counter() - row.start) * 1e3
         s.peak_rss_bytes = peak_rss_bytes()

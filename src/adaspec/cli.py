@@ -25,8 +25,9 @@ def _add_model_args(p: argparse.ArgumentParser, draft_default: str = DEFAULT_DRA
                         "to pin its backend; synthetic:<shape> (e.g. synthetic:qwen2.5-7b) is random weights in a "
                         "real shape, for timing only (default: %(default)s)")
     p.add_argument("--draft", default=draft_default,
-                   help="drafter: model spec (NAME@ik etc. pins a backend), 'ngram', 'layerskip:N', 'A+B', "
-                        "'hybrid' or 'none' (default: %(default)s)")
+                   help="drafter: model spec (NAME@ik etc. pins a backend), 'ngram', 'suffix[:KEY=VALUE,...]' (suffix "
+                        "decoding, docs/suffix.md), 'layerskip:N', 'A+B', 'hybrid', 'hybrid-suffix' or 'none' "
+                        "(default: %(default)s)")
     p.add_argument("--controller", default=DEFAULT_CONTROLLER,
                    help="draft-length controller: goodput, adaptive, heuristic, fixed, confidence, entropy or bandit "
                         "(default: %(default)s)")
@@ -156,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: plain,hybrid/goodput,goodput,fixed:2,fixed:4)")
     cmp.add_argument("--workloads", default=None,
                      help="comma-separated: humaneval, gsm8k, specbench, specbench:<category>, rag, summarization, "
-                          "code-edit, multi-turn, gsm8k-cot, or JSONL paths (default: humaneval)")
+                          "code-edit, multi-turn, gsm8k-cot, agentic (sessions, in step order), or JSONL paths "
+                          "(default: humaneval)")
     cmp.add_argument("--limit", type=int, default=None,
                      help="prompts per workload, per category (default 10)")
     cmp.add_argument("--max-new-tokens", type=int, default=None, help="default 128")

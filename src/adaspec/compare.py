@@ -10,7 +10,10 @@ the fraction of outputs identical to plain decoding, and where the time went.
 
 Method syntax: ``plain`` | ``fixed:K`` | ``CONTROLLER[:K]`` (any of :data:`adaspec.controllers.CONTROLLERS`, with
 the default drafter), or ``DRAFTER/CONTROLLER[:K]`` with any drafter spec of :func:`adaspec.api.make_drafter`, e.g.
-``ngram/fixed:4``; ``hybrid/...`` is n-gram lookup plus the default draft model, chosen per step. ``hf:KIND[:K]``
+``ngram/fixed:4``; ``hybrid/...`` is n-gram lookup plus the default draft model, chosen per step, and
+``hybrid-suffix/...`` suffix decoding, n-gram lookup and the default draft model. Each method gets its own suffix cache, which
+lives across the run's prompts (so a session's later steps see its earlier answers; rows of session workloads carry
+their ``step`` and the report adds speedup per step index). ``hf:KIND[:K]``
 runs a Hugging Face transformers peer on the same models (:mod:`adaspec.peers`). Modifiers follow with ``+``:
 ``+strict`` (strict mode: a batch-invariant target, see :class:`~adaspec.engine.GenerationConfig`) and one lossy
 acceptance rule of :data:`adaspec.verify.LOSSY_RULES` (``+typical[:ε]``, ``+topk[:k]``, ``+bild[:nats]``), e.g.
@@ -159,6 +162,8 @@ def parse_method(text: str, default_draft: str) -> Method:
     make_controller(name, k_value)  # validates K
     if drafter == "hybrid":
         drafter = f"ngram+{default_draft}"
+    elif drafter == "hybrid-suffix":
+        drafter = f"suffix+ngram+{default_draft}"
     return Method(text, drafter or default_draft, name, k_value)
 
 
@@ -210,6 +215,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     from adaspec.backends.gguf import GgufBackend
     from adaspec.backends.select import cpu_label
     from adaspec.structured_workload import score, workload_tasks
+    from adaspec.drafters.suffix import with_own_cache
     from adaspec.workloads import load_workload
 
     parsed = [parse_method(m, draft) for m in methods]
@@ -255,7 +261,8 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     lm = SpeculativeLM(tgt, None, make_controller("fixed", 0))
 
     def engine(m: Method) -> SpeculativeEngine:
-        drafter = drafters[m.drafter] if m.drafter else None
+        # each method its own suffix cache, kept across its prompts (it must not read another method's answers)
+        drafter = with_own_cache(drafters[m.drafter]) if m.drafter else None
         return SpeculativeEngine(target_backend, drafter, make_controller(m.controller, m.k),
                                  tokenizer=tgt.tokenizer)
 
@@ -265,6 +272,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
             tgt.tokenizer, tgt.backend.vocab_size, runners["plain"].eos_token_ids)
         for r in runners.values():
             r.grammar_vocab = vocab
+    _refill_suffix_caches(runners, read_results(out), prompts, lm)  # a resumed run's caches as they were
     peers = [m for m in parsed if m.controller in PEER_LIBRARIES]
     runners.update(_peer_runners(peers, tgt, drafters, runners["plain"], dtype=dtype, progress=progress,
                                  device=device))
@@ -320,6 +328,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                         graded = score(prompt, result["text"], result["finish_reason"])
                         result.update(valid=graded["valid"], exact=graded["exact"])
                 row = {"workload": workload, "category": prompt.category, "prompt_id": prompt.id,
+                       **({"step": prompt.step} if prompt.step is not None else {}),
                        "method": m.label, "temperature": temp, "target": tgt.name, "drafter": m.drafter,
                        "controller": m.controller, "k": m.k, "threads": threads, "strict": m.strict,
                        "lossy": m.lossy, "tree_budget": m.tree_budget,
@@ -333,6 +342,28 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                 f.flush()
     bar.close()
     return out
+
+
+def _refill_suffix_caches(runners: dict, rows: list[dict], prompts: list[tuple], lm) -> None:
+    """Put the answers a resumed run already has back into each method's suffix caches
+    (:func:`~adaspec.drafters.suffix.suffixes_in`), in the run's prompt order, so its later prompts see what they
+    would have seen in one go. A no-op without suffix drafters or earlier rows."""
+    from adaspec.drafters.suffix import suffixes_in
+
+    caches = {label: suffixes_in(r.drafter) for label, r in runners.items()}
+    if not rows or not any(caches.values()):
+        return
+    done = {(r["workload"], r["prompt_id"], r["method"]): r for r in rows if r.get("token_ids") is not None}
+    for workload, prompt in prompts:
+        ids = None
+        for label, suffix in caches.items():
+            row = done.get((workload, prompt.id, label))
+            if not suffix or row is None:
+                continue
+            ids = ids or lm.encode(prompt.model_input(lm.has_chat_template))
+            for d in suffix:
+                d.prefill(ids)
+                d.finish(ids + row["token_ids"])
 
 
 def _forget_drafts(drafter) -> None:
@@ -466,6 +497,38 @@ def summarize(rows: list[dict]) -> dict[tuple[str, float], dict[str, dict]]:
     return table
 
 
+def step_table(rows: list[dict]) -> dict[tuple[str, float], dict[int, dict[str, dict]]]:
+    """Per (category, temperature) of session workloads (rows with a ``step``: :attr:`Prompt.step
+    <adaspec.workloads.Prompt.step>`), per step index and method: ``speedup`` (decode tokens/s over plain's on the
+    same prompts of that step), ``alpha`` and ``identical`` (to plain, the fraction of prompts). How fast a cache of
+    earlier answers (the suffix drafter's) warms up along a session."""
+    out: dict[tuple[str, float], dict[int, dict[str, dict]]] = {}
+    for (category, temp), _ in summarize([r for r in rows if r.get("step") is not None]).items():
+        group = [r for r in rows if r.get("step") is not None and r["category"] == category
+                 and r["temperature"] == temp]
+        for step in sorted({r["step"] for r in group}):
+            at = [dict(r, category=f"{category}#{step}") for r in group if r["step"] == step]
+            stats = next(iter(summarize(at).values()), {})
+            out.setdefault((category, temp), {})[step] = {
+                m: {"speedup": v.get("speedup"), "alpha": v["alpha"], "identical": v["identical"]}
+                for m, v in stats.items()}
+    return out
+
+
+def _step_lines(rows: list[dict]) -> list[str]:
+    lines = []
+    for (category, temp), steps in step_table(rows).items():
+        methods = sorted({m for per in steps.values() for m in per if m != "plain"})
+        lines += [f"### {category}, temperature {temp:g}: speedup over plain per session step (α)", "",
+                  "| step | " + " | ".join(methods) + " |", "|---:|" + "---:|" * len(methods)]
+        for step, per in steps.items():
+            cells = [f"{_fmt(per[m]['speedup'], '.2f', 'x')} ({_fmt(per[m]['alpha'], '.2f')})" if m in per else "—"
+                     for m in methods]
+            lines.append(f"| {step} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
 def reference_method(label: str) -> str:
     """The plain method a method's identity is measured against: ``plain+strict`` for a label with ``+strict``,
     else ``plain`` (under ``run_compare(strict=True)`` labels carry no modifier and ``plain`` is strict too)."""
@@ -567,4 +630,5 @@ def markdown_report(rows: list[dict], default_method: str = DEFAULT_METHOD) -> s
             lines += ["", f"Oracle (best fixed K in hindsight): {best_fixed}, "
                           f"{stats[best_fixed]['tokens_per_s']:.2f} tokens/s."]
         lines.append("")
+    lines += _step_lines(rows)
     return "\n".join(lines)

@@ -245,6 +245,7 @@ class SpeculativeEngine:
         self.verify_curve: dict[int, float] = {}  # ms per forward of n tokens, measured by warmup() (goodput only)
         self.tree_choice: TreeChoice | None = None  # the chain/tree chooser, kept across requests (tree_choice())
         self.grammar_vocab: GrammarVocab | None = None  # built from the tokenizer on the first constrained request
+        self._warming = False  # inside warmup(): the drafter is not told of the generation's end
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None) -> GenerationResult:
         """Generate a continuation of ``prompt_ids`` (list of int token ids); see :meth:`stream`."""
@@ -405,6 +406,8 @@ class SpeculativeEngine:
             else:
                 break
 
+        if self.drafter is not None and stats.steps and not self._warming:  # ended normally after the drafter's
+            self.drafter.finish(ids)  # prefill (a warm-up's text is not a response: not kept)
         stats.new_tokens = len(ids) - len(prompt)
         stats.grammar_ms = grammar.ms if grammar is not None else 0.0
         stats.total_ms = (time.perf_counter() - start) * 1e3
@@ -515,7 +518,11 @@ class SpeculativeEngine:
         draft cache lacked the prompt, and a draft model whose cache already held it (another engine on the same
         drafter warmed up first) would otherwise have its catch-up priced by a guess."""
         ids = [int(t) % self.target.vocab_size for t in prompt_ids]
-        self.generate(ids, GenerationConfig(max_new_tokens=steps, ignore_eos=True, seed=0))
+        self._warming = True
+        try:
+            self.generate(ids, GenerationConfig(max_new_tokens=steps, ignore_eos=True, seed=0))
+        finally:
+            self._warming = False
         calibrate = getattr(self.controller, "calibrate", None)
         if calibrate is not None:
             self.verify_curve = dict(calibrate(self.target) or {})

@@ -19,6 +19,11 @@ Workload names (``load_workload``; ``NAME:<category>`` keeps one category of any
   (add a docstring example), ``revise-types`` (type hints), ``revise-names`` (descriptive variable names) and
   ``revise-empty`` (handle empty input).
 
+- ``agentic``: four sessions of requests that repeat the structure of earlier answers (``agent-tools``: JSON tool
+  calls over GSM8K; ``agent-code``: a coding agent's JSON tool calls over HumanEval; ``agent-sql``: SQL over one
+  schema; ``agent-extract``: the same JSON fields from Spec-Bench articles), each in step order
+  (:attr:`Prompt.step`; :mod:`adaspec.agentic`).
+
 No two workloads share a category name (``adaspec compare`` summarizes per category), bar the aliases, whose
 prompts are Spec-Bench's own.
 
@@ -53,12 +58,14 @@ COT_EXEMPLARS = "gsm8k_cot_exemplars.jsonl"
 class Prompt:
     """One evaluation prompt: a stable id, its category (the workload name when it has none), the user text (the
     last user turn of a conversation) and, for a conversation, its OpenAI-style ``messages``
-    (``{"role": ..., "content": ...}``, ending with the user's turn)."""
+    (``{"role": ..., "content": ...}``, ending with the user's turn). ``step``: its place in a session of requests
+    run in order (the ``agentic`` workload), else None."""
 
     id: str
     category: str
     text: str
     messages: tuple[dict, ...] | None = field(default=None, hash=False)
+    step: int | None = None
 
     def as_text(self) -> str:
         """The whole prompt as one string: the text, or a conversation as a "Role: content" transcript."""
@@ -221,9 +228,13 @@ def _gsm8k_cot() -> list[Prompt]:
 
 def _built(base: str) -> list[Prompt]:
     """The prompts of a workload built from the shipped data: ``code-edit`` or ``multi-turn`` (one per HumanEval
-    task) or ``gsm8k-cot`` (one per GSM8K row)."""
+    task), ``gsm8k-cot`` (one per GSM8K row) or ``agentic`` (sessions, :mod:`adaspec.agentic`)."""
     if base == "gsm8k-cot":
         return _gsm8k_cot()
+    if base == "agentic":
+        from adaspec.agentic import agentic_prompts  # it builds on this module's readers
+
+        return agentic_prompts()
     rows = _rows(data_dir() / FILES["humaneval"])
     if base == "code-edit":
         prompts = []
@@ -237,7 +248,7 @@ def _built(base: str) -> list[Prompt]:
     return [_multi_turn(row, kinds[i % len(kinds)]) for i, row in enumerate(rows)]
 
 
-BUILT = ("code-edit", "multi-turn", "gsm8k-cot")
+BUILT = ("code-edit", "multi-turn", "gsm8k-cot", "agentic")
 NAMES = (*FILES, *ALIASES, *BUILT)
 
 

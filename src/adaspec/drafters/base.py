@@ -84,6 +84,11 @@ class Drafter(ABC):
         output stays lossless whatever the proposal; a drafter that scores tokens (a draft model) uses them to
         propose what the controlled target will accept. Default: ignored (e.g. n-gram lookup copies text)."""
 
+    def finish(self, ids: list[int]) -> None:
+        """The request prefilled last ended normally (EOS, a stop string, its length) with ``ids`` (prompt +
+        output); called by the engines, never for a request that was cancelled or failed. A drafter that learns
+        across requests (:class:`~adaspec.drafters.suffix.SuffixDrafter`) keeps the response. Default: nothing."""
+
     def for_sequence(self, seq: int) -> Drafter:
         """A drafter of the same kind and settings for batch row ``seq`` (:class:`adaspec.batch.BatchEngine`), with
         state of its own: a draft model runs on sequence ``seq`` of its backend, which must hold that many.

@@ -63,6 +63,10 @@ class MultiDrafter(Drafter):
             for name in self.drafters:
                 self._ready(name)
 
+    def finish(self, ids: list[int]) -> None:
+        for name in self._prefilled:  # a sub-drafter never prefilled in this request has nothing of it
+            self.drafters[name].finish(ids)
+
     def set_controls(self, controls: LogitsControls | None, prompt_len: int) -> None:
         for drafter in self.drafters.values():
             drafter.set_controls(controls, prompt_len)
@@ -75,12 +79,15 @@ class MultiDrafter(Drafter):
         return drafter
 
     def options(self, ids: list[int]) -> dict[str, int | None]:
-        """``{name: tokens it can propose now}``: for a lookup drafter (one with ``match(ids) -> (n, start)``, like
-        :class:`~adaspec.drafters.ngram.NgramDrafter`) the length of the continuation after its match (0 = no
-        match); None (no limit) for the others."""
+        """``{name: tokens it can propose now}``: for a drafter with ``available(ids) -> int`` (like
+        :class:`~adaspec.drafters.suffix.SuffixDrafter`) what it says; for a lookup drafter (one with
+        ``match(ids) -> (n, start)``, like :class:`~adaspec.drafters.ngram.NgramDrafter`) the length of the
+        continuation after its match (0 = no match); None (no limit) for the others."""
         out: dict[str, int | None] = {}
         for name, drafter in self.drafters.items():
-            if hasattr(drafter, "match"):
+            if hasattr(drafter, "available"):  # e.g. SuffixDrafter: the length of the chain it would propose
+                out[name] = self._ready(name).available(ids)
+            elif hasattr(drafter, "match"):
                 n, start = self._ready(name).match(ids)
                 out[name] = len(ids) - start if n else 0
             else:
@@ -139,14 +146,20 @@ def cached_prefixes(drafter: Drafter, ids: list[int]) -> dict[str, int]:
     drafter (one with ``match``, like :class:`~adaspec.drafters.ngram.NgramDrafter`) needs no feeding: all of
     ``ids``; any other: :meth:`Drafter.cached_prefix`."""
     parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
-    return {name: len(ids) if hasattr(d, "match") else d.cached_prefix(ids) for name, d in parts.items()}
+    return {name: len(ids) if is_lookup(d) else d.cached_prefix(ids) for name, d in parts.items()}
 
 
 def model_drafters(drafter: Drafter) -> dict[str, Drafter]:
     """``{name: drafter}`` of the draft models in ``drafter`` (each sub-drafter of a :class:`MultiDrafter`, named
     as :func:`cached_prefixes` names them) that have a backend to run: lookup drafters (with ``match``) left out."""
     parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
-    return {name: d for name, d in parts.items() if not hasattr(d, "match") and getattr(d, "backend", None)}
+    return {name: d for name, d in parts.items() if not is_lookup(d) and getattr(d, "backend", None)}
+
+
+def is_lookup(drafter: Drafter) -> bool:
+    """A drafter that runs no model and needs no feeding: it answers ``match`` (n-gram lookup) or ``available``
+    (suffix decoding)."""
+    return hasattr(drafter, "match") or hasattr(drafter, "available")
 
 
 def measure_drafters(drafter: Drafter, feed_tokens: int = 64) -> dict[str, tuple[float, float]]:

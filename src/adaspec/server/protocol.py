@@ -68,7 +68,7 @@ class SpeculationOptions(BaseModel):
 
     drafter: str | None = Field(
         None, max_length=200,
-        description="'none' (plain decoding), 'ngram', 'layerskip:N', 'hybrid', 'A+B', or a draft model the "
+        description="'none' (plain decoding), 'ngram', 'suffix', 'layerskip:N', 'hybrid', 'A+B', or a draft model the "
                     "server has loaded")
     controller: Literal["goodput", "adaptive", "heuristic", "fixed", "confidence", "entropy", "bandit"] | None = Field(
         None, description="draft-length controller (see adaspec.controllers.CONTROLLERS)")

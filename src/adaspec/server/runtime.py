@@ -37,6 +37,7 @@ from adaspec.batch import BatchEngine
 from adaspec.controllers import CONTROLLERS, Controller, FixedController, make_controller
 from adaspec.defaults import DEFAULT_CONTROLLER
 from adaspec.drafters import Drafter
+from adaspec.drafters.suffix import is_suffix_spec, suffix_from_spec
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
 from adaspec.errors import AdaspecError, ConfigError
 from adaspec.server.admission import QueueFull, Scheduler  # noqa: F401  (re-exported)
@@ -242,7 +243,7 @@ class ModelHost:
         """Drafter specs clients may send (local paths are left out of the list but still accepted)."""
         models = sorted(k for k in self._model_drafters if not os.path.exists(k))
         layerskip = [f"layerskip:N (1 <= N <= {self.num_layers})"] if self.num_layers else []
-        return ["none", "ngram", "ngram-tree", *layerskip, *models]
+        return ["none", "ngram", "ngram-tree", "suffix[:KEY=VALUE,...]", *layerskip, *models]
 
     def normalise(self, drafter: str | None = None, controller: str | None = None,
                   k: int | None = None) -> SpecSettings:
@@ -257,6 +258,9 @@ class ModelHost:
         k = raw.k if k is None else k
         low = spec.lower()
         if low in ("none", "ngram", "ngram-tree"):
+            spec = low
+        elif is_suffix_spec(low):  # one cache per spec, shared by its requests (and their batch rows)
+            suffix_from_spec(low)  # validates its options
             spec = low
         elif low.startswith("layerskip:"):
             try:
