@@ -50,6 +50,10 @@ class ForcedDrafter(Drafter):
         if self.inner is not None:
             self.inner.set_controls(controls, prompt_len)
 
+    def finish(self, ids: list[int]) -> None:
+        if self.inner is not None:
+            self.inner.finish(ids)
+
     def cached_prefix(self, ids: list[int]) -> int:
         return self.inner.cached_prefix(ids) if self.inner is not None else len(ids)
 
