@@ -161,3 +161,13 @@ def test_plan_tools_modes():
     assert plan_tools(TOOLS, None, None).mode == "auto" and plan_tools(TOOLS, "auto", None).constraint() is None
     forced = plan_tools(TOOLS, "required", False).constraint()
     assert forced.kind == "lark" and '"get_weather"' in forced.source and '"add"' in forced.source
+
+
+@pytest.mark.parametrize("calls", [[[1, 2]], ["call"], [{"function": "f"}], [None]])
+def test_malformed_tool_call_history_is_a_clear_error(calls):
+    # Found by the schemathesis fuzz: a tool_calls item that is not an object ended in a 500 (AttributeError).
+    from adaspec.errors import ConfigError
+    from adaspec.toolcalls import template_message
+
+    with pytest.raises(ConfigError, match=r"tool_calls\[0\] must be an object with a 'function' object"):
+        template_message({"role": "assistant", "content": None, "tool_calls": calls})

@@ -134,8 +134,10 @@ def template_message(message: dict) -> dict:
     if not calls:
         return message
     out = []
-    for call in calls:
-        fn = dict((call or {}).get("function") or {})
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise ConfigError(f"tool_calls[{i}] must be an object with a 'function' object")
+        fn = dict(call["function"])
         args = fn.get("arguments")
         if isinstance(args, str):
             try:
