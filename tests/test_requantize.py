@@ -94,3 +94,19 @@ def test_a_variant_falls_back_to_its_base_where_it_cannot_run(monkeypatch, tmp_p
     (tmp_path / "gguf" / f"{name}.gguf").write_bytes(b"built before")  # a built one runs without the tool
     assert runnable_spec(name, "llamacpp") == (name, "")
     assert runnable_spec("qwen2.5-coder-1.5b-instruct", "torch") == ("qwen2.5-coder-1.5b-instruct", "")
+
+
+def test_models_info_describes_a_variant(capsys):
+    import argparse
+    import json
+
+    from adaspec.models.cli import add_models_parser
+
+    parser = argparse.ArgumentParser()
+    add_models_parser(parser.add_subparsers(dest="command"))
+    name = next(iter(VARIANTS))
+    args = parser.parse_args(["models", "info", name, "--json"])
+    assert args.func(args) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["name"] == name and info["base"] == VARIANTS[name].base
+    assert info["gguf_sha256"] == VARIANTS[name].gguf_sha256

@@ -83,7 +83,28 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _variant_info(name: str, as_json: bool) -> int:
+    v = VARIANTS[name.strip().lower()]
+    path = cache_root() / "gguf" / f"{v.name}.gguf"
+    info = {"name": v.name, "role": v.role, "description": v.description, "base": v.base, "quant": v.quant,
+            "output_quant": v.output_quant, "license": v.license, "gguf_path": str(path),
+            "built": path.is_file() and path.stat().st_size == v.gguf_size, "gguf_expected_size": v.gguf_size,
+            "gguf_sha256": v.gguf_sha256}
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"{v.name}  ({v.role}, {v.quant}, {v.license})")
+    print(f"  {v.description}")
+    print(f"  built from: {v.base}, by ik_llama.cpp's llama-quantize (layers {v.quant}, LM head {v.output_quant})")
+    print(f"  gguf:       {path}")
+    print(f"              {'built' if info['built'] else 'not built yet (on first use)'}; "
+          f"expected {v.gguf_size:,} bytes, sha256 {v.gguf_sha256}")
+    return 0
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
+    if args.name.strip().lower() in VARIANTS:
+        return _variant_info(args.name, args.json)
     try:
         st = model_status(args.name)
     except AdaspecError as err:
