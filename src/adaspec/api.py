@@ -120,7 +120,8 @@ def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, d
     if backend == "auto":
         choice = choose_backend(spec, device=device, dtype=dtype, threads=threads, progress=progress)
         backend, reason = choice.backend, choice.reason
-        spec, note = runnable_spec(spec, backend) if not note else (spec, note)
+        if not note:  # auto may have chosen PyTorch, where a variant cannot run
+            spec, note = runnable_spec(spec, backend)
     if note:
         reason = f"{reason}; {note}" if reason else note
     if backend in GGUF_RUNTIMES and asked_device == "auto":

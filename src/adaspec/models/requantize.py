@@ -4,14 +4,13 @@ size and SHA-256 the registry records (the tool is deterministic for a pinned wh
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from ..errors import ModelFetchError
-from .assemble import fetch_gguf
+from .assemble import _sha256_file, fetch_gguf
 from .cache import _clean_stale, _locked, cache_root
 from .registry import VARIANTS, Variant
 
@@ -33,14 +32,6 @@ def quantize_tool() -> Path:
     if path is None:
         raise ModelFetchError("ik-llama-cpp-python is installed but its llama-quantize binary was not found")
     return path
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def fetch_variant(name: str, *, progress: bool = True, variants: dict[str, Variant] | None = None) -> Path:
@@ -69,7 +60,7 @@ def fetch_variant(name: str, *, progress: bool = True, variants: dict[str, Varia
             if run.returncode != 0:
                 tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-5:])
                 raise ModelFetchError(f"llama-quantize failed for {variant.name} (exit {run.returncode}): {tail}")
-            size, digest = tmp.stat().st_size, _sha256(tmp)
+            size, digest = tmp.stat().st_size, _sha256_file(tmp)
             if (size, digest) != (variant.gguf_size, variant.gguf_sha256):
                 raise ModelFetchError(
                     f"{variant.name}: llama-quantize made a file of {size:,} bytes with SHA-256 {digest}; the "
