@@ -116,6 +116,12 @@ class GgufBackend(Backend):
         if not 1 <= max_sequences <= 256:
             raise ConfigError(f"max_sequences must be in [1, 256], got {max_sequences}")
 
+    #: Compact a multi-sequence cache after every truncation, so that the cells rows give back (rejected drafts,
+    #: released rows) leave no holes between the others'. ik_llama.cpp needs it: with holes, its attention returned
+    #: NaN logits for a newly admitted row, and the NaN written into the cells then reached every row
+    #: (tests/test_gguf_shared_cache.py; docs/server.md, "NaN logits").
+    compacts_holes = False
+
     # Subclass hooks ---------------------------------------------------------------------------------------
     @abstractmethod
     def _seq_rm(self, start: int, seq: int = 0) -> bool:
@@ -187,7 +193,7 @@ class GgufBackend(Backend):
         """``llama_decode`` over ``items`` = ``(sequence ids, position, token, wants logits)`` in chunks of at most
         ``n_batch`` (never a last chunk of one token after others when batch-invariant); ``[num_logits, V]`` float32
         logits of the wanted items, in order, or the k-th wanted item's in row ``rows[k]``. On a runtime error
-        ``undo()`` restores the caches, then RuntimeError."""
+        ``undo()`` restores the caches, then RuntimeError; so do non-finite logits."""
         lib, batch = self._lib, self._batch
         total = len(items)
         starts = list(range(0, total, self.n_batch))
@@ -217,6 +223,10 @@ class GgufBackend(Backend):
                 out[row if rows is None else rows[row]] = np.ctypeslib.as_array(
                     lib.llama_get_logits_ith(self._ctx, j), shape=(self.vocab_size,))
                 row += 1
+        if num_logits and not np.isfinite(out).all():  # never sampled from, never left in the cells for others
+            undo()
+            raise RuntimeError(f"{self.name}: {self.runtime} returned non-finite logits (NaN or inf) for this batch; "
+                               "its tokens were taken back out of the cache")
         return out
 
     # Token trees ----------------------------------------------------------------------------------------------
@@ -447,6 +457,8 @@ class GgufBackend(Backend):
             if not self._seq_rm(length, seq):
                 raise RuntimeError(f"{self.name}: {self.runtime} refused to remove cache positions {length}.. "
                                    f"of sequence {seq}")
+            if self.max_sequences > 1 and self.compacts_holes:
+                self._compact()  # see compacts_holes
         del ids[length:]
 
     def set_threads(self, threads: int) -> None:

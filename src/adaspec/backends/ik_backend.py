@@ -160,6 +160,8 @@ class IkLlamaBackend(GgufBackend):
                          min(int(lib.llama_n_batch(self._ctx)), int(lib.llama_n_ubatch(self._ctx))),
                          threads, batch_invariant, max_sequences)
 
+    compacts_holes = True  # see GgufBackend.compacts_holes
+
     def _seq_rm(self, start: int, seq: int = 0) -> bool:
         return bool(self._lib.llama_kv_cache_seq_rm(self._ctx, seq, start, -1))
 
