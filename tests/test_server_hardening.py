@@ -24,6 +24,7 @@ from test_server import PROMPT, build_tiny_model, health, live, make_host, scrap
 from adaspec.backends import TorchBackend  # noqa: E402
 from adaspec.batch import BatchEngine  # noqa: E402
 from adaspec.engine import GenerationConfig, SpeculativeEngine  # noqa: E402
+from adaspec.errors import ConfigError  # noqa: E402
 from adaspec.server.admission import Place, QueueFull, Scheduler, SlotTimeout, reserve_places  # noqa: E402
 from adaspec.server.hostcheck import normalise_host, parse_allowed_hosts  # noqa: E402
 from adaspec.server.limits import lone_surrogate  # noqa: E402
@@ -138,6 +139,42 @@ def test_one_request_cannot_take_every_slot():
         assert not greedy[3].done()  # a free slot, but "a" holds its 2
         s.release("a")
         assert greedy[3].done()
+
+    asyncio.run(run())
+
+
+def test_a_freed_slot_goes_to_the_waiting_client_that_holds_the_fewest():
+    """Client A's burst fills both slots and queues first; B's one request, queued behind it, gets the next freed
+    slot; A's waiters then go in their own order."""
+    async def run():
+        s = Scheduler(max_waiting=8, slots=2)
+        a_running = [s.reserve(object(), "A") for _ in range(2)]
+        a_waiting = [s.reserve(object(), "A") for _ in range(3)]
+        b = s.reserve(object(), "B")
+        assert all(t.done() for t in a_running) and not any(t.done() for t in a_waiting) and not b.done()
+        s.release(None, "A")
+        assert b.done() and not any(t.done() for t in a_waiting)  # A holds 1, B 0: B first
+        s.release(None, "A")
+        assert [t.done() for t in a_waiting] == [True, False, False]  # A 1, B 1: FIFO among equals
+        s.release(None, "B")
+        assert [t.done() for t in a_waiting] == [True, True, False]
+        assert (s.busy, s.waiting) == (2, 1)
+
+    asyncio.run(run())
+
+
+def test_one_client_holds_at_most_its_share_of_the_queue():
+    async def run():
+        s = Scheduler(max_waiting=4, slots=1, per_client_waiting=2)
+        s.reserve(object(), "A")
+        for _ in range(2):
+            s.reserve(object(), "A")
+        with pytest.raises(QueueFull, match="per-client limit"):
+            s.reserve(object(), "A")
+        s.reserve(object(), "B")  # another client still finds a place
+        assert s.waiting == 3
+        with pytest.raises(ConfigError, match="per client"):
+            Scheduler(max_waiting=4, per_client_waiting=0)
 
     asyncio.run(run())
 
@@ -261,9 +298,10 @@ def test_serve_flags_reach_the_config():
 
     args = build_parser().parse_args(["serve", "--target", "smollm2-135m-instruct", "--served-model-name", "a", "b",
                                       "--allowed-hosts", "x.lan", "--prefill-chunk", "64",
-                                      "--max-slots-per-request", "2", "--max-scored-tokens", "100"])
+                                      "--max-slots-per-request", "2", "--max-scored-tokens", "100",
+                                      "--max-queue-per-client", "3"])
     assert args.served_model_name == ["a", "b"] and args.allowed_hosts == "x.lan" and args.prefill_chunk == 64
-    assert args.max_slots_per_request == 2 and args.max_scored_tokens == 100
+    assert args.max_slots_per_request == 2 and args.max_scored_tokens == 100 and args.max_queue_per_client == 3
 
 
 def test_ngram_tree_is_a_servable_drafter(tiny, host, batched):

@@ -209,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "loopback bind: localhost,127.0.0.1,::1 and --host; '*': no check, the default otherwise)")
     srv.add_argument("--max-slots-per-request", type=int, default=None, metavar="N",
                      help="running slots one request's n choices may hold at once (default: half of --max-batch)")
+    srv.add_argument("--max-queue-per-client", type=int, default=None, metavar="N",
+                     help="queue places one client address may hold (default: the whole --max-queue); a freed slot "
+                          "always goes to the waiting client holding the fewest slots")
     srv.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
                      help="with --max-batch > 1: prompt tokens prefilled per batch step while other requests decode "
                           "(default: 64; 0: whole prompts)")

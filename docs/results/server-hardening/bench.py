@@ -129,6 +129,8 @@ async def head_of_line(url: str, long_tokens: int, stream_tokens: int) -> dict:
                 async for line in r.aiter_lines():
                     if line.startswith("data: {"):
                         arrivals.append(time.monotonic())
+                    if "answered" in marks:  # the long prompt is done: A has shown what it had to
+                        break
             marks["stream_done"] = time.monotonic()
 
         async def long() -> dict:
@@ -144,10 +146,15 @@ async def head_of_line(url: str, long_tokens: int, stream_tokens: int) -> dict:
     during = [g for g, t0, t1 in gaps if t1 >= marks["sent"] and t0 <= marks["answered"]]
     before = [g for g, t0, t1 in gaps if t1 < marks["sent"]]
     finished_during = arrivals[-1] <= marks["answered"]
+    sent, took = marks["sent"], marks["answered"] - marks["sent"]
+    worst = sorted(((g, t0) for g, t0, t1 in gaps if t1 >= sent and t0 <= marks["answered"]), reverse=True)[:5]
     return {"long_prompt": b, "stream_chunks": len(arrivals),
             "stream_finished_before_long_answered": finished_during,
             "median_gap_before_s": statistics.median(before) if before else None,
             "max_gap_during_prefill_s": max(during) if during else None,
+            "p95_gap_during_prefill_s": sorted(during)[int(0.95 * (len(during) - 1))] if during else None,
+            "worst_gaps": [{"gap_s": round(g, 3), "at_s_after_sent": round(t0 - sent, 2),
+                            "at_fraction_of_prefill": round((t0 - sent) / took, 3)} for g, t0 in worst],
             "long_answer_s": marks["answered"] - marks["sent"], "target_max_gap_s": 1.5}
 
 
@@ -294,7 +301,7 @@ def main() -> None:
     p.add_argument("--rss-budget-mib", type=float, default=1024.0)
     p.add_argument("--prefill-chunk", type=int, default=None, help="adaspec serve --prefill-chunk (default: its own)")
     p.add_argument("--long-tokens", type=int, default=8000)
-    p.add_argument("--stream-tokens", type=int, default=400)
+    p.add_argument("--stream-tokens", type=int, default=4000, help="A's budget; A stops reading once B is answered")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--soak-s", type=float, default=240.0)
     p.add_argument("--parts", default="a,b,c", help="which measurements to run (a, b, c)")

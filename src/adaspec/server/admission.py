@@ -3,7 +3,10 @@ choice's place in it (event-loop thread only; no locks).
 
 * :class:`Scheduler`: ``slots`` running slots and at most ``max_waiting`` waiters. A request (its ``owner``) holds
   at most ``per_owner`` slots at once, so an ``n``-choice request cannot take every slot: its further choices wait
-  while other requests' waiters behind them are served first (as vLLM caps a request's share of the batch).
+  while other requests' waiters behind them are served first (as vLLM caps a request's share of the batch). Across
+  clients (a ``client`` key: the caller's address) a freed slot goes to the waiter whose client holds the fewest
+  slots (FIFO among equals), so one client's burst cannot starve another's single request; ``per_client_waiting``
+  optionally caps one client's share of the queue.
 * :class:`Place`: one choice's ticket through its life, queued → holding a slot → handed to a generation (which
   releases the slot when it ends) or given back. :meth:`Place.give_back` is idempotent and safe at any point, so a
   choice cancelled anywhere (a sibling choice failed, the client left) never keeps a slot: this is the fix of the
@@ -40,10 +43,11 @@ class Scheduler:
     ``abandon(ticket)`` (which releases if a slot had just been handed over).
 
     Raises:
-        ConfigError: ``max_waiting`` < 0, ``slots`` < 1 or ``per_owner`` < 1.
+        ConfigError: ``max_waiting`` < 0, ``slots`` < 1, ``per_owner`` < 1 or ``per_client_waiting`` < 1.
     """
 
-    def __init__(self, max_waiting: int, slots: int = 1, per_owner: int | None = None) -> None:
+    def __init__(self, max_waiting: int, slots: int = 1, per_owner: int | None = None,
+                 per_client_waiting: int | None = None) -> None:
         if max_waiting < 0:
             raise ConfigError(f"max queue must be >= 0, got {max_waiting}")
         if slots < 1:
@@ -51,12 +55,16 @@ class Scheduler:
         per_owner = slots if per_owner is None else per_owner
         if per_owner < 1:
             raise ConfigError(f"slots per request must be >= 1, got {per_owner}")
+        if per_client_waiting is not None and per_client_waiting < 1:
+            raise ConfigError(f"queue places per client must be >= 1, got {per_client_waiting}")
+        self.per_client_waiting = per_client_waiting
+        self._client_held: Counter = Counter()  # slots held per client
         self.max_waiting = max_waiting
         self.slots = slots
         self.per_owner = min(per_owner, slots)
         self.busy = 0  # slots held
         self._held: Counter = Counter()  # slots held per owner (None: anonymous holders, never capped)
-        self._waiters: deque[tuple[asyncio.Future, Hashable]] = deque()
+        self._waiters: deque[tuple[asyncio.Future, Hashable, Hashable]] = deque()  # (ticket, owner, client)
 
     @property
     def waiting(self) -> int:
@@ -69,50 +77,57 @@ class Scheduler:
     def _may_take(self, owner: Hashable) -> bool:
         return self.busy < self.slots and (owner is None or self._held[owner] < self.per_owner)
 
-    def _grant(self, fut: asyncio.Future, owner: Hashable) -> None:
+    def _grant(self, fut: asyncio.Future, owner: Hashable, client: Hashable) -> None:
         self.busy += 1
         self._held[owner] += 1
+        self._client_held[client] += 1
         fut.set_result(None)
 
-    def reserve(self, owner: Hashable = None) -> asyncio.Future:
+    def reserve(self, owner: Hashable = None, client: Hashable = None) -> asyncio.Future:
+        """Raises :class:`QueueFull` when the queue, or ``client``'s share of it, is full."""
         fut = asyncio.get_running_loop().create_future()
         if self._may_take(owner) and not self._waiters:
-            self._grant(fut, owner)
+            self._grant(fut, owner, client)
             return fut
         if len(self._waiters) >= self.max_waiting:
-            raise QueueFull
-        self._waiters.append((fut, owner))
+            raise QueueFull(f"{len(self._waiters)} requests are already waiting for the model (queue limit "
+                            f"{self.max_waiting})")
+        if (self.per_client_waiting is not None
+                and sum(c == client for _, _, c in self._waiters) >= self.per_client_waiting):
+            raise QueueFull(f"this client already has {self.per_client_waiting} requests waiting for the model "
+                            "(the per-client limit, --max-queue-per-client)")
+        self._waiters.append((fut, owner, client))
         self._dispatch()  # a slot may be free while the waiters ahead are all at their owner's cap
         return fut
 
-    def release(self, owner: Hashable = None) -> None:
-        """Give a held slot back; it passes to the first waiter whose owner is under its cap."""
+    def release(self, owner: Hashable = None, client: Hashable = None) -> None:
+        """Give a held slot back; it passes to a waiter under its request's cap whose client holds the fewest
+        slots (the first such waiter)."""
         self.busy = max(0, self.busy - 1)
-        if self._held[owner] > 0:
-            self._held[owner] -= 1
-            if not self._held[owner]:
-                del self._held[owner]
+        for held, key in ((self._held, owner), (self._client_held, client)):
+            if held[key] > 0:
+                held[key] -= 1
+                if not held[key]:
+                    del held[key]
         self._dispatch()
 
     def _dispatch(self) -> None:
+        self._waiters = deque(w for w in self._waiters if not w[0].done())
         while self.busy < self.slots:
-            for i, (fut, owner) in enumerate(self._waiters):
-                if fut.done():
-                    continue
-                if self._may_take(owner):
-                    del self._waiters[i]
-                    self._grant(fut, owner)
-                    break
-            else:
-                self._waiters = deque((f, o) for f, o in self._waiters if not f.done())
+            ready = [i for i, (_, owner, _) in enumerate(self._waiters) if self._may_take(owner)]
+            if not ready:
                 return
+            i = min(ready, key=lambda j: (self._client_held[self._waiters[j][2]], j))
+            fut, owner, client = self._waiters[i]
+            del self._waiters[i]
+            self._grant(fut, owner, client)
 
-    def abandon(self, ticket: asyncio.Future, owner: Hashable = None) -> None:
-        """A waiter gives up (``owner``: the one it reserved for)."""
+    def abandon(self, ticket: asyncio.Future, owner: Hashable = None, client: Hashable = None) -> None:
+        """A waiter gives up (``owner``, ``client``: those it reserved for)."""
         if ticket.done() and not ticket.cancelled():
-            self.release(owner)  # it had been handed the slot
+            self.release(owner, client)  # it had been handed the slot
             return
-        self._waiters = deque((f, o) for f, o in self._waiters if f is not ticket)
+        self._waiters = deque(w for w in self._waiters if w[0] is not ticket)
         ticket.cancel()
 
 
@@ -120,10 +135,12 @@ class Place:
     """One choice's place: ``queued`` → ``holding`` (a slot) → ``handed`` (to a generation, which releases the slot
     when it ends) or ``gone`` (given back). Event-loop thread only."""
 
-    def __init__(self, scheduler: Scheduler, ticket: asyncio.Future, owner: Hashable = None) -> None:
+    def __init__(self, scheduler: Scheduler, ticket: asyncio.Future, owner: Hashable = None,
+                 client: Hashable = None) -> None:
         self.scheduler = scheduler
         self.ticket = ticket
         self.owner = owner
+        self.client = client
         self.state = "queued"
 
     async def acquire(self, deadline: float) -> None:
@@ -154,20 +171,20 @@ class Place:
         """The generation this place was handed to has ended."""
         if self.state == "handed":
             self.state = "gone"
-            self.scheduler.release(self.owner)
+            self.scheduler.release(self.owner, self.client)
 
     def give_back(self) -> None:
         """Leave the queue or give the slot back (no-op once handed over or given back)."""
         if self.state == "queued":
             self.state = "gone"
-            self.scheduler.abandon(self.ticket, self.owner)
+            self.scheduler.abandon(self.ticket, self.owner, self.client)
         elif self.state == "holding":
             self.state = "gone"
-            self.scheduler.release(self.owner)
+            self.scheduler.release(self.owner, self.client)
 
 
-def reserve_places(scheduler: Scheduler, n: int, owner: Hashable) -> list[Place]:
-    """``n`` places for one request, all or none.
+def reserve_places(scheduler: Scheduler, n: int, owner: Hashable, client: Hashable = None) -> list[Place]:
+    """``n`` places for one request (of ``client``), all or none.
 
     Raises:
         QueueFull: not all fit (the ones taken are given back).
@@ -175,7 +192,7 @@ def reserve_places(scheduler: Scheduler, n: int, owner: Hashable) -> list[Place]
     places: list[Place] = []
     try:
         for _ in range(n):
-            places.append(Place(scheduler, scheduler.reserve(owner), owner))
+            places.append(Place(scheduler, scheduler.reserve(owner, client), owner, client))
     except QueueFull:
         for p in places:
             p.give_back()

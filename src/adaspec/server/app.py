@@ -75,6 +75,8 @@ class ServerConfig:
         allowed_hosts: host names accepted in ``Host``/``Origin`` headers (:mod:`adaspec.server.hostcheck`);
             None: no check.
         max_slots_per_request: running slots one request's ``n`` choices hold at once (default: half the slots).
+        max_queue_per_client: queue places one client address may hold (default: the whole queue); freed slots
+            always go first to the waiting client that holds the fewest (:mod:`adaspec.server.admission`).
         max_scored_tokens: prompt tokens ``echo`` + ``logprobs`` may score per request (413 beyond).
         max_scored_logits_mb: MiB of float32 logits a scored prefill holds at once, per request and per batch step.
     """
@@ -91,6 +93,7 @@ class ServerConfig:
     model_aliases: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] | None = None
     max_slots_per_request: int | None = None
+    max_queue_per_client: int | None = None
     max_scored_tokens: int = DEFAULT_MAX_SCORED_TOKENS
     max_scored_logits_mb: int = DEFAULT_MAX_SCORED_LOGITS_MB
 
@@ -243,7 +246,8 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
     served = config.served_model_name or host.name
     metrics = ServerMetrics(served, namespace=config.metrics_namespace)
     scheduler = Scheduler(config.max_queue, slots=host.max_batch,
-                          per_owner=config.max_slots_per_request or default_slots_per_request(host.max_batch))
+                          per_owner=config.max_slots_per_request or default_slots_per_request(host.max_batch),
+                          per_client_waiting=config.max_queue_per_client)
     names = {served, host.name, *config.model_aliases}  # accepted as "model"
     budget = ScoringBudget(config.max_scored_tokens, config.max_scored_logits_mb << 20)
     score_chunk = budget.rows(host.target.backend.vocab_size)
@@ -525,11 +529,11 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             raise APIError(400, f"n={body.n} choices need {body.n} places, but this server has {scheduler.slots} "
                                 f"running and {scheduler.max_waiting} waiting", param="n")
         try:  # one place per choice (with --max-batch > 1 the choices decode together, up to the per-request cap)
-            places = reserve_places(scheduler, body.n, owner=object())
-        except QueueFull:
+            places = reserve_places(scheduler, body.n, owner=object(),
+                                    client=request.client.host if request.client else None)
+        except QueueFull as e:
             metrics.outcome("rejected")
-            raise APIError(503, f"the server is busy: {scheduler.waiting} requests are already waiting for the "
-                                f"model (queue limit {scheduler.max_waiting}); retry later",
+            raise APIError(503, f"the server is busy: {e}; retry later",
                            type="server_busy", code="queue_full", headers={"retry-after": retry_after()}) from None
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         # choice i samples with seed + i (or its own random seed), as vLLM does for n > 1; the prompt is scored

@@ -46,7 +46,8 @@ def serve(args: argparse.Namespace) -> int:
     print(f"adaspec: loading {args.target} (drafter {args.draft}, controller {args.controller})...", file=sys.stderr)
     if args.max_batch < 1:
         raise AdaspecError(f"--max-batch must be >= 1, got {args.max_batch}")
-    for flag, value in (("--max-slots-per-request", args.max_slots_per_request), ("--max-scored-tokens",
+    for flag, value in (("--max-slots-per-request", args.max_slots_per_request),
+                        ("--max-queue-per-client", args.max_queue_per_client), ("--max-scored-tokens",
                         args.max_scored_tokens), ("--max-scored-logits-mb", args.max_scored_logits_mb)):
         if value is not None and value < 1:
             raise AdaspecError(f"{flag} must be >= 1, got {value}")
@@ -77,7 +78,8 @@ def serve(args: argparse.Namespace) -> int:
                 print(f"adaspec: draft model {name}: {draft_ms:.1f} ms per drafted token, {feed_ms:.2f} ms per "
                       "token fed (prices its first proposal in each request)", file=sys.stderr)
     config = ServerConfig(served_model_name=names[0], model_aliases=tuple(names[1:]), allowed_hosts=allowed_hosts,
-                          max_slots_per_request=args.max_slots_per_request, max_scored_tokens=args.max_scored_tokens,
+                          max_slots_per_request=args.max_slots_per_request,
+                          max_queue_per_client=args.max_queue_per_client, max_scored_tokens=args.max_scored_tokens,
                           max_scored_logits_mb=args.max_scored_logits_mb, api_key=api_key, max_queue=args.max_queue,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
                           default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit,
