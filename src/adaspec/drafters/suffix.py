@@ -2,7 +2,7 @@
 
 SuffixDecoding (Oliaro et al. 2024, arXiv 2411.04975; ArcticInference, vLLM's ``suffix`` method): two suffix
 tries (:mod:`adaspec.drafters.suffix_tree`) — a per-request one over the prompt and the output so far (updated as
-tokens are accepted, O(max_depth) per token), and the global :class:`~adaspec.drafters.suffix_tree.SuffixCache` of
+tokens are accepted, O(max_depth) per token), and the global :class:`~adaspec.drafters.suffix_cache.SuffixCache` of
 earlier finished responses, which outlives requests. For each length m of the sequence's last tokens that occurs
 in a trie, the candidate continuation follows the counts below that pattern's node: a child's probability is
 ``count(child) / count(node)`` and a path's probability the product along it. Speculation length follows the
@@ -31,7 +31,8 @@ import math
 import torch
 
 from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
-from adaspec.drafters.suffix_tree import SuffixCache, SuffixTrie, TrieCursor
+from adaspec.drafters.suffix_cache import SuffixCache
+from adaspec.drafters.suffix_tree import SuffixTrie, TrieCursor
 from adaspec.errors import ConfigError
 from adaspec.sampling import SamplingParams
 
@@ -96,7 +97,13 @@ class SuffixDrafter(Drafter):
         return SuffixDrafter(self.cache, partition=partition, **self._settings())
 
     # A request's life ---------------------------------------------------------------------------------------------
+    def set_partition(self, partition: str) -> None:
+        """Read and write ``partition`` of the cache from the next request on (the engines call it before
+        :meth:`prefill` when :attr:`GenerationConfig.cache_partition <adaspec.engine.GenerationConfig>` is set)."""
+        self.partition = partition
+
     def prefill(self, prompt_ids: list[int]) -> None:
+        self.cache.touch(self.partition)  # a partition in use is evicted last
         self._prompt = list(prompt_ids)
         self._local = SuffixTrie(self.max_depth)  # indexed lazily, at the first proposal
         self._cursor = TrieCursor(self._local)
@@ -250,9 +257,18 @@ def is_suffix_spec(spec: str) -> bool:
 
 
 def suffix_from_spec(spec: str) -> SuffixDrafter:
-    """A :class:`SuffixDrafter` from ``suffix`` or ``suffix:KEY=VALUE,...`` with keys ``depth`` (trie depth),
-    ``tokens`` (global cache size in tokens), ``factor`` (max_spec_factor), ``prob`` (min_token_prob), ``match``
-    (min_match) and ``context`` (context_tokens), e.g. ``suffix:tokens=200000,factor=2``; ``;`` separates them
+    """A :class:`SuffixDrafter` from ``suffix`` or ``suffix:KEY=VALUE,...`` (see :func:`suffix_options`).
+
+    Raises:
+        ConfigError: an unknown key or a malformed value (names the key).
+    """
+    return SuffixDrafter(**suffix_options(spec))
+
+
+def suffix_options(spec: str) -> dict:
+    """The :class:`SuffixDrafter` arguments ``suffix`` or ``suffix:KEY=VALUE,...`` sets (only those it names), with
+    keys ``depth`` (trie depth), ``tokens`` (global cache size in tokens), ``factor`` (max_spec_factor), ``prob``
+    (min_token_prob), ``match`` (min_match) and ``context`` (context_tokens), e.g. ``suffix:tokens=200000,factor=2``; ``;`` separates them
     too, for comma-separated lists (``adaspec compare --methods suffix:tokens=5000;factor=2/goodput,plain``).
 
     Raises:
@@ -270,7 +286,7 @@ def suffix_from_spec(spec: str) -> SuffixDrafter:
             kwargs[arg] = kind(value)
         except ValueError:
             raise ConfigError(f"drafter {spec!r}: {key} must be {kind.__name__}, got {value!r}") from None
-    return SuffixDrafter(**kwargs)
+    return kwargs
 
 
 def with_own_cache(drafter: Drafter | None) -> Drafter | None:
