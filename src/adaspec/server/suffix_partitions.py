@@ -18,7 +18,7 @@ a server runs, with a partition per API key.
 from __future__ import annotations
 
 from adaspec.drafters import Drafter
-from adaspec.drafters.suffix import is_suffix_spec, suffix_options, suffixes_in
+from adaspec.drafters.suffix import SuffixDrafter, is_suffix_spec, suffix_options, suffixes_in
 from adaspec.drafters.suffix_cache import SuffixCache
 from adaspec.errors import ConfigError
 
@@ -61,7 +61,8 @@ class ServerSuffixCache:
         """Refuse a request's suffix spec that sets the cache's depth or size to something else.
 
         Raises:
-            ConfigError: a malformed option, or ``depth``/``tokens`` other than the server's (names it).
+            ConfigError: a malformed option or one out of range, or ``depth``/``tokens`` other than the server's (names
+            it).
         """
         opts = suffix_options(spec)
         for key, arg, value in (("depth", "max_depth", self.cache.max_depth),
@@ -69,6 +70,7 @@ class ServerSuffixCache:
             if arg in opts and opts[arg] != value:
                 raise ConfigError(f"drafter {spec!r}: {key} is the server's suffix cache setting ({value}); a request "
                                   "may set factor, prob, match and context")
+        SuffixDrafter(self.cache, **{k: v for k, v in opts.items() if k not in ("max_depth", "max_tokens")})
 
     def adopt(self, drafter: Drafter | None) -> Drafter | None:
         """Put every suffix drafter in ``drafter`` on this cache (in place; returns ``drafter``).
