@@ -310,3 +310,28 @@ def suffixes_in(drafter: Drafter | None) -> list[SuffixDrafter]:
 
     parts = drafter.drafters.values() if isinstance(drafter, MultiDrafter) else [drafter]
     return [d for d in parts if isinstance(d, SuffixDrafter)]
+
+
+def remember(drafter: Drafter | None, prompt: list[int], output: list[int]) -> None:
+    """Cache ``output`` (the answer to ``prompt``, from an earlier run) in every suffix drafter in ``drafter``, as if
+    ``drafter`` had just written it: a resumed benchmark's caches then hold what they held in one go."""
+    for d in suffixes_in(drafter):
+        d.prefill(list(prompt))
+        d.finish(list(prompt) + list(output))
+
+
+class CachePerMethod:
+    """Each method of a benchmark its own copy of a drafter's suffix caches (:func:`with_own_cache`), kept across
+    that method's requests in order. Methods that share a drafter object (``bench`` points differing in K or the
+    controller) would otherwise draft from each other's answers, to the same prompt too."""
+
+    def __init__(self) -> None:
+        self._by: dict = {}
+
+    def get(self, method, drafter: Drafter | None) -> Drafter | None:
+        """``drafter`` itself when it holds no suffix drafter, else ``method``'s copy (made on first use)."""
+        if not suffixes_in(drafter):
+            return drafter
+        if method not in self._by:
+            self._by[method] = with_own_cache(drafter)
+        return self._by[method]
