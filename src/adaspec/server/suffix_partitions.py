@@ -5,7 +5,7 @@ a server runs, with a partition per API key.
   request's ``{"speculation": {"drafter": "suffix:factor=2"}}``) and every batch row reads and writes the same
   cache, so ``--suffix-cache-tokens`` bounds the memory of them all. Its trie depth is the server's (the default
   drafter's ``depth``, else 24); a request may set the proposal rule (``factor``, ``prob``, ``match``,
-  ``context``) but not ``depth`` or ``tokens`` (a 400 naming the option).
+  ``context``, ``stop``) but not ``depth`` or ``tokens`` (a 400 naming the option).
 * **A partition per API key.** A request reads and writes the partition of the key it authenticated with
   (:func:`suffix_partition` of :func:`adaspec.server.auth.key_id`, a digest: the key itself is never stored), so
   it never drafts from text that another key's requests wrote. A server without keys, or started with
@@ -69,7 +69,7 @@ class ServerSuffixCache:
                                 ("tokens", "max_tokens", self.cache.max_tokens)):
             if arg in opts and opts[arg] != value:
                 raise ConfigError(f"drafter {spec!r}: {key} is the server's suffix cache setting ({value}); a request "
-                                  "may set factor, prob, match and context")
+                                  "may set factor, prob, match, context and stop")
         SuffixDrafter(self.cache, **{k: v for k, v in opts.items() if k not in ("max_depth", "max_tokens")})
 
     def adopt(self, drafter: Drafter | None) -> Drafter | None:
