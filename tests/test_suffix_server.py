@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_server import PROMPT, build_tiny_model, health, live, make_host, scrape, value, wait_until  # noqa: E402
 
 from adaspec.drafters.suffix import SuffixDrafter  # noqa: E402
-from adaspec.server.auth import key_id  # noqa: E402
+from adaspec.server.auth import key_id, keys_from_cli  # noqa: E402
 from adaspec.server.runtime import ModelHost  # noqa: E402
 from adaspec.server.suffix_partitions import suffix_partition  # noqa: E402
 
@@ -158,3 +158,10 @@ def test_a_request_may_not_resize_the_servers_suffix_cache(keyed_host):
     assert ok["speculation"]["drafter"] == "suffix:factor=2,tokens=100"
     handle = keyed_host.engine_for(keyed_host.normalise("suffix:factor=2,tokens=100"))
     assert handle.engine.drafter.cache is keyed_host.suffix.cache  # the same cache, whatever the rule
+
+
+def test_serve_takes_several_keys_from_flags_or_the_environment():
+    assert keys_from_cli(["a", "b"], "c,d") == ("a", "b")  # the flags win
+    assert keys_from_cli(None, " c, d ,") == ("c", "d")
+    assert keys_from_cli(None, None) is None and keys_from_cli([], "") is None
+    assert key_id("a") != key_id("b") and len(key_id("a")) == 16 and "a" != key_id("a")

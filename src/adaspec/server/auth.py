@@ -32,6 +32,13 @@ def api_keys(value: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(k for k in keys if k)
 
 
+def keys_from_cli(flags: Sequence[str] | None, env: str | None) -> tuple[str, ...] | None:
+    """The keys of ``adaspec serve``: every ``--api-key`` flag, else the environment variable's keys separated by
+    commas (surrounding spaces dropped); None when there are none."""
+    keys = flags if flags else (env or "").split(",")
+    return tuple(k.strip() for k in keys if k.strip()) or None
+
+
 async def send_json(send, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
     """Answer an ASGI request with a JSON body (for middlewares, before any route runs)."""
     data = json.dumps(body).encode()

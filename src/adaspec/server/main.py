@@ -28,14 +28,14 @@ def serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from adaspec.server.app import ServerConfig, create_app
+        from adaspec.server.auth import keys_from_cli
         from adaspec.server.hostcheck import parse_allowed_hosts
         from adaspec.server.runtime import DEFAULT_PREFILL_CHUNK, ModelHost
     except ImportError as e:
         raise AdaspecError(f"adaspec serve needs the 'serve' extra ({e.name} is missing): "
                            "pip install 'adaspec[serve]'") from None
 
-    keys = args.api_key or os.environ.get(API_KEY_ENV, "").split(",")
-    api_key = tuple(k.strip() for k in keys if k.strip()) or None
+    api_key = keys_from_cli(args.api_key, os.environ.get(API_KEY_ENV))
     if args.suffix_cache_tokens is not None and args.suffix_cache_tokens < 0:
         raise AdaspecError(f"--suffix-cache-tokens must be >= 0, got {args.suffix_cache_tokens}")
     if not _is_loopback(args.host) and not api_key:
