@@ -27,7 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from tree_cost import texts  # noqa: E402  (the shipped texts that fill the cache)
 
-from adaspec.compare import WARMUP_PROMPT_TOKENS, WARMUP_TOKENS, _run_engine, read_results, step_table, summarize  # noqa: E402,E501
+from adaspec.compare import (WARMUP_PROMPT_TOKENS, WARMUP_TOKENS, _run_engine, read_results,  # noqa: E402
+                             step_table, summarize)
 
 
 def fill(drafter, pool: list[list[int]], tokens: int, seed: int) -> None:
@@ -57,7 +58,8 @@ def report(rows: list[dict], sizes: list[int], filler: int) -> str:
         if s:
             lines.append(f"| {size} | {s['prompts']} | {s.get('speedup', float('nan')):.2f}x | {s['alpha']:.3f} | "
                          f"{s['tau']:.2f} | {100 * s['identical']:.0f}% |")
-    lines += ["", "## Speedup over plain (α) by session step: the number of earlier requests sharing the structure", "",
+    lines += ["", "### Speedup over plain (α) by session step: the number of earlier requests sharing the structure",
+              "",
               "| step | " + " | ".join(f"{s} tokens" for s in sizes) + " |", "|---:|" + "---:|" * len(sizes)]
     for (_, _), steps in step_table(pooled(rows)).items():
         for step, per in steps.items():

@@ -304,8 +304,9 @@ def suffix_from_spec(spec: str) -> SuffixDrafter:
 def suffix_options(spec: str) -> dict:
     """The :class:`SuffixDrafter` arguments ``suffix`` or ``suffix:KEY=VALUE,...`` sets (only those it names), with
     keys ``depth`` (trie depth), ``tokens`` (global cache size in tokens), ``factor`` (max_spec_factor), ``prob``
-    (min_token_prob), ``match`` (min_match), ``context`` (context_tokens) and ``stop`` (consult_stop, 0 or 1), e.g. ``suffix:tokens=200000,factor=2``; ``;`` separates them
-    too, for comma-separated lists (``adaspec compare --methods suffix:tokens=5000;factor=2/goodput,plain``).
+    (min_token_prob), ``match`` (min_match), ``context`` (context_tokens) and ``stop`` (consult_stop, 0 or 1),
+    e.g. ``suffix:tokens=200000,factor=2``; ``;`` separates them too, for comma-separated lists
+    (``adaspec compare --methods suffix:tokens=5000;factor=2/goodput,plain``).
 
     Raises:
         ConfigError: an unknown key or a malformed value (names the key).
