@@ -166,3 +166,22 @@ def test_serve_takes_several_keys_from_flags_or_the_environment():
     assert keys_from_cli(None, " c, d ,") == ("c", "d")
     assert keys_from_cli(None, None) is None and keys_from_cli([], "") is None
     assert key_id("a") != key_id("b") and len(key_id("a")) == 16 and "a" != key_id("a")
+
+
+def test_the_servers_cache_takes_its_size_and_depth_from_the_default_spec_or_the_flag():
+    from adaspec.drafters.multi import MultiDrafter
+    from adaspec.errors import ConfigError
+    from adaspec.server.suffix_partitions import ServerSuffixCache
+
+    assert (ServerSuffixCache("suffix:depth=32,tokens=500").cache.max_depth,
+            ServerSuffixCache("suffix:depth=32,tokens=500").cache.max_tokens) == (32, 500)
+    assert ServerSuffixCache("suffix:tokens=500", max_tokens=9).cache.max_tokens == 9  # the flag wins
+    hybrid = MultiDrafter({"suffix": SuffixDrafter(max_tokens=700, max_depth=16)})
+    shared = ServerSuffixCache("hybrid-suffix", hybrid)
+    assert (shared.cache.max_tokens, shared.cache.max_depth) == (700, 16)
+    assert shared.adopt(hybrid).drafters["suffix"].cache is shared.cache
+    with pytest.raises(ConfigError, match="depth is 24, but this server's suffix cache has depth 16"):
+        shared.adopt(SuffixDrafter())
+    with pytest.raises(ConfigError, match="tokens is the server's suffix cache setting"):
+        shared.check("suffix:tokens=701")
+    shared.check("suffix:tokens=700,depth=16,factor=2,stop=1")  # the server's own values, and the rule: accepted
