@@ -179,6 +179,37 @@ def test_profile_advice_on_tiny_models(tmp_path, monkeypatch):
     assert model_only["expected_speedup"] == model_only["model_speedup"]
 
 
+def test_profile_with_the_suffix_drafter_confirms_on_a_fresh_cache(tmp_path, monkeypatch):
+    """The probes fill the suffix drafter's cache with answers to the sampled prompts; the confirmation must not
+    draft from them (it would replay its own answers), so it starts from an empty cache that then lives across the
+    confirmation's prompts."""
+    from bench_tiny import tiny_loader
+
+    import adaspec.bench.advise as advise
+
+    monkeypatch.setattr("adaspec.bench.prompts.corpus_text",
+                        lambda max_chars=600_000: "Some real background text, sentence after sentence. " * 200)
+    monkeypatch.setattr(advise, "decide", lambda k, ci: "yes")  # always confirm
+    seen = {}
+    confirm = advise._confirm
+
+    def spy(plain, backend, drafter, *args, **kwargs):
+        seen["before"] = drafter.cache.responses
+        out = confirm(plain, backend, drafter, *args, **kwargs)
+        seen["after"] = drafter.cache.responses
+        return out
+
+    monkeypatch.setattr(advise, "_confirm", spy)
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"prompt": f"def add_{i}(a, b):\n    return a + b\n" * 3}) + "\n"
+                                for i in range(4)))
+    advice = advise.profile_workload(str(workload), target="tiny-target", drafts=["suffix"], sample=2,
+                                     max_new_tokens=12, loader=tiny_loader, threads=1, bootstrap=50,
+                                     confirm_tokens=12)
+    assert [c["drafter"] for c in advice["candidates"]] == ["suffix"] and advice["recommended"]["drafter"] == "suffix"
+    assert seen == {"before": 0, "after": 2}  # a fresh cache, kept across the two confirmation prompts
+
+
 def test_profile_decision_and_reasons():
     from adaspec.bench.advise import MARGIN, _why_not, decide
 

@@ -512,3 +512,30 @@ def test_ngram_tree_chain_points_are_priced_as_lookup():
 
     assert drafter_cost_key({"drafter": "ngram-tree"}) is None and drafter_cost_key({"drafter": "ngram"}) is None
     assert drafter_cost_key({"drafter": "qwen2.5-coder-0.5b-instruct"}) == "qwen2.5-coder-0.5b-instruct"
+
+
+def test_suffix_points_keep_a_cache_per_method_across_prompts_and_resume(tmp_path, corpus):
+    """Each (drafter, K, controller, ...) of a sweep has its own suffix cache, kept across its prompts in order: the
+    K = 4 point never drafts from the K = 2 point's answer to the same prompt, and a resumed run puts the answers
+    it already has back into those caches."""
+    cfg = tiny_config()
+    cfg["sweep"] = [{"name": "suffix", "drafter": ["suffix"], "k": [2, 4], "controller": ["fixed"],
+                     "context": [96, 160], "temperature": [0.0]}]
+    cfg = normalize(cfg)
+
+    def accepted(out: Path) -> dict:
+        return {(r["context"], r["k"]): (r["draft_tokens"], r["accepted_tokens"]) for r in read_results(out)
+                if r["kind"] == "point"}
+
+    run(cfg, tmp_path / "both.jsonl")
+    alone = normalize({**cfg, "sweep": [dict(cfg["sweep"][0], k=[4])]})
+    run(alone, tmp_path / "alone.jsonl")
+    both = accepted(tmp_path / "both.jsonl")
+    assert len(both) == 4 and all(r["identical_to_plain"] for r in read_results(tmp_path / "both.jsonl")
+                                  if r["kind"] == "point")
+    assert {key: v for key, v in both.items() if key[1] == 4} == accepted(tmp_path / "alone.jsonl")
+    # Groups run from the longest context down: stop after the first, resume, and get the uninterrupted numbers.
+    first = normalize({**cfg, "sweep": [dict(cfg["sweep"][0], context=[160])]})
+    run(first, tmp_path / "resumed.jsonl")
+    assert run(cfg, tmp_path / "resumed.jsonl")["run"] == 2
+    assert accepted(tmp_path / "resumed.jsonl") == both

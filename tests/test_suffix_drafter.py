@@ -166,6 +166,36 @@ def test_spec_parsing():
             suffix_from_spec(bad)
 
 
+def test_consult_stop_lets_the_controller_price_each_token_by_its_frequency():
+    d = suffix_from_spec("suffix:factor=8,prob=0,context=0,stop=1")
+    for tail in ([5, 6, 8], [5, 6, 8], [5, 7, 8]):  # after "1 4": 5 always, then 6 two times in three, then 8
+        d.prefill([0])
+        d.finish([0, 1, 4, *tail])
+    asked = []
+
+    def stop(position, probs, token):
+        asked.append((position, round(float(probs[token]), 3)))
+        return float(probs[token]) < 0.9  # the draft ends after the first token below 0.9
+
+    d.prefill([9])
+    assert d.propose([9, 1, 4], 8, GREEDY, stop=stop).tokens.tolist() == [5, 6]
+    assert asked == [(0, 1.0), (1, 0.667)]  # each token's frequency given the ones before
+    assert d.propose([9, 1, 4], 8, GREEDY).tokens.tolist() == [5, 6, 8]  # no stop rule: the whole chain
+    rule = d.with_partition("")
+    rule.consult_stop = False  # the paper's rule alone never asks
+    rule.prefill([9])
+    assert rule.propose([9, 1, 4], 8, GREEDY, stop=stop).tokens.tolist() == [5, 6, 8] and len(asked) == 2
+    with pytest.raises(ConfigError, match="stop must be 0 or 1"):
+        suffix_from_spec("suffix:stop=maybe")
+
+
+def test_priced_by_the_goodput_controller_it_stays_plain(qwen, plain_out):
+    engine = engine_with(qwen, suffix_from_spec("suffix:factor=16,prob=0,stop=1"), "goodput")
+    for _ in range(2):
+        assert [engine.generate(p, cfg()).token_ids for p in PROMPTS] == plain_out
+    assert engine.controller.stoppable  # the controller's stop rule priced the suffix drafter's tokens
+
+
 def test_make_drafter_knows_suffix():
     from adaspec.api import builtin_drafter, make_drafter
 

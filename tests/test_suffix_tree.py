@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adaspec.drafters.suffix_tree import SuffixCache, SuffixTrie, TrieCursor
+from adaspec.drafters.suffix_cache import SuffixCache
+from adaspec.drafters.suffix_tree import SuffixTrie, TrieCursor
 from adaspec.errors import ConfigError
 
 DEPTH = 4
@@ -64,29 +65,55 @@ def test_trie_equals_brute_force_under_inserts_and_removals(ops):
         check(trie, held)
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(seqs, max_size=20), st.integers(1, 30))
-def test_cache_evicts_whole_responses_fifo_and_stays_exact(responses, budget):
+def brute_matches(held: list[list[int]], context: list[int], depth: int) -> list[int]:
+    """Lengths m of the suffixes of ``context`` that occur in ``held`` (what ``SuffixTrie.matches`` finds)."""
+    counts = brute_counts(held, depth)
+    out = []
+    for m in range(1, min(len(context), depth - 1) + 1):
+        if tuple(context[-m:]) not in counts:
+            break
+        out.append(m)
+    return out
+
+
+PARTS = ["", "a", "b"]
+ops = st.lists(st.tuples(st.sampled_from(["add", "add", "touch"]), st.sampled_from(PARTS), seqs), max_size=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops, st.integers(1, 30))
+def test_eviction_under_load_never_corrupts_a_match(steps, budget):
+    """Responses written to and read from three partitions under a small budget: after every operation each
+    partition's trie is exactly the brute-force trie of what the reference model says it holds (LRU over
+    partitions, FIFO within one), and every match is the brute force's."""
     cache = SuffixCache(max_tokens=budget, max_depth=DEPTH)
-    kept: list[list[int]] = []
-    for r in responses:
-        cache.add(r)
-        if r:
-            kept.append(r[-budget:])
-            while sum(map(len, kept)) > budget:
-                kept.pop(0)
-        assert cache.tokens == sum(map(len, kept)) <= budget
-        trie = cache.trie()
-        if kept:
-            check(trie, kept)
+    model: OrderedDict[str, list[list[int]]] = OrderedDict()  # partition -> responses, least recently used first
+    for op, part, r in steps:
+        if part in model:
+            model.move_to_end(part)
+        if op == "touch":
+            cache.touch(part)
         else:
-            assert trie is None
-        # matching: the longest suffix found by the trie is the brute force's longest occurring suffix
-        if r and trie is not None:
-            counts = brute_counts(kept, DEPTH)
-            ms = [m for m, _ in trie.matches(r)]
-            brute = [m for m in range(1, min(len(r), DEPTH - 1) + 1) if tuple(r[-m:]) in counts]
-            assert ms == brute
+            cache.add(r, part)
+            if r:
+                kept = r[-budget:]
+                while sum(len(x) for rs in model.values() for x in rs) + len(kept) > budget:
+                    victim = next(iter(model))
+                    model[victim].pop(0)
+                    if not model[victim]:
+                        del model[victim]
+                model.setdefault(part, []).append(kept)
+        assert cache.partitions == list(model)
+        assert cache.tokens == sum(len(x) for rs in model.values() for x in rs) <= budget
+        assert cache.responses == sum(map(len, model.values()))
+        for p in PARTS:
+            trie = cache.trie(p)
+            if p not in model:
+                assert trie is None
+                continue
+            check(trie, model[p])
+            for context in (r, [x for rs in model.values() for x in rs[-1]]):  # matches under load, any partition
+                assert [m for m, _ in trie.matches(context)] == brute_matches(model[p], context, DEPTH)
 
 
 @settings(max_examples=60, deadline=None)
@@ -105,8 +132,12 @@ def test_partitions_are_apart_and_share_one_budget():
     cache.add([1, 2, 3, 4], "alice")
     cache.add([5, 6, 7, 8], "bob")
     assert cache.trie("alice").find([5]) < 0 and cache.trie("bob").find([1]) < 0
-    cache.add([9, 9, 9], "alice")  # 11 tokens > 10: alice's first response (the oldest) goes
-    assert cache.tokens == 7 and cache.trie("alice").find([1]) < 0 and cache.trie("bob").find([5, 6]) >= 0
+    cache.touch("alice")  # a request of alice's starts: bob is now the least recently used partition
+    cache.add([9, 9, 9], "carol")  # 11 tokens > 10: bob's response goes, though alice's is older
+    assert cache.tokens == 7 and cache.partitions == ["alice", "carol"] and cache.trie("bob") is None
+    assert cache.trie("alice").find([1, 2]) >= 0 and cache.partition_tokens("alice") == 4
+    cache.add([7] * 5, "carol")  # within a partition the oldest goes first; alice (least recent) goes first of all
+    assert cache.partitions == ["carol"] and cache.partition_tokens("carol") == 8 and cache.evicted == 2
 
 
 def test_removing_what_was_never_inserted_is_refused():

@@ -523,6 +523,8 @@ class BatchEngine:
         row.prefilled = True
         drafter = row.drafter
         if drafter is not None and finish is None:
+            if row.cfg.cache_partition is not None:
+                drafter.set_partition(row.cfg.cache_partition)
             drafter.prefill(row.prompt)
             drafter.set_controls(row.controls, len(row.prompt))
             row.controller.set_synced(cached_prefixes(drafter, row.ids))  # a draft cache kept from a request before

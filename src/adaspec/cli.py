@@ -199,8 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(srv)
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback only)")
     srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--api-key", default=None,
-                     help="require 'Authorization: Bearer KEY' on every route but /health (or $ADASPEC_API_KEY)")
+    srv.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                     help="require 'Authorization: Bearer KEY' on every route but /health; repeat for several keys "
+                          "(or $ADASPEC_API_KEY, keys separated by commas). Each key has its own suffix cache")
+    srv.add_argument("--suffix-share", action="store_true",
+                     help="let every API key's requests draft from one shared suffix cache (default: one partition "
+                          "per key, so no request drafts from text another key's requests wrote)")
+    srv.add_argument("--suffix-cache-tokens", type=int, default=None, metavar="TOKENS",
+                     help="size of the suffix cache over all keys (default: the --draft suffix spec's tokens, else "
+                          "100000; about 0.5 kB per token, docs/suffix.md)")
     srv.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                      help="model name(s) clients use, the first one reported (default: --target as given; the "
                           "runtime-qualified name, e.g. NAME@llamacpp, is always accepted too)")

@@ -94,6 +94,9 @@ class GenerationConfig:
             ends it with ``"length"``: the text is then a prefix of a valid output, not a valid one. Chains only.
         forced_drafts: under a grammar, propose the tokens it forces as drafts before the engine's drafter
             (:class:`~adaspec.drafters.forced.ForcedDrafter`; free, certain where the grammar allows one token).
+        cache_partition: the partition of a cross-request drafter cache this request reads and writes
+            (:class:`~adaspec.drafters.suffix_cache.SuffixCache`; ``adaspec serve`` sets one per API key): it never
+            drafts from another partition's text. None: the drafter's own partition.
     """
 
     max_new_tokens: int = 128
@@ -123,6 +126,7 @@ class GenerationConfig:
     regex: str | None = None
     grammar: str | None = None
     forced_drafts: bool = True
+    cache_partition: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # OpenAI and HF accept one stop string as a plain str
@@ -338,6 +342,8 @@ class SpeculativeEngine:
         yield StreamChunk(new, text.delta() if text else "", logprobs=lp, prompt_logprobs=prompt_lp)
         if drafter is not None and finish is None:
             t = time.perf_counter()
+            if cfg.cache_partition is not None:
+                drafter.set_partition(cfg.cache_partition)
             drafter.prefill(prompt)
             drafter.set_controls(controls, len(prompt))
             stats.prefill_ms += (time.perf_counter() - t) * 1e3

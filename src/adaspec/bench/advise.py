@@ -76,6 +76,7 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
     from adaspec.backends.select import resolve_device
     from adaspec.controllers import make_controller
     from adaspec.drafters.model import ModelDrafter
+    from adaspec.drafters.suffix import with_own_cache
     from adaspec.engine import GenerationConfig, SpeculativeEngine
     from adaspec.workloads import load_workload
 
@@ -174,7 +175,9 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
         controller_obj = (lambda: make_controller("goodput", None)) if controller == "goodput" else (
             lambda: make_controller("fixed", k))
         curve = {r["n"]: r["ms"] for r in micro if r["measure"] == "forward" and r["context"] == context}
-        confirmed = _confirm(plain, target_backend, drafters[best["drafter"]], controller_obj, encoded, tok,
+        # a fresh suffix cache: the probes' answers to these very prompts would draft the confirmation's
+        confirmed = _confirm(plain, target_backend, with_own_cache(drafters[best["drafter"]]), controller_obj,
+                             encoded, tok,
                              GenerationConfig(max_new_tokens=confirm_tokens, temperature=temperature, seed=seed),
                              curve, context)
         if confirmed:

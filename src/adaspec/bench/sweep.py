@@ -45,6 +45,7 @@ from adaspec.bench.measure import Meter, rss_bytes
 from adaspec.bench.micro import measure_backend, prefill_ms_at, verify_samples
 from adaspec.bench.prompts import hf_builder
 from adaspec.compare import read_results
+from adaspec.drafters.suffix import CachePerMethod, remember, suffixes_in
 from adaspec.errors import ConfigError
 
 Loader = Callable[[str, str], "object"]  # (spec, dtype) -> adaspec.api.LoadedModel
@@ -231,6 +232,13 @@ class _Models:
     drafts: dict[str, object] = field(default_factory=dict)  # spec -> Drafter with a wrapped backend
     draft_bytes: dict[str, dict] = field(default_factory=dict)
     pricer: object = None  # BatchPricer calibrated for the setting's batch size (batch > 1)
+    own: CachePerMethod = field(default_factory=CachePerMethod)  # each method's suffix caches, across its prompts
+
+    def drafter_for(self, p: Point):
+        """The drafter ``p`` runs with: the loaded one, or its method's copy when it holds a suffix drafter (the
+        points of one method share a suffix cache across prompts, never with another method)."""
+        return self.own.get((p.setting, p.temperature, p.drafter, p.k, p.controller, p.tree, p.tree_choice),
+                            self.drafts.get(p.drafter))
 
 
 def _default_loader(spec: str, dtype: str, *, max_context: int | None = None, device: str = "auto",
@@ -375,9 +383,14 @@ class SweepRunner:
                 if setting.batch > 1:
                     self._calibrate_batch(setting, models, pts, f)
                 groups: dict[tuple, list[Point]] = {}
-                for p in pts:
-                    groups.setdefault(p.group, []).append(p)
+                for p in points:  # the done ones too: their answers go back into the suffix caches, in order
+                    if p.setting == setting:
+                        groups.setdefault(p.group, []).append(p)
                 for group_pts in groups.values():
+                    self._remember(group_pts, models, rows)
+                    group_pts = [p for p in group_pts if point_key(p, self.bench) not in done]
+                    if not group_pts:
+                        continue
                     if self._over_time(start):
                         result["stopped"] = True
                         break
@@ -523,9 +536,7 @@ class SweepRunner:
         setting = first.setting
         if setting.batch > 1:
             return self._group_batched(pts, models, cost, f, rows, bar, start)
-        tasks = self.tasks()
-        builder = self._builder(models)
-        prompt = builder.build(tasks[first.prompt_index % len(tasks)], first.context)
+        prompt = self._prompts(first, models)[0]
         started = self._group_start(pts, models, bar, len(prompt))
         if started is None:
             return 0, len(pts)
@@ -600,7 +611,7 @@ class SweepRunner:
                                             vocab_size=models.target.backend.vocab_size)
             else:
                 cost_ms = None
-                drafter = models.drafts[p.drafter]
+                drafter = models.drafter_for(p)
             engine = SpeculativeEngine(models.backend, drafter, make_controller(p.controller, p.k), tokenizer=tok)
             label = f"ctx {p.context} {p.drafter}{'' if p.alpha is None else f' a={p.alpha:g}'} K={p.k} {p.controller}"
             bar.set_postfix_str(label + (f" tree {p.tree_choice}:{p.tree}" if p.tree else ""), refresh=True)
@@ -647,9 +658,7 @@ class SweepRunner:
         first = pts[0]
         setting = first.setting
         b = setting.batch
-        tasks = self.tasks()
-        builder = self._builder(models)
-        prompts = [builder.build(tasks[(first.prompt_index + i) % len(tasks)], first.context) for i in range(b)]
+        prompts = self._prompts(first, models)
         started = self._group_start(pts, models, bar, max(map(len, prompts)))
         if started is None:
             return 0, len(pts)
@@ -711,7 +720,7 @@ class SweepRunner:
                                               vocab_size=target.vocab_size)
                             for i, ref in enumerate(reference["token_ids"])]
             else:
-                template = models.drafts[p.drafter]
+                template = models.drafter_for(p)
                 if isinstance(getattr(template, "backend", None), PrefixCacheBackend):
                     template = type(template)(template.backend.inner)
                 drafters = [template.for_sequence(i) for i in range(b)]
@@ -734,6 +743,29 @@ class SweepRunner:
             n_run += 1
             bar.update(1)
         return n_run, 0
+
+    def _prompts(self, first: Point, models: _Models) -> list[list[int]]:
+        """The prompt ids of ``first``'s group: one, or one per row of a batch."""
+        tasks = self.tasks()
+        builder = self._builder(models)
+        return [builder.build(tasks[(first.prompt_index + i) % len(tasks)], first.context)
+                for i in range(first.setting.batch)]
+
+    def _remember(self, pts: list[Point], models: _Models, rows: list[dict]) -> None:
+        """Put the answers of ``pts`` already in the results back into their methods' suffix caches
+        (:func:`~adaspec.drafters.suffix.remember`): a resumed run's later prompts see what they would have seen in
+        one go. A no-op for points without a suffix drafter."""
+        done = {r["key"]: r for r in rows if r.get("kind") == "point" and r.get("token_ids") is not None}
+        prompts = None
+        for p in pts:
+            row = done.get(point_key(p, self.bench))
+            drafter = models.drafter_for(p)
+            if row is None or not suffixes_in(drafter):
+                continue
+            prompts = prompts or self._prompts(p, models)
+            answers = row["token_ids"] if p.setting.batch > 1 else [row["token_ids"]]
+            for prompt, answer in zip(prompts, answers):
+                remember(drafter, prompt, answer)
 
     def _points_due(self, pts: list[Point], rows: list[dict], bar, start: float, plain: Callable[[], object]):
         """The group's points not yet in the results, in order, until the time limit; ``plain()`` runs a plain

@@ -84,6 +84,11 @@ class Drafter(ABC):
         output stays lossless whatever the proposal; a drafter that scores tokens (a draft model) uses them to
         propose what the controlled target will accept. Default: ignored (e.g. n-gram lookup copies text)."""
 
+    def set_partition(self, partition: str) -> None:
+        """Read and write only ``partition`` of a cache shared across requests (a server's API key's; the engines
+        call it before :meth:`prefill` when the request names one). Default: ignored (a drafter that learns nothing
+        across requests has no such cache)."""
+
     def finish(self, ids: list[int]) -> None:
         """The request prefilled last ended normally (EOS, a stop string, its length) with ``ids`` (prompt +
         output); called by the engines, never for a request that was cancelled or failed. A drafter that learns

@@ -46,6 +46,10 @@ class ForcedDrafter(Drafter):
         if self.inner is not None:
             self.inner.prefill(prompt_ids)
 
+    def set_partition(self, partition: str) -> None:
+        if self.inner is not None:
+            self.inner.set_partition(partition)
+
     def set_controls(self, controls, prompt_len: int) -> None:
         if self.inner is not None:
             self.inner.set_controls(controls, prompt_len)

@@ -67,6 +67,10 @@ class MultiDrafter(Drafter):
         for name in self._prefilled:  # a sub-drafter never prefilled in this request has nothing of it
             self.drafters[name].finish(ids)
 
+    def set_partition(self, partition: str) -> None:
+        for drafter in self.drafters.values():
+            drafter.set_partition(partition)
+
     def set_controls(self, controls: LogitsControls | None, prompt_len: int) -> None:
         for drafter in self.drafters.values():
             drafter.set_controls(controls, prompt_len)

@@ -2,7 +2,7 @@
 
 SuffixDecoding (Oliaro et al. 2024, arXiv 2411.04975; ArcticInference, vLLM's ``suffix`` method): two suffix
 tries (:mod:`adaspec.drafters.suffix_tree`) — a per-request one over the prompt and the output so far (updated as
-tokens are accepted, O(max_depth) per token), and the global :class:`~adaspec.drafters.suffix_tree.SuffixCache` of
+tokens are accepted, O(max_depth) per token), and the global :class:`~adaspec.drafters.suffix_cache.SuffixCache` of
 earlier finished responses, which outlives requests. For each length m of the sequence's last tokens that occurs
 in a trie, the candidate continuation follows the counts below that pattern's node: a child's probability is
 ``count(child) / count(node)`` and a path's probability the product along it. Speculation length follows the
@@ -31,7 +31,8 @@ import math
 import torch
 
 from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
-from adaspec.drafters.suffix_tree import SuffixCache, SuffixTrie, TrieCursor
+from adaspec.drafters.suffix_cache import SuffixCache
+from adaspec.drafters.suffix_tree import SuffixTrie, TrieCursor
 from adaspec.errors import ConfigError
 from adaspec.sampling import SamplingParams
 
@@ -49,6 +50,10 @@ class SuffixDrafter(Drafter):
         min_token_prob: stop a path where its probability falls below this.
         min_match: shortest match used (tokens).
         context_tokens: prompt tokens stored in front of each cached response.
+        consult_stop: ask the controller's stop rule (``stop`` of :meth:`propose`, e.g. the goodput controller's
+            confidence stop) after each drafted token, with that token's frequency q = count(child) / count(node)
+            as its probability, so the controller prices each candidate token instead of the rule alone (give a
+            large ``max_spec_factor`` and ``min_token_prob`` 0 to leave the length to it).
 
     Raises:
         ConfigError: a setting out of range.
@@ -59,7 +64,7 @@ class SuffixDrafter(Drafter):
 
     def __init__(self, cache: SuffixCache | None = None, *, partition: str = "", max_depth: int = 24,
                  max_tokens: int = 100_000, max_spec_factor: float = 1.0, min_token_prob: float = 0.1,
-                 min_match: int = 1, context_tokens: int = 4) -> None:
+                 min_match: int = 1, context_tokens: int = 4, consult_stop: bool = False) -> None:
         if max_spec_factor <= 0:
             raise ConfigError(f"suffix max_spec_factor must be > 0, got {max_spec_factor}")
         if not 0.0 <= min_token_prob <= 1.0:
@@ -74,6 +79,7 @@ class SuffixDrafter(Drafter):
         self.min_token_prob = min_token_prob
         self.min_match = min_match
         self.context_tokens = context_tokens
+        self.consult_stop = consult_stop
         self._local = SuffixTrie(self.max_depth)
         self._cursor = TrieCursor(self._local)
         self._prompt: list[int] = []
@@ -81,11 +87,11 @@ class SuffixDrafter(Drafter):
         self.last_match = 0  # match length of the last proposal (0: none)
         self._memo_key: tuple | None = None
         self._request = 0  # counts prefills (the memo's key)
-        self._memo: tuple[list[int], float, int] = ([], 0.0, 0)
+        self._memo: tuple[list[int], float, int, list[float]] = ([], 0.0, 0, [])
 
     def _settings(self) -> dict:
         return dict(max_spec_factor=self.max_spec_factor, min_token_prob=self.min_token_prob,
-                    min_match=self.min_match, context_tokens=self.context_tokens)
+                    min_match=self.min_match, context_tokens=self.context_tokens, consult_stop=self.consult_stop)
 
     def for_sequence(self, seq: int) -> SuffixDrafter:
         """A drafter for batch row ``seq``: its own request state, the same global cache and partition."""
@@ -96,7 +102,13 @@ class SuffixDrafter(Drafter):
         return SuffixDrafter(self.cache, partition=partition, **self._settings())
 
     # A request's life ---------------------------------------------------------------------------------------------
+    def set_partition(self, partition: str) -> None:
+        """Read and write ``partition`` of the cache from the next request on (the engines call it before
+        :meth:`prefill` when :attr:`GenerationConfig.cache_partition <adaspec.engine.GenerationConfig>` is set)."""
+        self.partition = partition
+
     def prefill(self, prompt_ids: list[int]) -> None:
+        self.cache.touch(self.partition)  # a partition in use is evicted last
         self._prompt = list(prompt_ids)
         self._local = SuffixTrie(self.max_depth)  # indexed lazily, at the first proposal
         self._cursor = TrieCursor(self._local)
@@ -126,21 +138,24 @@ class SuffixDrafter(Drafter):
     def _spec_len(self, m: int, k: int) -> int:
         return min(k, max(1, math.floor(self.max_spec_factor * m)))
 
-    def _chain(self, trie: SuffixTrie, node: int, limit: int) -> tuple[list[int], float]:
-        """Most frequent continuation below ``node``: (tokens, score = Σ path probabilities)."""
-        tokens, p, score = [], 1.0, 0.0
+    def _chain(self, trie: SuffixTrie, node: int, limit: int) -> tuple[list[int], float, list[float]]:
+        """Most frequent continuation below ``node``: (tokens, score = Σ path probabilities, each token's
+        frequency given the ones before)."""
+        tokens, freqs, p, score = [], [], 1.0, 0.0
         count = trie.count
         while len(tokens) < limit:
             kids = trie.children(node)
             if not kids:
                 break
             t, c = kids[0]
-            q = p * count[c] / count[node]
-            if q < self.min_token_prob:
+            f = count[c] / count[node]
+            if p * f < self.min_token_prob:
                 break
             tokens.append(t)
-            p, score, node = q, score + q, c
-        return tokens, score
+            freqs.append(f)
+            p, node = p * f, c
+            score += p
+        return tokens, score, freqs
 
     def _candidates(self, ids: list[int]):
         """``(trie, m, node)`` for every trie and match length m >= ``min_match`` with a continuation."""
@@ -170,14 +185,18 @@ class SuffixDrafter(Drafter):
         """The best chain of at most ``k`` tokens after ``ids``: (tokens, score, match length); ([], 0.0, 0) when
         nothing matches. The last answer is reused while the sequence, ``k`` and the cache are unchanged (a routed
         step asks :meth:`available` and then :meth:`propose`)."""
+        return self._best(ids, k)[:3]
+
+    def _best(self, ids: list[int], k: int) -> tuple[list[int], float, int, list[float]]:
+        """:meth:`best_chain` plus each token's frequency given the ones before."""
         key = (len(ids), ids[-1] if ids else -1, k, self.cache.version, self._request)
         if key == self._memo_key:
             return self._memo
-        best: tuple[list[int], float, int] = ([], 0.0, 0)
+        best: tuple[list[int], float, int, list[float]] = ([], 0.0, 0, [])
         for trie, m, node in self._candidates(ids):
-            tokens, score = self._chain(trie, node, self._spec_len(m, k))
+            tokens, score, freqs = self._chain(trie, node, self._spec_len(m, k))
             if score > best[1]:
-                best = (tokens, score, m)
+                best = (tokens, score, m, freqs)
         self._memo_key, self._memo = key, best
         return best
 
@@ -190,8 +209,15 @@ class SuffixDrafter(Drafter):
                 stop: DraftStop | None = None) -> Draft:
         if k <= 0:
             return empty_draft()
-        tokens, _, self.last_match = self.best_chain(ids, self.max_depth)  # what available() saw, cut to k
+        tokens, _, self.last_match, freqs = self._best(ids, self.max_depth)  # what available() saw, cut to k
         tokens = tokens[:k]
+        if stop is not None and self.consult_stop:
+            for i, (token, f) in enumerate(zip(tokens, freqs)):
+                # a lookup has no distribution over the vocabulary: the stop rule gets the drafted token against
+                # the rest, [1 - q, q], with the token at index 1 (all it reads is probs[token])
+                if stop(i, torch.tensor([1.0 - f, f]), 1):
+                    tokens = tokens[:i + 1]
+                    break
         if not tokens:
             return empty_draft()
         return Draft(torch.tensor(tokens, dtype=torch.long))
@@ -239,8 +265,25 @@ class SuffixDrafter(Drafter):
         return tokens, parents, score
 
 
+def _flag(value: str) -> bool:
+    """``1``/``true``/``yes`` or ``0``/``false``/``no``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    low = value.strip().lower()
+    if low in ("1", "true", "yes"):
+        return True
+    if low in ("0", "false", "no"):
+        return False
+    raise ValueError(value)
+
+
+_flag.__name__ = "0 or 1"
+
 SPEC_KEYS = {"depth": ("max_depth", int), "tokens": ("max_tokens", int), "factor": ("max_spec_factor", float),
-             "prob": ("min_token_prob", float), "match": ("min_match", int), "context": ("context_tokens", int)}
+             "prob": ("min_token_prob", float), "match": ("min_match", int), "context": ("context_tokens", int),
+             "stop": ("consult_stop", _flag)}
 """``suffix:KEY=VALUE,...`` options (:func:`suffix_from_spec`) and the :class:`SuffixDrafter` argument each sets."""
 
 
@@ -250,10 +293,20 @@ def is_suffix_spec(spec: str) -> bool:
 
 
 def suffix_from_spec(spec: str) -> SuffixDrafter:
-    """A :class:`SuffixDrafter` from ``suffix`` or ``suffix:KEY=VALUE,...`` with keys ``depth`` (trie depth),
-    ``tokens`` (global cache size in tokens), ``factor`` (max_spec_factor), ``prob`` (min_token_prob), ``match``
-    (min_match) and ``context`` (context_tokens), e.g. ``suffix:tokens=200000,factor=2``; ``;`` separates them
-    too, for comma-separated lists (``adaspec compare --methods suffix:tokens=5000;factor=2/goodput,plain``).
+    """A :class:`SuffixDrafter` from ``suffix`` or ``suffix:KEY=VALUE,...`` (see :func:`suffix_options`).
+
+    Raises:
+        ConfigError: an unknown key or a malformed value (names the key).
+    """
+    return SuffixDrafter(**suffix_options(spec))
+
+
+def suffix_options(spec: str) -> dict:
+    """The :class:`SuffixDrafter` arguments ``suffix`` or ``suffix:KEY=VALUE,...`` sets (only those it names), with
+    keys ``depth`` (trie depth), ``tokens`` (global cache size in tokens), ``factor`` (max_spec_factor), ``prob``
+    (min_token_prob), ``match`` (min_match), ``context`` (context_tokens) and ``stop`` (consult_stop, 0 or 1),
+    e.g. ``suffix:tokens=200000,factor=2``; ``;`` separates them too, for comma-separated lists
+    (``adaspec compare --methods suffix:tokens=5000;factor=2/goodput,plain``).
 
     Raises:
         ConfigError: an unknown key or a malformed value (names the key).
@@ -270,7 +323,7 @@ def suffix_from_spec(spec: str) -> SuffixDrafter:
             kwargs[arg] = kind(value)
         except ValueError:
             raise ConfigError(f"drafter {spec!r}: {key} must be {kind.__name__}, got {value!r}") from None
-    return SuffixDrafter(**kwargs)
+    return kwargs
 
 
 def with_own_cache(drafter: Drafter | None) -> Drafter | None:
@@ -294,3 +347,28 @@ def suffixes_in(drafter: Drafter | None) -> list[SuffixDrafter]:
 
     parts = drafter.drafters.values() if isinstance(drafter, MultiDrafter) else [drafter]
     return [d for d in parts if isinstance(d, SuffixDrafter)]
+
+
+def remember(drafter: Drafter | None, prompt: list[int], output: list[int]) -> None:
+    """Cache ``output`` (the answer to ``prompt``, from an earlier run) in every suffix drafter in ``drafter``, as if
+    ``drafter`` had just written it: a resumed benchmark's caches then hold what they held in one go."""
+    for d in suffixes_in(drafter):
+        d.prefill(list(prompt))
+        d.finish(list(prompt) + list(output))
+
+
+class CachePerMethod:
+    """Each method of a benchmark its own copy of a drafter's suffix caches (:func:`with_own_cache`), kept across
+    that method's requests in order. Methods that share a drafter object (``bench`` points differing in K or the
+    controller) would otherwise draft from each other's answers, to the same prompt too."""
+
+    def __init__(self) -> None:
+        self._by: dict = {}
+
+    def get(self, method, drafter: Drafter | None) -> Drafter | None:
+        """``drafter`` itself when it holds no suffix drafter, else ``method``'s copy (made on first use)."""
+        if not suffixes_in(drafter):
+            return drafter
+        if method not in self._by:
+            self._by[method] = with_own_cache(drafter)
+        return self._by[method]

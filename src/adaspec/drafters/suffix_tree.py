@@ -1,4 +1,5 @@
-"""Bounded-depth suffix trie with occurrence counts, and the global cache of earlier responses built on it.
+"""Bounded-depth suffix trie with occurrence counts (the global cache of earlier responses built on it is
+:mod:`adaspec.drafters.suffix_cache`).
 
 The data structure of SuffixDecoding (Oliaro et al. 2024, "SuffixDecoding: Extreme Speculative Decoding for
 Emerging AI Applications", arXiv 2411.04975; ArcticInference's ``SuffixTree``): every window
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections import deque
 from collections.abc import Iterable, Sequence
 
 from adaspec.errors import ConfigError
@@ -218,81 +218,3 @@ class TrieCursor:
             active = trie.step(active, int(t))
             self.length += 1
         self.active = active
-
-
-class SuffixCache:
-    """The global tree of SuffixDecoding: earlier finished responses, in a :class:`SuffixTrie` per partition, within
-    a token budget; the oldest whole responses are evicted first (FIFO, as ArcticInference does).
-
-    Partitions keep text apart: a server puts each API key's responses in its own partition, so a request never
-    drafts from text another key's requests wrote (unless the operator shares one partition). The budget counts the
-    tokens of all partitions together.
-
-    Args:
-        max_tokens: cached tokens at most, over all partitions (0 disables the cache: nothing is kept).
-        max_depth: window length of the tries (see :class:`SuffixTrie`).
-
-    Raises:
-        ConfigError: ``max_tokens`` < 0 or ``max_depth`` out of range.
-    """
-
-    def __init__(self, max_tokens: int = 100_000, max_depth: int = 24) -> None:
-        if max_tokens < 0:
-            raise ConfigError(f"suffix cache max_tokens must be >= 0, got {max_tokens}")
-        SuffixTrie(max_depth)  # validates max_depth
-        self.max_tokens = max_tokens
-        self.max_depth = max_depth
-        self.tries: dict[str, SuffixTrie] = {}
-        self._fifo: deque[tuple[str, array]] = deque()
-        self.tokens = 0  # tokens held, all partitions
-        self.evicted = 0  # responses evicted so far
-        self.version = 0  # changes whenever the held text does
-
-    def trie(self, partition: str = "") -> SuffixTrie | None:
-        """The partition's trie, or None when it holds nothing."""
-        return self.tries.get(partition)
-
-    def add(self, tokens: Sequence[int], partition: str = "") -> None:
-        """Cache a finished response (the whole of it at once; a response longer than the budget keeps its last
-        ``max_tokens`` tokens), evicting the oldest responses until it fits."""
-        if not self.max_tokens or not len(tokens):
-            return
-        kept = array("q", [int(t) for t in tokens[-self.max_tokens:]])
-        while self._fifo and self.tokens + len(kept) > self.max_tokens:
-            self._evict()
-        trie = self.tries.get(partition)
-        if trie is None:
-            trie = self.tries[partition] = SuffixTrie(self.max_depth)
-        trie.insert(kept)
-        self.version += 1
-        self._fifo.append((partition, kept))
-        self.tokens += len(kept)
-
-    def _evict(self) -> None:
-        partition, tokens = self._fifo.popleft()
-        trie = self.tries[partition]
-        trie.remove(tokens)
-        self.tokens -= len(tokens)
-        self.evicted += 1
-        if trie.windows == 0:
-            del self.tries[partition]
-
-    def clear(self) -> None:
-        self.version += 1
-        self.tries.clear()
-        self._fifo.clear()
-        self.tokens = 0
-
-    @property
-    def responses(self) -> int:
-        return len(self._fifo)
-
-    def memory_bytes(self) -> int:
-        """Bytes held: every partition's trie (:meth:`SuffixTrie.memory_bytes`) plus the kept response tokens (8
-        bytes each, needed to evict them exactly)."""
-        return (sum(t.memory_bytes() for t in self.tries.values())
-                + sum(a.buffer_info()[1] * a.itemsize for _, a in self._fifo))
-
-    def bytes_per_token(self) -> float:
-        """:meth:`memory_bytes` per cached token (0.0 when empty)."""
-        return self.memory_bytes() / self.tokens if self.tokens else 0.0

@@ -18,7 +18,6 @@ import copy
 import functools
 import threading
 import dataclasses
-import hmac
 import json
 import logging
 import math
@@ -36,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from adaspec.engine import GenerationConfig
 from adaspec.errors import AdaspecError, ConfigError, ContextLengthError
+from adaspec.server.auth import KEY_ID_STATE, AuthMiddleware, api_keys, send_json
 from adaspec.server.hostcheck import HostCheckMiddleware
 from adaspec.server.limits import (
     DEFAULT_MAX_SCORED_LOGITS_MB,
@@ -48,6 +48,7 @@ from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from adaspec.server.admission import Place, QueueFull, Scheduler, SlotTimeout, reserve_places
 from adaspec.server.runtime import EngineHandle, Job, ModelHost
+from adaspec.server.suffix_partitions import suffix_partition
 from adaspec.server.structured import (StreamedChoice, StructuredPlan, chat_message, compile_request, plan_request,
                                        template_messages)
 
@@ -62,7 +63,11 @@ class ServerConfig:
 
     Attributes:
         served_model_name: the name clients pass as ``model`` (default: the target's name).
-        api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <api_key>``.
+        api_key: when set (one key or several), every route but ``/health`` needs ``Authorization: Bearer <key>``
+            with one of them (:mod:`adaspec.server.auth`).
+        suffix_share: every key's requests read and write one suffix-cache partition; off (the default), each
+            key has its own and a request never drafts from text another key's requests wrote
+            (:mod:`adaspec.server.suffix_partitions`).
         max_queue: requests that may wait for the model besides the running one; more get 503.
         request_timeout: seconds from arrival (queue wait included) after which a request is stopped (504).
         max_body_bytes: larger request bodies get 413.
@@ -82,7 +87,8 @@ class ServerConfig:
     """
 
     served_model_name: str | None = None
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None
+    suffix_share: bool = False
     max_queue: int = 32
     request_timeout: float = 600.0
     max_body_bytes: int = 1 << 20
@@ -103,38 +109,6 @@ class ServerConfig:
 # --------------------------------------------------------------------------------------------------------------
 
 
-async def _send_json(send, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
-    data = json.dumps(body).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": data})
-
-
-class AuthMiddleware:
-    """Bearer-token check on every HTTP route except ``/health``."""
-
-    def __init__(self, app, api_key: str, open_paths: tuple[str, ...] = ("/health",)) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-        self.open_paths = open_paths
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
-            return await self.app(scope, receive, send)
-        given = b""
-        for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                given = value
-                break
-        if not hmac.compare_digest(given, self.expected):
-            message = ("missing API key: send it as 'Authorization: Bearer <key>'" if not given
-                       else "incorrect API key provided")
-            return await _send_json(send, 401, error_body(message, code="invalid_api_key"),
-                                    {"www-authenticate": "Bearer"})
-        return await self.app(scope, receive, send)
-
-
 class BodyLimitMiddleware:
     """Reads the whole request body up front, answering 413 beyond ``max_bytes`` (declared or actual), then
     replays it to the app; later ``receive`` calls (disconnect detection) pass through."""
@@ -153,9 +127,9 @@ class BodyLimitMiddleware:
                 try:
                     declared = int(value)
                 except ValueError:
-                    return await _send_json(send, 400, error_body("invalid Content-Length header"))
+                    return await send_json(send, 400, error_body("invalid Content-Length header"))
                 if declared > self.max_bytes:
-                    return await _send_json(send, 413, too_big)
+                    return await send_json(send, 413, too_big)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -164,7 +138,7 @@ class BodyLimitMiddleware:
             body = message.get("body", b"")
             size += len(body)
             if size > self.max_bytes:
-                return await _send_json(send, 413, too_big)
+                return await send_json(send, 413, too_big)
             chunks.append(body)
             if not message.get("more_body", False):
                 break
@@ -454,6 +428,8 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
             body._structured = plan
         ids = await encode(body, chat)
         cfg = generation_config(body, len(ids), chat)
+        key = None if config.suffix_share else getattr(request.state, KEY_ID_STATE, None)
+        cfg = dataclasses.replace(cfg, cache_partition=suffix_partition(key))
         if plan.constraint is not None:  # compiled before the request takes a place (400 on a bad grammar)
             await asyncio.get_running_loop().run_in_executor(host.encode_executor, compile_request, host, handle,
                                                              plan)
@@ -784,8 +760,8 @@ def create_app(host: ModelHost, config: ServerConfig | None = None) -> FastAPI:
 
     # Middlewares: the last added runs first. Auth before reading any body.
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
-    if config.api_key:
-        app.add_middleware(AuthMiddleware, api_key=config.api_key)
+    if api_keys(config.api_key):
+        app.add_middleware(AuthMiddleware, api_keys=api_keys(config.api_key))
     if config.allowed_hosts is not None:  # first of all: a rebound web page learns nothing, not even 401
         app.add_middleware(HostCheckMiddleware, allowed=config.allowed_hosts)
     return app

@@ -28,13 +28,16 @@ def serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from adaspec.server.app import ServerConfig, create_app
+        from adaspec.server.auth import keys_from_cli
         from adaspec.server.hostcheck import parse_allowed_hosts
         from adaspec.server.runtime import DEFAULT_PREFILL_CHUNK, ModelHost
     except ImportError as e:
         raise AdaspecError(f"adaspec serve needs the 'serve' extra ({e.name} is missing): "
                            "pip install 'adaspec[serve]'") from None
 
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    api_key = keys_from_cli(args.api_key, os.environ.get(API_KEY_ENV))
+    if args.suffix_cache_tokens is not None and args.suffix_cache_tokens < 0:
+        raise AdaspecError(f"--suffix-cache-tokens must be >= 0, got {args.suffix_cache_tokens}")
     if not _is_loopback(args.host) and not api_key:
         print(f"adaspec: warning: listening on {args.host} without an API key; anyone who can reach this port can "
               f"use the model (set --api-key or {API_KEY_ENV})", file=sys.stderr)
@@ -63,7 +66,8 @@ def serve(args: argparse.Namespace) -> int:
         host = once.submit(ModelHost.load, args.target, args.draft, controller=args.controller, k=args.k,
                            dtype=args.dtype, threads=args.threads, extra_drafters=args.allow_drafter,
                            backend=args.backend, device=args.device, max_batch=args.max_batch,
-                           strict=args.strict, prefill_chunk=prefill_chunk, served_as=names[0]).result()
+                           strict=args.strict, prefill_chunk=prefill_chunk, served_as=names[0],
+                           suffix_tokens=args.suffix_cache_tokens).result()
     if not args.no_warmup:  # on the generation thread, like every forward (ModelHost.on_generation_thread)
         host.on_generation_thread(host.warmup)
         curve = host.engine_for(host.default).engine.verify_curve
@@ -83,14 +87,16 @@ def serve(args: argparse.Namespace) -> int:
                           max_scored_logits_mb=args.max_scored_logits_mb, api_key=api_key, max_queue=args.max_queue,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
                           default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit,
-                          metrics_namespace=args.metrics_namespace, strict=args.strict)
+                          metrics_namespace=args.metrics_namespace, strict=args.strict,
+                          suffix_share=args.suffix_share)
     import prometheus_client
 
     prometheus_client.disable_created_metrics()  # no *_created series (as vLLM)
     app = create_app(host, config)
     plain = f", plain step {host.plain_ms:.1f} ms" if host.plain_ms else ""
+    auth = f"on, {len(api_key)} key(s){', suffix cache shared' if args.suffix_share else ''}" if api_key else "off"
     print(f"adaspec: serving {config.served_model_name or host.name} on http://{args.host}:{args.port}/v1 "
-          f"(auth {'on' if api_key else 'off'}, batch {args.max_batch}, queue {args.max_queue}{plain}; also accepts "
+          f"(auth {auth}, batch {args.max_batch}, queue {args.max_queue}{plain}; also accepts "
           f"{host.name!r}; allowed hosts: {', '.join(allowed_hosts) if allowed_hosts else 'any'})",
           file=sys.stderr)
     try:

@@ -37,11 +37,12 @@ from adaspec.batch import BatchEngine
 from adaspec.controllers import CONTROLLERS, Controller, FixedController, make_controller
 from adaspec.defaults import DEFAULT_CONTROLLER
 from adaspec.drafters import Drafter
-from adaspec.drafters.suffix import is_suffix_spec, suffix_from_spec
+from adaspec.drafters.suffix import is_suffix_spec
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
 from adaspec.errors import AdaspecError, ConfigError
 from adaspec.server.admission import QueueFull, Scheduler  # noqa: F401  (re-exported)
 from adaspec.server.metrics import ServerMetrics
+from adaspec.server.suffix_partitions import ServerSuffixCache
 from adaspec.stats import GenerationStats, StepRecord, compress_trace
 
 log = logging.getLogger("adaspec.server")
@@ -153,14 +154,17 @@ class ModelHost:
         max_dynamic_drafters: drafters built on demand for a request's ``speculation.drafter`` (``layerskip:N``,
             ``ngram``) kept at once; the least recently used beyond this are dropped with their engines and
             per-slot draft caches (the drafters loaded at start are always kept).
+        suffix_tokens: the size of the suffix cache every suffix drafter shares (:mod:`.suffix_partitions`;
+            None: the default drafter's, else 100,000 tokens).
 
     Raises:
-        ConfigError: ``max_batch`` above what the target holds.
+        ConfigError: ``max_batch`` above what the target holds; a suffix drafter of another depth than the
+            server's suffix cache.
     """
 
     def __init__(self, target: LoadedModel, default: SpecSettings, model_drafters: dict[str, Drafter] | None = None,
                  *, max_engines: int = 32, max_batch: int = 1, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
-                 max_dynamic_drafters: int = 4) -> None:
+                 max_dynamic_drafters: int = 4, suffix_tokens: int | None = None) -> None:
         self.target = target
         self.max_batch = max_batch
         self.batch: BatchEngine | None = None
@@ -173,6 +177,10 @@ class ModelHost:
         model = getattr(target.backend, "model", None)  # a PyTorch target; None on llama.cpp (no layerskip there)
         self.num_layers = len(model.get_decoder().layers) if model is not None else 0
         self._model_drafters = {k.lower(): v for k, v in (model_drafters or {}).items()}
+        self.suffix = ServerSuffixCache(default.drafter, self._model_drafters.get(default.drafter.lower()),
+                                        suffix_tokens)
+        for drafter in self._model_drafters.values():
+            self.suffix.adopt(drafter)
         self._drafters: dict[str, Drafter | None] = {"none": None}
         self._dynamic: OrderedDict[str, Drafter | None] = OrderedDict()  # built on demand, least recently used first
         self.max_dynamic_drafters = max(1, max_dynamic_drafters)
@@ -198,7 +206,7 @@ class ModelHost:
              dtype: str | None = None, device: str = "cpu", threads: int | None = None,
              extra_drafters: Sequence[str] = (), progress: bool = True, backend: str = "torch",
              max_batch: int = 1, strict: bool = False, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
-             served_as: str | None = None) -> ModelHost:
+             served_as: str | None = None, suffix_tokens: int | None = None) -> ModelHost:
         """Load the target and every model drafter clients may choose (the default one plus ``extra_drafters``) on
         ``backend``/``device`` (see :func:`adaspec.api.load`; ``adaspec serve`` passes ``auto``), each holding
         ``max_batch`` sequences. With ``max_batch`` > 1 the batch runs in ``strict`` mode or not for every request.
@@ -233,7 +241,7 @@ class ModelHost:
             model_drafters[spec.lower()] = drafter
             model_drafters.setdefault(drafter.name.lower(), drafter)
         host = cls(tgt, SpecSettings(draft, controller, k), model_drafters, max_batch=max_batch,
-                   prefill_chunk=prefill_chunk)
+                   prefill_chunk=prefill_chunk, suffix_tokens=suffix_tokens)
         host.backend = backend  # where a draft model a client names later is loaded
         host.requested_name = served_as or target
         return host
@@ -259,8 +267,8 @@ class ModelHost:
         low = spec.lower()
         if low in ("none", "ngram", "ngram-tree"):
             spec = low
-        elif is_suffix_spec(low):  # one cache per spec, shared by its requests (and their batch rows)
-            suffix_from_spec(low)  # validates its options
+        elif is_suffix_spec(low):  # every suffix drafter shares the server's cache (.suffix_partitions)
+            self.suffix.check(low)
             spec = low
         elif low.startswith("layerskip:"):
             try:
@@ -297,6 +305,7 @@ class ModelHost:
             self._dynamic.move_to_end(spec)
             return self._dynamic[spec]
         drafter = make_drafter(spec, self.target, progress=False, backend=self.backend, max_sequences=self.max_batch)
+        self.suffix.adopt(drafter)
         if spec == self.default.drafter:  # the server's default drafter is never evicted
             self._drafters[spec] = drafter
             return drafter
