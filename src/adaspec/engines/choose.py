@@ -4,18 +4,20 @@ Input: the derivation phase's ``scaleout`` rows of one engine (every tried confi
 ``off`` included). For each speculative configuration and concurrency, :func:`adaspec.bench.engine_advice.advise`
 pairs it with ``off`` at that concurrency and fits Leviathan et al.'s model (α from τ and K̄, the cost c of a draft
 token from the measured speedup). Per method the fit of the configuration that measured fastest at that
-concurrency is used (the least extrapolation). Neither engine installed here takes a draft length per batch size
-(vLLM 0.32's ``SpeculativeConfig`` has no ``num_speculative_tokens_per_batch_size``; llama-server has one
-``--spec-draft-n-max``), so one (method, K) must serve every concurrency: the one with the highest geometric mean
-of predicted speedups over the measured concurrencies, where a K > 0 must also clear the margin at its best
-concurrency. A method without acceptance counters (no τ) is scored with the measured speedups of the Ks tried.
+concurrency is used (the least extrapolation). llama-server takes one ``--spec-draft-n-max`` for all load, so one
+(method, K) must serve every concurrency: the one with the highest geometric mean of predicted speedups over the
+measured concurrencies (a K > 0 must clear the margin somewhere). vLLM 0.32 also takes a K per batch size
+(``num_speculative_tokens_per_batch_size``): per method, the best K at each measured concurrency (0 where nothing
+clears the margin) as ranges (:func:`adaspec.bench.engine_advice.ranges`), chosen over the single K when its
+geometric mean is higher. A method without acceptance counters (no τ) is scored with the measured speedups of the
+Ks tried.
 """
 
 from __future__ import annotations
 
 import math
 
-from adaspec.bench.engine_advice import MARGIN, advise, engine_config, predicted_speedup
+from adaspec.bench.engine_advice import MARGIN, advise, engine_config, predicted_speedup, ranges
 from adaspec.engines.config import EngineConfig
 from adaspec.errors import AdaspecError
 
@@ -76,35 +78,60 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
     for method, k, label in sorted({(r["method"], r["k"], r["config"]) for r in rows if r.get("method") not in (None, "off")}):
         for e in _level_speedups(rows, engine, label):
             tried.setdefault((method, e["concurrency"]), {})[k] = e["speedup"]
-    candidates = [("off", 0)] + [(m, k) for m in sorted({m for m, _ in f}) for k in range(1, max_k + 1)]
-    scored = []
-    for method, k in candidates:
-        preds = {}
-        for c in levels:
-            entry = f.get((method, c), {}) if method != "off" else {}
-            p = predicted(entry, k, tried.get((method, c), {})) if (entry or method == "off") else None
-            if p is None:
-                break
-            preds[c] = p
-        else:
-            if k > 0 and max(preds.values()) < MARGIN:
-                continue
-            score = math.exp(sum(math.log(max(p, 1e-9)) for p in preds.values()) / len(preds))
-            scored.append((score, method, k, preds))
-    score, method, k, preds = max(scored, key=lambda s: (s[0], -s[2]))
-    cfg = EngineConfig(engine, method, k)
+    def pred(method: str, k: int, c: int) -> float | None:
+        return 1.0 if method == "off" else predicted(f.get((method, c), {}), k, tried.get((method, c), {}))
+
+    scored = []  # (score, method, K, schedule, per-level predictions)
+    for method, k in [("off", 0)] + [(m, k) for m in sorted({m for m, _ in f}) for k in range(1, max_k + 1)]:
+        preds = {c: pred(method, k, c) for c in levels}
+        if None in preds.values() or (k > 0 and max(preds.values()) < MARGIN):
+            continue
+        scored.append((_geomean(preds.values()), method, k, (), preds))
+    single = max(scored, key=lambda s: (s[0], -s[2]))
+    best = single
+    if engine == "vllm":  # vLLM 0.32 takes a K per batch size: the best K at each measured concurrency
+        for method in sorted({m for m, _ in f}):
+            per = {}
+            for c in levels:
+                options = {k: pred(method, k, c) for k in range(max_k + 1)}
+                options = {k: p for k, p in options.items() if p is not None}
+                k_best = max(options, key=lambda k: (options[k], -k))
+                per[c] = (k_best if options[k_best] >= MARGIN else 0, options[k_best] if options[k_best] >= MARGIN
+                          else 1.0)
+            k_max = max(k for k, _ in per.values())
+            if k_max == 0 or len({k for k, _ in per.values()}) == 1:
+                continue  # off everywhere, or one K everywhere (already a single-K candidate)
+            table = ranges([{"concurrency": c, "k": per[c][0]} for c in levels], k_max)
+            preds = {c: p for c, (_, p) in per.items()}
+            cand = (_geomean(preds.values()), method, k_max, tuple(tuple(r) for r in table), preds)
+            if cand[0] > best[0]:
+                best = cand
+    score, method, k, schedule, preds = best
+    cfg = EngineConfig(engine, method, k, schedule)
     best_tried = {}
     for c in levels:
         b = max((e for (m, cc), e in f.items() if cc == c), key=lambda e: e["speedup"])
         best_tried[c] = {"label": b["config"], "speedup": b["speedup"]} if b["speedup"] > 1 else {
             "label": EngineConfig(engine).label, "speedup": 1.0}
-    advice = {"levels": [{"concurrency": c, "k": k, "k_measured": float(k or 1)} for c in levels]}
+    advice = {"levels": [{"concurrency": c, "k": (_k_at(schedule, c) if schedule else k), "k_measured": float(k or 1)}
+                         for c in levels]}
     flags = engine_config(engine, advice, model="MODEL", method="draft" if method == "draft" else "ngram",
-                          draft="DRAFT") if method != "off" else engine_config(engine, advice, model="MODEL")
+                          draft="DRAFT")
     return {"config": cfg, "label": cfg.label, "score": round(score, 4),
             "per_level": {c: round(p, 4) for c, p in preds.items()},
+            "single": EngineConfig(engine, single[1], single[2]).label,
             "fits": {f"{m}@{c}": e for (m, c), e in sorted(f.items())}, "best_tried": best_tried,
             "flags": flags["command"]}
+
+
+def _geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
+
+
+def _k_at(schedule: tuple, c: int) -> int:
+    return next(k for a, b, k in schedule if a <= c <= b) if any(a <= c <= b for a, b, _ in schedule) else \
+        schedule[-1][2]
 
 
 def _level_speedups(rows: list[dict], engine: str, label: str) -> list[dict]:

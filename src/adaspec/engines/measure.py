@@ -74,7 +74,7 @@ def measure_levels(proc: EngineProcess, cfg: EngineConfig, phase: Phase, results
             proc.check()
             n = max(len(prompts), 2 * int(level)) if load == "closed" else max(len(prompts), 8)
             row = ep.measure(client, arm, replace(ecfg), prompts, model, load, level, n, float("inf"))
-            proc.check()
+            proc.check(wait_s=3.0 if row["failed"] else 0.0)
             if row["failed"]:
                 raise EngineError(f"{cfg.label} at {load} {level:g}: {row['failed']} of {n} requests failed "
                                   f"({row['errors']})", tail(proc.log))

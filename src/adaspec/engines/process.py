@@ -86,8 +86,14 @@ class EngineProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def check(self) -> None:
-        """Raises EngineError (with the log's tail) when the server has exited."""
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raises EngineError (with the log's tail) when the server has exited (within ``wait_s`` seconds: a
+        server whose connections just dropped may still be exiting)."""
+        if self.proc is not None and wait_s > 0:
+            try:
+                self.proc.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc is not None and self.proc.poll() is not None:
             raise EngineError(f"{self.name} exited with status {self.proc.returncode} while in use", tail(self.log))
 

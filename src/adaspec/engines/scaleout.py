@@ -177,7 +177,13 @@ def run(s: Settings, log: Callable[[str], None] = print) -> dict:
         for cfg in [off, advised, *sorted(best - {off, advised}, key=lambda c: c.label)]:
             phases = [heldout] + ([profile] if cfg == advised and advised.method != "off" and
                                   not _derived(rows, advised) else [])
-            run_config(s, cfg, phases, results, log)
+            if not run_config(s, cfg, phases, results, log) and cfg == advised and advised.schedule:
+                # the engine refused the per-batch-size schedule: fall back to the best single K, and say so
+                advised = EngineConfig.parse(engine, _spec(advice["single"]))
+                results.write({"kind": "advice", "engine": engine, **{k: v for k, v in advice.items() if k != "config"},
+                               "label": advised.label, "fallback_from": cfg.label})
+                log(f"{engine}: {cfg.label} did not run; falling back to {advised.label}")
+                run_config(s, advised, [heldout] + ([] if _derived(rows, advised) else [profile]), results, log)
         if engine in s.live_profile and advised.method != "off":
             _live_profile(s, advised, derive_wl, results, log)
         summary[engine] = {"advised": advised.label, "flags": advice["flags"]}

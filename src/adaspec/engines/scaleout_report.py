@@ -106,12 +106,13 @@ def markdown(results: Results, meta: dict) -> str:
                          f"{_f(r['decode_tok_s'] / off if off and r.get('decode_tok_s') else None)}× | "
                          f"{_f(s.get('acceptance_rate'), '.3f')} | {_f(s.get('mean_acceptance_length'))} | "
                          f"{' '.join(f'{p:.2f}' for p in per) if per else '–'} | {s.get('source', '–')} |")
-    for adv in results.rows("advice"):
+    for adv in {a["engine"]: a for a in results.rows("advice")}.values():  # the last advice per engine
         lines += ["", f"## Advice for {adv['engine']}", "",
                   f"Advised: **{adv['label']}** (geometric-mean predicted decode speedup {adv['score']:.2f}×; "
                   f"predicted per concurrency: "
                   + ", ".join(f"{c}: {p:.2f}×" for c, p in adv["per_level"].items()) + ").", "",
-                  f"    {adv['flags']}", "", "| clients | advised / best tried (held-out) | best tried | advised "
+                  f"    {adv['flags']}", ""] + ([f"The engine did not run {adv['fallback_from']}; the best single K "
+                                            f"was measured instead.", ""] if adv.get("fallback_from") else []) + [ "| clients | advised / best tried (held-out) | best tried | advised "
                   "speedup over off | target ≥ 0.95 |", "|---:|---:|---|---:|---|"]
         for h in heldout_check(rows, adv):
             ok = "–" if h["ratio"] is None else ("met" if h["ratio"] >= TARGET_RATIO else "**not met**")

