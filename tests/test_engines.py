@@ -16,7 +16,8 @@ import pytest
 
 pytest.importorskip("prometheus_client")
 
-from adaspec.engines import llama_server, scaleout, vllm  # noqa: E402
+from adaspec.engines import llama_server, scaleout  # noqa: E402
+from adaspec.engines import vllm_server as vllm  # noqa: E402
 from adaspec.engines.config import EngineConfig  # noqa: E402
 from adaspec.engines.process import EngineError, EngineProcess  # noqa: E402
 from adaspec.engines.results import Results  # noqa: E402

@@ -42,7 +42,7 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 class EngineProcess:
-    """One server process. ``argv``/``env`` come from :mod:`adaspec.engines.vllm` or
+    """One server process. ``argv``/``env`` come from :mod:`adaspec.engines.vllm_server` or
     :mod:`adaspec.engines.llama_server`; ``url`` is ``http://127.0.0.1:PORT``. Use as a context manager (stops the
     server on exit, also after an error)."""
 

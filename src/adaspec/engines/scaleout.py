@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-from adaspec.engines import llama_server, vllm
+from adaspec.engines import llama_server, vllm_server as vllm
 from adaspec.engines.acceptance import check_vllm, vllm_log_totals
 from adaspec.engines.choose import choose
 from adaspec.engines.config import EngineConfig

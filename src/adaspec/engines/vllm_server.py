@@ -71,7 +71,7 @@ def command(setup: VllmSetup, cfg: EngineConfig, port: int) -> tuple[list[str], 
     argv = [str(Path(setup.venv) / "bin" / "python"), str(Path(__file__).with_name("vllm_main.py")),
             str(setup.target), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", setup.served_name,
             "--dtype", "bfloat16", "--max-model-len", str(setup.max_model_len), "--max-num-seqs",
-            str(setup.max_num_seqs), "--enforce-eager", "--disable-log-requests"]
+            str(setup.max_num_seqs), "--enforce-eager"]
     spec = speculative_config(cfg, setup.draft)
     if spec:
         argv += ["--speculative-config", json.dumps(spec)]
