@@ -190,3 +190,57 @@ def test_engine_config_names_bad_input():
         EngineConfig.parse("llamacpp", "eagle:3")
     with pytest.raises(ConfigError, match="needs --llama-server"):
         scaleout.parse_args(["--out", "x", "--engines", "llamacpp"])
+
+
+def _row(engine, method, k, c, decode, spec=None):
+    label = EngineConfig(engine, method, k).label
+    return {"kind": "scaleout", "phase": "derive", "engine": engine, "config": label, "method": method, "k": k,
+            "arm": "baseline" if method == "off" else "speculative", "load": "closed", "concurrency": c,
+            "rate": None, "round": 0, "throughput_tok_s": decode, "decode_tok_s": decode, "failed": 0, "errors": {},
+            "spec": spec or {}}
+
+
+def test_choose_fits_each_configuration_and_gives_vllm_a_schedule():
+    from adaspec.bench.engine_advice import fit_level, predicted_speedup
+    from adaspec.engines.choose import choose
+
+    spec = {"mean_acceptance_length": 3.0, "mean_draft_length": 4.0, "acceptance_rate": 0.5}
+    rows = []
+    for engine in ("vllm", "llamacpp"):
+        for c, off, draft in ((1, 10.0, 16.0), (2, 18.0, 21.6), (4, 30.0, 21.0)):  # 1.6×, 1.2×, 0.7×
+            rows += [_row(engine, "off", 0, c, off), _row(engine, "draft", 4, c, draft, spec)]
+    v = choose([r for r in rows if r["engine"] == "vllm"], "vllm")
+    expect = {}
+    for c, s in ((1, 1.6), (2, 1.2), (4, 0.7)):
+        alpha, cost = fit_level(s, 3.0, 4.0)
+        expect[c] = max(range(9), key=lambda k: (predicted_speedup(alpha, cost, k), -k))
+    assert expect[4] == 0 and expect[1] > 0  # the fit: speculation stops paying at 4 clients
+    cfg = v["config"]
+    assert cfg.method == "draft" and cfg.schedule[0][:2] == (1, 1) and cfg.schedule[0][2] == expect[1]
+    assert cfg.schedule[-1] == (4, 512, 0) and cfg.k == max(expect.values())
+    assert "num_speculative_tokens_per_batch_size" in v["flags"]
+    assert v["best_tried"][4] == {"label": "vllm/off", "speedup": 1.0}
+    assert v["best_tried"][1]["label"] == "vllm/draft-k4"
+    # llama-server: one K for every load, the best geometric mean of the predictions (or off)
+    lc = choose([r for r in rows if r["engine"] == "llamacpp"], "llamacpp")
+    assert not lc["config"].schedule and "per_batch_size" not in lc["flags"]
+    fitted = {c: fit_level(s, 3.0, 4.0) for c, s in ((1, 1.6), (2, 1.2), (4, 0.7))}
+
+    def gm(k):
+        p = [predicted_speedup(a, cc, k) if k else 1.0 for a, cc in fitted.values()]
+        return (p[0] * p[1] * p[2]) ** (1 / 3)
+    assert lc["config"].k == max(range(9), key=lambda k: (gm(k), -k))
+    assert lc["score"] == pytest.approx(gm(lc["config"].k), abs=1e-4)
+
+
+def test_choose_without_acceptance_counters_uses_the_measured_ks():
+    from adaspec.engines.choose import choose
+
+    rows = []
+    for c, off, k2, k4 in ((1, 10.0, 13.0, 14.0), (2, 18.0, 20.0, 19.0)):
+        rows += [_row("llamacpp", "off", 0, c, off), _row("llamacpp", "ngram", 2, c, k2, {"acceptance_rate": 0.4}),
+                 _row("llamacpp", "ngram", 4, c, k4, {"acceptance_rate": 0.4})]
+    a = choose(rows, "llamacpp")
+    # geometric means of the measured speedups: K=2 √(1.3·1.111) = 1.202, K=4 √(1.4·1.056) = 1.216
+    assert a["label"] == "llamacpp/ngram-k4" and a["score"] == pytest.approx((1.4 * 19 / 18) ** 0.5, abs=1e-3)
+    assert a["flags"].startswith("llama-server -m MODEL.gguf --spec-type ngram-simple --spec-draft-n-max 4")
