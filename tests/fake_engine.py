@@ -5,8 +5,9 @@
 
 OpenAI-compatible enough for the endpoint bench: ``GET /v1/models``, streamed ``POST /v1/chat/completions`` (8
 content chunks, ``usage`` last), and vLLM's speculative-decoding counters on ``/metrics`` (each request adds
-``drafts`` = 8, K draft tokens per draft and accepted tokens from a fixed acceptance per position A^(i+1)), and a
-"SpecDecoding metrics" log line per request as vLLM writes them. Faults on demand: exit before serving
+``drafts`` = 8, K draft tokens per draft and accepted tokens from a fixed acceptance per position A^(i+1)), the
+same numbers per request in the last chunk (vLLM's ``metrics.speculative_decoding``) and a "SpecDecoding metrics"
+log line per request as vLLM writes them. Faults on demand: exit before serving
 (``--exit-at-start``), exit after N requests (``--die-after``), answer HTTP 500 after N requests (``--fail-after``).
 ``--state FILE`` counts starts across restarts (a fault can then happen on the first start only).
 """
@@ -108,6 +109,13 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
         usage = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}}
+        if K:  # vLLM's per-request numbers (--per-request-spec-decode-metrics summary), consistent with /metrics
+            acc = [int(8 * ALPHA ** (i + 1)) for i in range(K)] + [0]
+            hist = [8 - acc[0]] + [acc[j - 1] - acc[j] for j in range(1, K + 1)]
+            usage["metrics"] = {"speculative_decoding": {
+                "mean_acceptance_length": 1 + sum(acc) / 8, "draft_acceptance_rate": sum(acc) / (8 * K),
+                "acceptance_histogram": hist, "num_spec_steps": 8, "num_accepted_draft_tokens": sum(acc),
+                "num_draft_tokens": 8 * K, "num_spec_tokens": K}}
         self.wfile.write(f"data: {json.dumps(done)}\n\ndata: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
 
 

@@ -103,6 +103,11 @@ def test_scaleout_loop_reports_faults_resumes_and_checks_advice(loop_settings):
     ngram = next(r for r in rows if r["config"] == "vllm/ngram-k2" and r["phase"] == "derive")
     assert ngram["spec"]["source"] == "counters" and ngram["spec"]["acceptance_per_pos"] == [5 / 8, 3 / 8]
     assert ngram["spec"]["mean_draft_length"] == 2.0
+    # the counters and the sums of the per-request numbers agree at every speculative level
+    spec_rows = [r for r in rows if r["method"] != "off"]
+    assert spec_rows and all(r["spec"]["responses_check"]["match"] for r in spec_rows)
+    assert ngram["spec"]["responses_check"]["compared"]["accepted_per_pos"] == [[5 * ngram["completed"],
+                                                                                3 * ngram["completed"]]] * 2
     # the counters agree with the fake's log lines, as vLLM's must
     checks = results.rows("check")
     assert checks and all(c["match"] for c in checks)
@@ -115,6 +120,7 @@ def test_scaleout_loop_reports_faults_resumes_and_checks_advice(loop_settings):
     report = (loop_settings.out / "report.md").read_text()
     assert "**test run**" in report and "## Advice for vllm" in report and "## Faults" in report
     assert "| vllm/ngram-k2 |" in report  # the counters-vs-log table
+    assert "## Counters vs the engine's per-request numbers" in report
     # a rerun measures nothing again and starts no engine
     before = len(results.rows("scaleout"))
     logs.clear()

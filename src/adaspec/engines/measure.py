@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import httpx
 
 from adaspec.bench import endpoint as ep
-from adaspec.engines.acceptance import llama_server_tau
+from adaspec.engines.acceptance import check_responses, llama_server_tau
 from adaspec.engines.config import EngineConfig
 from adaspec.engines.process import EngineError, EngineProcess, tail
 from adaspec.engines.results import Results, key
@@ -80,12 +80,14 @@ def measure_levels(proc: EngineProcess, cfg: EngineConfig, phase: Phase, results
                                   f"({row['errors']})", tail(proc.log))
             if cfg.engine == "llamacpp":
                 row["spec"] = llama_server_tau(row["spec"], cfg)
+            elif row["spec"].get("source") == "counters" and "response_timings" in row:
+                row["spec"]["responses_check"] = check_responses(row["spec"], row["response_timings"])
             results.write({"kind": "scaleout", "key": phase.level_key(cfg, load, level), "phase": phase.name,
                            "engine": cfg.engine, "config": cfg.label, "method": cfg.method, "k": cfg.k,
                            "arm": "baseline" if cfg.method == "off" else "speculative", "load": load,
                            "concurrency": int(level) if load == "closed" else None,
                            "rate": level if load == "open" else None, "round": 0, "workload": phase.workload,
-                           "prompts": len(prompts), "max_tokens": phase.max_tokens, "model": model, **row})
+                           "prompts": len(prompts), "requests": n, "max_tokens": phase.max_tokens, "model": model, **row})
             alpha = row["spec"].get("acceptance_rate")
             log(f"  {phase.name} {cfg.label} {load} {level:g}: {row['completed']} ok, "
                 f"{row['throughput_tok_s'] or 0:.2f} tok/s, decode {row['decode_tok_s'] or 0:.2f} tok/s"

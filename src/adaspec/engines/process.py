@@ -72,14 +72,18 @@ class EngineProcess:
             except OSError as e:
                 raise EngineError(f"{self.name}: cannot run {self.argv[0]} ({e})") from None
         t0 = time.monotonic()
-        while time.monotonic() - t0 < self.startup_timeout_s:
-            if self.proc.poll() is not None:
-                raise EngineError(f"{self.name} exited with status {self.proc.returncode} before it was ready",
-                                  tail(self.log))
-            if _answers(self.url):
-                self.ready_s = time.monotonic() - t0
-                return self
-            time.sleep(1.0)
+        try:
+            while time.monotonic() - t0 < self.startup_timeout_s:
+                if self.proc.poll() is not None:
+                    raise EngineError(f"{self.name} exited with status {self.proc.returncode} before it was ready",
+                                      tail(self.log))
+                if _answers(self.url):
+                    self.ready_s = time.monotonic() - t0
+                    return self
+                time.sleep(1.0)
+        except BaseException:  # Ctrl-C while waiting: never leave a half-started server behind
+            self.stop()
+            raise
         self.stop()
         raise EngineError(f"{self.name} was not ready after {self.startup_timeout_s:g} s", tail(self.log))
 

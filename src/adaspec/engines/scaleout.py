@@ -305,7 +305,15 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                                                                                  else sys.argv[1:]))
 
 
+def _exit_on_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds the context managers: the running engine is stopped, not orphaned
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job starts with SIGINT ignored
     try:
         s = parse_args(argv)
         summary = run(s, log=lambda m: print(m, file=sys.stderr, flush=True))

@@ -130,6 +130,16 @@ def markdown(results: Results, meta: dict) -> str:
         for p in live:
             lines.append(f"- {p['config']}: {p.get('speedup')}× (95 % CI {p.get('ci95')}), enable: {p.get('enable')}, "
                          f"α {p.get('acceptance_rate')} — `{p.get('command')}`")
+    per_request = [r for r in rows if (r.get("spec") or {}).get("responses_check")]
+    if per_request:
+        lines += ["", "## Counters vs the engine's per-request numbers (vLLM `metrics.speculative_decoding`)", "",
+                  "| phase | config | load | compared (counters, per-request sums) | match |", "|---|---|---|---|---|"]
+        for r in per_request:
+            c = r["spec"]["responses_check"]
+            level = r["concurrency"] if r["load"] == "closed" else r["rate"]
+            pairs = "; ".join(f"{k} {a} / {b}" for k, (a, b) in c["compared"].items())
+            lines.append(f"| {r['phase']} | {r['config']} | {r['load']} {level} | {pairs} | "
+                         f"{'yes' if c['match'] else '**no**'} |")
     checks = results.rows("check")
     if checks:
         lines += ["", "## Acceptance read two ways (vLLM: /metrics counters vs the server's own log lines)", "",

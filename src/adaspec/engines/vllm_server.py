@@ -8,7 +8,9 @@ of two is left to the web server), a small KV cache (``VLLM_CPU_KVCACHE_SPACE``,
 (``libiomp5.so`` from the venv) preloaded when speculating, and ``--enforce-eager`` (compiling takes minutes at
 every start). Speculation: ``--speculative-config`` with ``method`` ``ngram`` (``prompt_lookup_min``/``max``) or
 ``draft_model``, ``num_speculative_tokens`` = K (vLLM ``docs/features/speculative_decoding``) and, for a
-schedule, ``num_speculative_tokens_per_batch_size`` (vLLM 0.32 ``SpeculativeConfig``, "Dynamic SD").
+schedule, ``num_speculative_tokens_per_batch_size`` (vLLM 0.32 ``SpeculativeConfig``, "Dynamic SD"); and
+``--per-request-spec-decode-metrics summary``, so that each response carries the request's own drafted/accepted
+tokens, steps and acceptance histogram (``metrics.speculative_decoding``) to check the counters against.
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ def command(setup: VllmSetup, cfg: EngineConfig, port: int) -> tuple[list[str], 
             "--dtype", "bfloat16", "--max-model-len", str(setup.max_model_len), "--max-num-seqs",
             str(setup.max_num_seqs), "--enforce-eager"]
     spec = speculative_config(cfg, setup.draft)
-    if spec:
-        argv += ["--speculative-config", json.dumps(spec)]
+    if spec:  # per-request acceptance in each response too, to check the counters against
+        argv += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
     env = {"VLLM_CPU_OMP_THREADS_BIND": setup.cpus, "VLLM_CPU_KVCACHE_SPACE": str(setup.kv_cache_gib),
            "VLLM_LOGGING_LEVEL": "INFO"}
     iomp = libiomp(setup.venv)
