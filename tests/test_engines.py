@@ -250,3 +250,22 @@ def test_choose_without_acceptance_counters_uses_the_measured_ks():
     # geometric means of the measured speedups: K=2 √(1.3·1.111) = 1.202, K=4 √(1.4·1.056) = 1.216
     assert a["label"] == "llamacpp/ngram-k4" and a["score"] == pytest.approx((1.4 * 19 / 18) ** 0.5, abs=1e-3)
     assert a["flags"].startswith("llama-server -m MODEL.gguf --spec-type ngram-simple --spec-draft-n-max 4")
+
+
+def test_acceptance_checks_report_disagreement():
+    from adaspec.engines.acceptance import check_responses, check_vllm, vllm_log_totals
+
+    spec = {"drafts": 4, "draft_tokens": 12, "accepted": 5, "acceptance_per_pos": [0.75, 0.5, 0.0]}
+    same = {"drafts": 4, "draft_tokens": 12, "accepted": 5, "accepted_per_pos": [3, 2, 0]}
+    assert check_responses(spec, same)["match"]
+    off_by_one = dict(same, accepted_per_pos=[3, 1, 1])
+    c = check_responses(spec, off_by_one)
+    assert not c["match"] and c["compared"]["accepted_per_pos"] == [[3, 2, 0], [3, 1, 1]]
+    assert not check_responses(spec, {})["match"]  # nothing to compare is no agreement
+    line = ("INFO [metrics.py:120] SpecDecoding metrics: Mean acceptance length: 2.00, Accepted throughput: 1.00 "
+            "tokens/s, Drafted throughput: 2.00 tokens/s, Accepted: {a} tokens, Drafted: {d} tokens, Per-position "
+            "acceptance rate: 0.500, Avg Draft acceptance rate: 50.0%\n")
+    totals = vllm_log_totals(line.format(a=3, d=6) + "unrelated line\n" + line.format(a=2, d=6))
+    assert totals == {"lines": 2, "accepted": 5, "drafted": 12}
+    assert check_vllm({"draft_tokens": 12.0, "accepted": 5.0}, totals)["match"]
+    assert not check_vllm({"draft_tokens": 15.0, "accepted": 5.0}, totals)["match"]

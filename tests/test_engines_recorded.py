@@ -127,3 +127,30 @@ def test_recorded_vllm_counters_match_the_sse_json_parser():
         for ln in (DATA / name).read_text().splitlines():
             if ln.startswith("data:") and ln[5:].strip() != "[DONE]":
                 assert isinstance(_json(ln[5:].strip()), dict)
+
+
+def test_vllm_per_request_numbers_recorded_add_up_to_its_counters():
+    """vLLM's own per-request acceptance (``metrics.speculative_decoding``, ``--per-request-spec-decode-metrics
+    summary``) of the two recorded requests, summed, equals the counters' differences: drafts, tokens and each
+    position (a step that accepted j drafts accepted positions 0..j-1)."""
+    from adaspec.engines.acceptance import check_responses
+
+    results = []
+    res = RequestResult("completion")
+    _read_object(res, json.loads((DATA / "vllm_completions.json").read_text()), "completions", 1.0, whole=True)
+    results.append(res)
+    res = RequestResult("chat")
+    for c in _sse(DATA / "vllm_chat_stream.txt"):
+        _read_object(res, c, "chat", 1.0)
+    results.append(res)
+    for r in results:
+        assert r.draft_n is not None and r.draft_steps is not None and r.accept_hist, "per-request metrics recorded"
+        assert sum(r.accept_hist) == r.draft_steps
+        r.ok, r.ttft_s, r.e2e_s = True, 0.1, 1.0
+    row = summarise(results, 1.0)
+    before = engine_metrics.parse((DATA / "vllm_metrics_before.txt").read_text())
+    after = engine_metrics.parse((DATA / "vllm_metrics_after.txt").read_text())
+    spec = engine_metrics.spec_stats(before, after)
+    check = check_responses(spec, row["response_timings"])
+    assert set(check["compared"]) == {"drafts", "draft_tokens", "accepted", "accepted_per_pos"}
+    assert check["match"], check
