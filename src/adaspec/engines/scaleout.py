@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -207,6 +208,8 @@ def _write_meta(s: Settings) -> None:
         "engines": s.engines}
     meta["note"] = s.note or meta.get("note", "")
     meta["engines"] = list(dict.fromkeys([*meta.get("engines", []), *s.engines]))
+    if _commit() not in meta["commit"]:
+        meta["commit"] += f"; resumed at {_commit()}"
     if s.command and s.command not in meta["command"]:
         meta["command"] += f"; then {s.command}"
     path.write_text(json.dumps(meta, indent=2))
@@ -301,8 +304,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         max_tokens=a.max_tokens, concurrency=[int(c) for c in a.concurrency.split(",") if c.strip()],
         rates=[float(r) for r in a.rate.split(",") if r.strip()], api=a.api,
         live_profile=[e for e in a.live_profile.split(",") if e], startup_timeout_s=a.startup_timeout,
-        note=a.note, command="python -m adaspec.engines.scaleout " + " ".join(argv if argv is not None
-                                                                                 else sys.argv[1:]))
+        note=a.note, command="python -m adaspec.engines.scaleout " + shlex.join(argv if argv is not None
+                                                                                   else sys.argv[1:]))
 
 
 def _exit_on_signal(signum, frame) -> None:
