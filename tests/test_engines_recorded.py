@@ -154,3 +154,31 @@ def test_vllm_per_request_numbers_recorded_add_up_to_its_counters():
     check = check_responses(spec, row["response_timings"])
     assert set(check["compared"]) == {"drafts", "draft_tokens", "accepted", "accepted_per_pos"}
     assert check["match"], check
+
+
+def test_advice_from_a_recorded_live_vllm_run_is_reproduced():
+    """The rows of a live scale-out run on vLLM (tests/data/engines/scaleout_vllm_smoke.jsonl, copied from
+    docs/results/scaleout/smoke-while-busy: timings taken while other work ran, so only the mechanics count): the
+    advice computed again from its derivation rows is the one the run restarted vLLM with, and the held-out check
+    reads the re-measured rows."""
+    from adaspec.engines.choose import choose
+    from adaspec.engines.results import Results
+    from adaspec.engines.scaleout_report import heldout_check, profile_error
+
+    results = Results(DATA / "scaleout_vllm_smoke.jsonl")
+    rows = results.rows("scaleout")
+    recorded = results.rows("advice")[-1]
+    again = choose([r for r in rows if r["phase"] == "derive"], "vllm")
+    assert again["label"] == recorded["label"] and again["flags"] == recorded["flags"]
+    assert again["score"] == pytest.approx(recorded["score"])
+    # every derivation level of the speculative configuration had counters; τ and K̄ come from them
+    fit = again["fits"]["ngram@1"]
+    spec = next(r["spec"] for r in rows if r["phase"] == "derive" and r["config"] == "vllm/ngram-k3"
+                and r["concurrency"] == 1)
+    assert (fit["tau"], fit["k_measured"]) == (spec["mean_acceptance_length"], spec["mean_draft_length"])
+    decode = {(r["config"], r["concurrency"]): r["decode_tok_s"] for r in rows if r["phase"] == "heldout"}
+    for h in heldout_check(rows, recorded):
+        c = h["concurrency"]
+        assert h["ratio"] == round(decode[(recorded["label"], c)] / decode[(h["best_tried"], c)], 3)
+    pe = profile_error(rows, recorded)
+    assert pe["error"] == round(pe["predicted"] / pe["measured"] - 1, 3)
