@@ -80,7 +80,7 @@ def loop_settings(tmp_path, monkeypatch):
     configs = [EngineConfig.parse("vllm", t) for t in ("off", "ngram:2", "ngram:4", "draft:2")]
     return scaleout.Settings(out=tmp_path / "run", engines=["vllm"], configs={"vllm": configs}, vllm_setup=None,
                              llama_setup=None, workload=str(wl), derive_prompts=3, heldout_prompts=3, max_tokens=8,
-                             concurrency=[1, 2], live_profile=[], note="test run")
+                             concurrency=[1, 2], rates=[50.0], live_profile=[], note="test run")
 
 
 def test_scaleout_loop_reports_faults_resumes_and_checks_advice(loop_settings):
@@ -96,8 +96,9 @@ def test_scaleout_loop_reports_faults_resumes_and_checks_advice(loop_settings):
     assert "internal error (simulated)" in faults["vllm/draft-k2"]["error"]
     assert "cannot allocate the KV cache" in faults["vllm/ngram-k4"]["log_tail"]
     rows = results.rows("scaleout")
-    derive = {(r["config"], r["concurrency"]) for r in rows if r["phase"] == "derive"}
-    assert derive == {(c.label, n) for c in loop_settings.configs["vllm"] for n in (1, 2)}
+    derive = {(r["config"], r["concurrency"] or r["rate"]) for r in rows if r["phase"] == "derive"}
+    assert derive == {(c.label, n) for c in loop_settings.configs["vllm"] for n in (1, 2, 50.0)}
+    assert all(r["requests"] == 8 for r in rows if r["load"] == "open")  # open loop: at least 8 arrivals
     assert all(r["failed"] == 0 for r in rows)
     # acceptance from the fake's counters: K = 2, α per position 0.7 → int(8·0.7) = 5, int(8·0.49) = 3 of 8 drafts
     ngram = next(r for r in rows if r["config"] == "vllm/ngram-k2" and r["phase"] == "derive")
@@ -120,6 +121,7 @@ def test_scaleout_loop_reports_faults_resumes_and_checks_advice(loop_settings):
     report = (loop_settings.out / "report.md").read_text()
     assert "**test run**" in report and "## Advice for vllm" in report and "## Faults" in report
     assert "| vllm/ngram-k2 |" in report  # the counters-vs-log table
+    assert "| vllm | off | 50 req/s |" in report
     assert "## Counters vs the engine's per-request numbers" in report
     # a rerun measures nothing again and starts no engine
     before = len(results.rows("scaleout"))
@@ -138,7 +140,7 @@ def test_a_level_cut_by_a_kill_is_measured_again(loop_settings):
     logs = []
     scaleout.run(loop_settings, log=logs.append)
     assert any("derive vllm/off closed 2" in m for m in logs)
-    assert {r["concurrency"] for r in results.rows("scaleout") if r["phase"] == "derive"} == {1, 2}
+    assert {r["concurrency"] for r in results.rows("scaleout") if r["phase"] == "derive"} == {1, 2, None}  # None: open
 
 
 def test_vllm_command_line_and_environment(tmp_path):
