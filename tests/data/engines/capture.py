@@ -7,7 +7,8 @@ What is kept (as the engines wrote it, except where said): vLLM's ``/metrics`` b
 requests with n-gram speculation (K = 3), only its ``vllm:`` series without histogram buckets (the rest is Python
 process and HTTP metrics, ~40 KB); one ``/v1/completions`` answer, one streamed ``/v1/chat/completions`` (SSE
 lines); the server's "SpecDecoding metrics" log lines with the counters at that moment; llama-server's
-``/completion`` answer with ``timings`` (draft model, K = 4), a streamed ``/v1/chat/completions`` and its
+``/completion`` answer with ``timings`` (n-gram lookup, K = 3; the draft-model server segfaulted at start on this
+machine, see docs/scaleout.md), a streamed ``/v1/chat/completions`` and its
 ``/metrics``. ``meta.json`` says which versions and settings produced them.
 """
 
@@ -59,10 +60,11 @@ def capture_vllm(a, meta: dict) -> None:
 
 
 def capture_llama(a, meta: dict) -> None:
-    cfg = EngineConfig("llamacpp", "draft", 4)
+    cfg = EngineConfig("llamacpp", "ngram", 3)  # draft:4 segfaulted at start here (docs/scaleout.md)
     setup = llama_server.LlamaServerSetup(Path(a.llama_server), Path(a.gguf_target), Path(a.gguf_draft), slots=2)
     argv, env = llama_server.command(setup, cfg, 8452)
-    with EngineProcess(cfg.label, argv, "http://127.0.0.1:8452", HERE / "_llama.log", env=env) as p:
+    with EngineProcess(cfg.label, argv, "http://127.0.0.1:8452", HERE / "_llama.log", env=env,
+                       startup_timeout_s=1800) as p:
         url = p.url
         r = httpx.post(url + "/completion", json={"prompt": PROMPT, "n_predict": 48, "temperature": 0,
                                                   "cache_prompt": False}, timeout=600)
