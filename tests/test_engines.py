@@ -130,6 +130,22 @@ def test_scaleout_loop_reports_faults_resumes_and_checks_advice(loop_settings):
     assert len(results.rows("scaleout")) == before and not any("starting" in m for m in logs)
 
 
+@pytest.mark.slow  # a CLI subprocess against two more fake servers
+def test_live_profile_runs_the_cli_against_the_advised_and_off_servers(loop_settings):
+    loop_settings.configs = {"vllm": [EngineConfig("vllm"), EngineConfig("vllm", "ngram", 2)]}
+    loop_settings.live_profile = ["vllm"]
+    loop_settings.rates = []
+    scaleout.run(loop_settings, log=lambda m: None)
+    results = Results(loop_settings.out / "results.jsonl")
+    assert not [f for f in results.rows("fault") if "live profile" in f["config"]]
+    (p,) = results.rows("profile")
+    advised = results.rows("advice")[-1]["label"]
+    assert p["live"] and p["config"] == advised and p["prompts"] == 3
+    assert "profile" in p["command"] and "--baseline" in p["command"]
+    assert p["enable"] in ("yes", "no", "marginal") and p["acceptance_rate"] is not None
+    assert "`adaspec profile --endpoint` run live" in (loop_settings.out / "report.md").read_text()
+
+
 def test_a_level_cut_by_a_kill_is_measured_again(loop_settings):
     loop_settings.configs = {"vllm": [EngineConfig("vllm")]}
     results = Results(loop_settings.out / "results.jsonl")
