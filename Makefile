@@ -43,3 +43,9 @@ test: $(VENV)/.test-extras
 
 test-fast: $(VENV)/.test-extras
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The scale-out loop on real serving engines (vLLM CPU, llama-server): measure, advise, re-measure on held-out
+# prompts. Needs the engines installed as docs/scaleout.md says; ~30 min on a quiet 2-core machine.
+.PHONY: scaleout
+scaleout: setup
+	PY=$(BIN)/python bash docs/results/scaleout/run.sh

@@ -13,7 +13,9 @@ configuration: throughput (output tokens / wall time), request rate, decode rate
 percentiles, and goodput (requests per second meeting the TTFT and TPOT objectives, as DistServe, Zhong et al.
 2024, defines it) when objectives are given. The server's ``/metrics`` is scraped before and after each
 configuration for speculative-decoding counters (:mod:`adaspec.bench.engine_metrics`); llama-server's per-response
-``timings.draft_n`` / ``draft_n_accepted`` are summed when present. A server without ``/metrics`` gives a labelled
+``timings.draft_n`` / ``draft_n_accepted`` and vLLM's per-request ``metrics.speculative_decoding`` (drafted and
+accepted tokens, steps, acceptance histogram; vLLM >= 0.32 started with ``--per-request-spec-decode-metrics
+summary``) are summed when present. A server without ``/metrics`` gives a labelled
 partial result: latency without acceptance.
 
 Results: one JSON line per configuration (``kind: "endpoint"``) after a ``meta`` line, appended and keyed like
@@ -148,6 +150,8 @@ class RequestResult:
     chunks: list[float] = field(default_factory=list)
     draft_n: int | None = None
     draft_accepted: int | None = None
+    draft_steps: int | None = None
+    accept_hist: list[int] | None = None
 
 
 def _error_text(response: httpx.Response) -> str:
@@ -246,6 +250,13 @@ def _read_object(res: RequestResult, obj: dict, api: str, at_s: float, whole: bo
         res.draft_n = timings["draft_n"]
         accepted = timings.get("draft_n_accepted")
         res.draft_accepted = accepted if isinstance(accepted, int) else 0
+    metrics = obj.get("metrics")  # vLLM >= 0.32 with --per-request-spec-decode-metrics summary
+    sd = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if isinstance(sd, dict) and isinstance(sd.get("num_draft_tokens"), int):
+        res.draft_n, res.draft_accepted = sd["num_draft_tokens"], int(sd.get("num_accepted_draft_tokens") or 0)
+        res.draft_steps = sd.get("num_spec_steps") if isinstance(sd.get("num_spec_steps"), int) else None
+        hist = sd.get("acceptance_histogram")
+        res.accept_hist = hist if isinstance(hist, list) and all(isinstance(h, int) for h in hist) else None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -372,6 +383,14 @@ def summarise(results: Sequence[RequestResult], wall_s: float, *, slo_ttft_ms: f
         a = sum(r.draft_accepted for r in drafted)
         out["response_timings"] = {"draft_tokens": n, "accepted": a,
                                    "acceptance_rate": round(a / n, 4) if n else None}
+        if all(r.draft_steps is not None for r in drafted):  # vLLM's per-request numbers: steps and histogram
+            out["response_timings"]["drafts"] = sum(r.draft_steps for r in drafted)
+        hists = [r.accept_hist for r in drafted if r.accept_hist]
+        if hists and len(hists) == len(drafted):
+            # histogram[j] = steps that accepted exactly j draft tokens, so position i was accepted Σ_{j>i} times
+            width = max(len(h) for h in hists)
+            out["response_timings"]["accepted_per_pos"] = [sum(sum(h[i + 1:]) for h in hists)
+                                                          for i in range(width - 1)]
     out["requests_detail"] = [[r.prompt_id, r.ok, r.tokens, _ms(r.ttft_s), _ms(r.e2e_s)] for r in results]
     return out
 

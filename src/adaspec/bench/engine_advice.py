@@ -13,8 +13,9 @@ that was measured.
 Engine syntax sources: vLLM `docs/features/speculative_decoding/` (``--speculative-config`` with
 ``num_speculative_tokens_per_batch_size`` from "Dynamic Speculative Decoding"); SGLang server arguments
 (``--speculative-algorithm``, ``--speculative-num-steps``, ``--speculative-eagle-topk``,
-``--speculative-num-draft-tokens``); llama.cpp `docs/speculative.md` (``llama-server --draft-max``, ``-md``,
-``--spec-type``) and llama-cpp-python's server settings (``draft_model``, ``draft_model_num_pred_tokens``).
+``--speculative-num-draft-tokens``); llama.cpp `docs/speculative.md` (``llama-server -md``, ``--spec-type``,
+``--spec-draft-n-max``: the older ``--draft-max``/``--draft-min`` are gone from recent builds)
+and llama-cpp-python's server settings (``draft_model``, ``draft_model_num_pred_tokens``).
 """
 
 from __future__ import annotations
@@ -149,14 +150,17 @@ def engine_config(engine: str, advice: dict, *, model: str = "MODEL", method: st
         k = max(k_max, 1)
         gguf = model if model.endswith(".gguf") else f"{model}.gguf"
         draft_gguf = draft_name if draft_name.endswith(".gguf") else f"{draft_name}.gguf"
-        spec = f"-md {draft_gguf}" if method == "draft" else "--spec-type ngram-simple"
-        command = f"llama-server -m {gguf} {spec} --draft-max {k} --draft-min 0"
+        spec = (f"-md {draft_gguf} --spec-type draft-simple" if method == "draft" else
+                f"--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m {k}")
+        command = f"llama-server -m {gguf} {spec} --spec-draft-n-max {k} --spec-draft-n-min 0"
+        if method == "draft":  # K tokens every step, as measured (the default stops at a low-confidence token)
+            command += " --spec-draft-p-min 0"
         notes.append(f"llama-cpp-python's server: python -m llama_cpp.server --model {gguf} "
                      + ("--draft_model prompt-lookup-decoding " if method == "ngram" else "")
                      + f"--draft_model_num_pred_tokens {k} (prompt lookup only).")
         if k_max == 0:
             command = f"llama-server -m {gguf}"
-        notes.append("llama.cpp speculates per slot with one --draft-max; K per batch size is not configurable.")
+        notes.append("llama.cpp speculates per slot with one --spec-draft-n-max; K per batch size is not configurable.")
     return {"command": command, "notes": notes, "ranges": table}
 
 

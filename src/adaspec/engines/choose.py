@@ -1,0 +1,141 @@
+"""One speculative configuration per engine from the measured configurations (``adaspec advise`` across configs).
+
+Input: the derivation phase's ``scaleout`` rows of one engine (every tried configuration at every concurrency,
+``off`` included). For each speculative configuration and concurrency, :func:`adaspec.bench.engine_advice.advise`
+pairs it with ``off`` at that concurrency and fits Leviathan et al.'s model (α from τ and K̄, the cost c of a draft
+token from the measured speedup). Per method the fit of the configuration that measured fastest at that
+concurrency is used (the least extrapolation). llama-server takes one ``--spec-draft-n-max`` for all load, so one
+(method, K) must serve every concurrency: the one with the highest geometric mean of predicted speedups over the
+measured concurrencies (a K > 0 must clear the margin somewhere). vLLM 0.32 also takes a K per batch size
+(``num_speculative_tokens_per_batch_size``): per method, the best K at each measured concurrency (0 where nothing
+clears the margin) as ranges (:func:`adaspec.bench.engine_advice.ranges`), chosen over the single K when its
+geometric mean is higher. A method without acceptance counters (no τ) is scored with the measured speedups of the
+Ks tried.
+"""
+
+from __future__ import annotations
+
+import math
+
+from adaspec.bench.engine_advice import MARGIN, advise, engine_config, predicted_speedup, ranges
+from adaspec.engines.config import EngineConfig
+from adaspec.errors import AdaspecError
+
+
+def as_endpoint_rows(rows: list[dict], label: str, off_label: str) -> list[dict]:
+    """The rows of configuration ``label`` as the speculative arm and ``off_label``'s as the baseline, shaped as
+    ``adaspec bench --endpoint`` writes them (what :func:`advise` reads)."""
+    out = []
+    for r in rows:
+        if r.get("config") in (label, off_label):
+            out.append({**r, "kind": "endpoint", "arm": "speculative" if r["config"] == label else "baseline"})
+    return out
+
+
+def fits(rows: list[dict], engine: str, max_k: int = 8) -> dict[tuple[str, int], dict]:
+    """Per (method, concurrency): the advice entry of the fastest-measured configuration of that method, plus its
+    ``config`` (label) and ``k_tried``."""
+    off = EngineConfig(engine).label
+    labels = sorted({(r["method"], r["k"], r["config"]) for r in rows if r.get("method") not in (None, "off")})
+    best: dict[tuple[str, int], dict] = {}
+    for method, k, label in labels:
+        try:
+            levels = advise(as_endpoint_rows(rows, label, off), max_k=max_k)["levels"]
+        except AdaspecError:
+            continue  # this configuration has no level measured cleanly with off
+        for e in levels:
+            key = (method, e["concurrency"])
+            if key not in best or e["speedup"] > best[key]["speedup"]:
+                best[key] = {**e, "config": label, "k_tried": k}
+    return best
+
+
+def predicted(entry: dict, k: int, tried: dict[int, float]) -> float | None:
+    """Predicted speedup of K at one concurrency: the fitted model when the entry has one, else the measured
+    speedup of that K when it was tried (``tried`` maps K → speedup), else None."""
+    if k == 0:
+        return 1.0
+    if entry.get("basis") == "fitted":
+        return predicted_speedup(entry["alpha"], entry["cost"], k)
+    return tried.get(k)
+
+
+def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
+    """The advised configuration for ``engine`` (see the module docstring). Returns ``config`` (an
+    :class:`EngineConfig`), ``label``, ``score`` (geometric mean predicted speedup), ``per_level`` (concurrency →
+    predicted speedup of the advice), ``fits`` (the entries used), ``best_tried`` (concurrency → the fastest
+    measured label and its speedup) and ``flags`` (the engine's command line from
+    :func:`adaspec.bench.engine_advice.engine_config`).
+
+    Raises:
+        AdaspecError: no speculative configuration was measured cleanly against ``off``.
+    """
+    f = fits(rows, engine, max_k)
+    if not f:
+        raise AdaspecError(f"{engine}: no speculative configuration was measured without failures against off")
+    levels = sorted({c for _, c in f})
+    tried: dict[tuple[str, int], dict[int, float]] = {}  # measured speedups of every tried K (methods without a fit)
+    for method, k, label in sorted({(r["method"], r["k"], r["config"]) for r in rows if r.get("method") not in (None, "off")}):
+        for e in _level_speedups(rows, engine, label):
+            tried.setdefault((method, e["concurrency"]), {})[k] = e["speedup"]
+    def pred(method: str, k: int, c: int) -> float | None:
+        return 1.0 if method == "off" else predicted(f.get((method, c), {}), k, tried.get((method, c), {}))
+
+    scored = []  # (score, method, K, schedule, per-level predictions)
+    for method, k in [("off", 0)] + [(m, k) for m in sorted({m for m, _ in f}) for k in range(1, max_k + 1)]:
+        preds = {c: pred(method, k, c) for c in levels}
+        if None in preds.values() or (k > 0 and max(preds.values()) < MARGIN):
+            continue
+        scored.append((_geomean(preds.values()), method, k, (), preds))
+    single = max(scored, key=lambda s: (s[0], -s[2]))
+    best = single
+    if engine == "vllm":  # vLLM 0.32 takes a K per batch size: the best K at each measured concurrency
+        for method in sorted({m for m, _ in f}):
+            per = {}
+            for c in levels:
+                options = {k: pred(method, k, c) for k in range(max_k + 1)}
+                options = {k: p for k, p in options.items() if p is not None}
+                k_best = max(options, key=lambda k: (options[k], -k))
+                per[c] = (k_best if options[k_best] >= MARGIN else 0, options[k_best] if options[k_best] >= MARGIN
+                          else 1.0)
+            k_max = max(k for k, _ in per.values())
+            if k_max == 0 or len({k for k, _ in per.values()}) == 1:
+                continue  # off everywhere, or one K everywhere (already a single-K candidate)
+            table = ranges([{"concurrency": c, "k": per[c][0]} for c in levels], k_max)
+            preds = {c: p for c, (_, p) in per.items()}
+            cand = (_geomean(preds.values()), method, k_max, tuple(tuple(r) for r in table), preds)
+            if cand[0] > best[0]:
+                best = cand
+    score, method, k, schedule, preds = best
+    cfg = EngineConfig(engine, method, k, schedule)
+    best_tried = {}
+    for c in levels:
+        b = max((e for (m, cc), e in f.items() if cc == c), key=lambda e: e["speedup"])
+        best_tried[c] = {"label": b["config"], "speedup": b["speedup"]} if b["speedup"] > 1 else {
+            "label": EngineConfig(engine).label, "speedup": 1.0}
+    advice = {"levels": [{"concurrency": c, "k": (_k_at(schedule, c) if schedule else k), "k_measured": float(k or 1)}
+                         for c in levels]}
+    flags = engine_config(engine, advice, model="MODEL", method="draft" if method == "draft" else "ngram",
+                          draft="DRAFT")
+    return {"config": cfg, "label": cfg.label, "score": round(score, 4),
+            "per_level": {c: round(p, 4) for c, p in preds.items()},
+            "single": EngineConfig(engine, single[1], single[2]).label,
+            "fits": {f"{m}@{c}": e for (m, c), e in sorted(f.items())}, "best_tried": best_tried,
+            "flags": flags["command"]}
+
+
+def _geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
+
+
+def _k_at(schedule: tuple, c: int) -> int:
+    return next(k for a, b, k in schedule if a <= c <= b) if any(a <= c <= b for a, b, _ in schedule) else \
+        schedule[-1][2]
+
+
+def _level_speedups(rows: list[dict], engine: str, label: str) -> list[dict]:
+    try:
+        return advise(as_endpoint_rows(rows, label, EngineConfig(engine).label))["levels"]
+    except AdaspecError:
+        return []

@@ -1,0 +1,94 @@
+"""Measure one running engine configuration at a list of load levels, one result row per level, and turn a dead
+engine or server errors into :class:`~adaspec.engines.process.EngineError` with the engine's log tail.
+
+Each level is measured with :func:`adaspec.bench.endpoint.measure` (the same client, clocks, ``/metrics``
+differencing and ``timings`` sums as ``adaspec bench --endpoint``); a level already in the results file is skipped,
+so a rerun resumes at the first level not measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import httpx
+
+from adaspec.bench import endpoint as ep
+from adaspec.engines.acceptance import check_responses, llama_server_tau
+from adaspec.engines.config import EngineConfig
+from adaspec.engines.process import EngineError, EngineProcess, tail
+from adaspec.engines.results import Results, key
+
+
+@dataclass
+class Phase:
+    """What to send: ``name`` (``derive``, ``heldout``, ``profile``), a workload (a JSONL of prompts), its prompt
+    count, the endpoint settings (``api``, ``max_tokens``, greedy) and the load levels."""
+
+    name: str
+    workload: str
+    prompts: int
+    max_tokens: int
+    concurrency: list[int]
+    rates: list[float]
+    api: str = "chat"
+    seed: int = 0
+
+    def levels(self) -> list[tuple[str, float]]:
+        return [("closed", c) for c in self.concurrency] + [("open", r) for r in self.rates]
+
+    def level_key(self, cfg: EngineConfig, load: str, level: float) -> str:
+        return key(phase=self.name, config=cfg.label, load=load, level=level, workload=self.workload,
+                   prompts=self.prompts, max_tokens=self.max_tokens, api=self.api, seed=self.seed)
+
+
+def pending(phase: Phase, cfg: EngineConfig, results: Results) -> list[tuple[str, float]]:
+    """The levels of ``phase`` not yet measured for ``cfg``."""
+    done = results.done()
+    return [(load, lv) for load, lv in phase.levels() if phase.level_key(cfg, load, lv) not in done]
+
+
+def measure_levels(proc: EngineProcess, cfg: EngineConfig, phase: Phase, results: Results, *,
+                   log: Callable[[str], None] = print, timeout_s: float = 600.0) -> None:
+    """Measure every pending level of ``phase`` on the running ``proc`` serving ``cfg``, writing a ``scaleout`` row
+    after each.
+
+    Raises:
+        EngineError: the engine exited, or a level had failed requests (HTTP 5xx, dropped connections, time-outs):
+            the level is not written as done (a ``fault`` row is, by the caller) and the message carries the
+            engine's log tail.
+    """
+    from adaspec.workloads import load_workload
+
+    prompts = load_workload(phase.workload)[:phase.prompts]
+    ecfg = ep.EndpointConfig(url=proc.url, api=phase.api, workload=phase.workload, prompts=phase.prompts,
+                             max_tokens=phase.max_tokens, temperature=0.0, seed=phase.seed, timeout_s=timeout_s)
+    arm = ep.Arm(cfg.label, proc.url)
+    with httpx.Client(limits=httpx.Limits(max_connections=32)) as client:
+        model = ep.probe(client, arm, ecfg)
+        warm = ep.send(client, arm, phase.api, {**ep.request_body(ecfg, model, prompts[0]), "max_tokens": 4},
+                       prompts[0].id, timeout_s)
+        if not warm.ok:
+            raise EngineError(f"{cfg.label}: the warm-up request failed ({warm.error})", tail(proc.log))
+        for load, level in pending(phase, cfg, results):
+            proc.check()
+            n = max(len(prompts), 2 * int(level)) if load == "closed" else max(len(prompts), 8)
+            row = ep.measure(client, arm, replace(ecfg), prompts, model, load, level, n, float("inf"))
+            proc.check(wait_s=3.0 if row["failed"] else 0.0)
+            if row["failed"]:
+                raise EngineError(f"{cfg.label} at {load} {level:g}: {row['failed']} of {n} requests failed "
+                                  f"({row['errors']})", tail(proc.log))
+            if cfg.engine == "llamacpp":
+                row["spec"] = llama_server_tau(row["spec"], cfg)
+            elif row["spec"].get("source") == "counters" and "response_timings" in row:
+                row["spec"]["responses_check"] = check_responses(row["spec"], row["response_timings"])
+            results.write({"kind": "scaleout", "key": phase.level_key(cfg, load, level), "phase": phase.name,
+                           "engine": cfg.engine, "config": cfg.label, "method": cfg.method, "k": cfg.k,
+                           "arm": "baseline" if cfg.method == "off" else "speculative", "load": load,
+                           "concurrency": int(level) if load == "closed" else None,
+                           "rate": level if load == "open" else None, "round": 0, "workload": phase.workload,
+                           "prompts": len(prompts), "requests": n, "max_tokens": phase.max_tokens, "model": model, **row})
+            alpha = row["spec"].get("acceptance_rate")
+            log(f"  {phase.name} {cfg.label} {load} {level:g}: {row['completed']} ok, "
+                f"{row['throughput_tok_s'] or 0:.2f} tok/s, decode {row['decode_tok_s'] or 0:.2f} tok/s"
+                + (f", α {alpha:.3f}" if alpha is not None else ""))

@@ -1,0 +1,165 @@
+"""``report.md`` of a scale-out run (:mod:`adaspec.engines.scaleout`): measured levels, the advice, the held-out
+check, the profile's prediction against the re-measurement, acceptance checks and faults.
+
+Speedups are decode speedups over the same engine's ``off`` configuration at the same load and phase: Σ(tokens −
+1) / Σ(e2e − TTFT) of one over the other, as ``adaspec advise`` uses them. The held-out check compares the advised
+configuration with the best configuration tried at each concurrency, both re-measured on the held-out prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+from pathlib import Path
+
+from adaspec.bench.engine_advice import profile_endpoint
+from adaspec.engines.results import Results
+from adaspec.errors import AdaspecError
+
+TARGET_RATIO = 0.95
+
+
+def _f(x, fmt=".2f") -> str:
+    return "–" if x is None else f"{x:{fmt}}"
+
+
+def _rate(rows: list[dict], phase: str, label: str, load: str, level) -> float | None:
+    for r in rows:
+        if (r["phase"], r["config"], r["load"]) == (phase, label, load) and \
+                (r["concurrency"] if load == "closed" else r["rate"]) == level:
+            return r.get("decode_tok_s")
+    return None
+
+
+def heldout_check(rows: list[dict], advice: dict) -> list[dict]:
+    """Per concurrency: decode rates on the held-out prompts of off, the advised and the best tried configuration,
+    and advised / best tried (None where one of them was not measured)."""
+    engine = advice["engine"]
+    out = []
+    for c, best in sorted(advice["best_tried"].items(), key=lambda kv: int(kv[0])):
+        c = int(c)
+        adv = _rate(rows, "heldout", advice["label"], "closed", c)
+        b = _rate(rows, "heldout", best["label"], "closed", c)
+        off = _rate(rows, "heldout", f"{engine}/off", "closed", c)
+        out.append({"concurrency": c, "off": off, "advised": adv, "best_tried": best["label"], "best": b,
+                    "ratio": round(adv / b, 3) if adv and b else None,
+                    "advised_speedup": round(adv / off, 3) if adv and off else None})
+    return out
+
+
+def profile_error(rows: list[dict], advice: dict) -> dict | None:
+    """``profile --endpoint``'s speedup (paired per-prompt decode rates at one client) of the advised configuration
+    on the derivation prompts, against the same quantity on the held-out prompts."""
+    engine, label = advice["engine"], advice["label"]
+    if label.endswith("/off"):
+        return None
+
+    def pair(phases: tuple[str, ...]) -> list[dict]:
+        return [{**r, "kind": "endpoint", "arm": "speculative" if r["config"] == label else "baseline"}
+                for r in rows if r["phase"] in phases and r["concurrency"] == 1
+                and r["config"] in (label, f"{engine}/off")]
+    try:
+        predicted = profile_endpoint(pair(("derive", "profile")))
+        measured = profile_endpoint(pair(("heldout",)))
+    except AdaspecError:
+        return None
+    return {"predicted": predicted["speedup"], "predicted_ci95": predicted["ci95"], "measured": measured["speedup"],
+            "measured_ci95": measured["ci95"], "error": round(predicted["speedup"] / measured["speedup"] - 1, 3)}
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def markdown(results: Results, meta: dict) -> str:
+    rows = results.rows("scaleout")
+    lines = [f"# Scale-out loop: {', '.join(meta.get('engines', []))}", "",
+             f"- command: `{meta.get('command', '?')}`", f"- commit: {meta.get('commit', _commit())}",
+             f"- machine: {meta.get('machine', platform.platform())}", f"- started: {meta.get('started', '?')}"]
+    if meta.get("note"):
+        lines.append(f"- **{meta['note']}**")
+    lines += ["- weights: vLLM serves the zoo's Q4_K_M GGUF dequantised to bf16 (Hugging Face folders); llama-server "
+              "serves the GGUF files themselves. Speedups are over the same engine's `off`."]
+    header = ["| engine | config | load | decode tok/s | throughput tok/s | decode speedup | α | τ | acceptance per "
+              "position | source |", "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
+    for phase, title in (("derive", "Measured configurations (derivation prompts)"),
+                         ("heldout", "Held-out prompts (re-measured)"),
+                         ("profile", "The advised configuration on the derivation prompts (for the profile)")):
+        if not any(r["phase"] == phase for r in rows):
+            continue
+        lines += ["", f"## {title}", "", *header]
+        for r in rows:
+            if r["phase"] != phase:
+                continue
+            level = r["concurrency"] if r["load"] == "closed" else r["rate"]
+            off = _rate(rows, phase, f"{r['engine']}/off", r["load"], level)
+            s = r.get("spec") or {}
+            per = s.get("acceptance_per_pos")
+            lines.append(f"| {r['engine']} | {r['config'].split('/', 1)[1]} | "
+                         f"{'%d clients' % level if r['load'] == 'closed' else '%g req/s' % level} | "
+                         f"{_f(r.get('decode_tok_s'))} | {_f(r.get('throughput_tok_s'))} | "
+                         f"{_f(r['decode_tok_s'] / off if off and r.get('decode_tok_s') else None)}× | "
+                         f"{_f(s.get('acceptance_rate'), '.3f')} | {_f(s.get('mean_acceptance_length'))} | "
+                         f"{' '.join(f'{p:.2f}' for p in per) if per else '–'} | {s.get('source', '–')} |")
+    for adv in {a["engine"]: a for a in results.rows("advice")}.values():  # the last advice per engine
+        lines += ["", f"## Advice for {adv['engine']}", "",
+                  f"Advised: **{adv['label']}** (geometric-mean predicted decode speedup {adv['score']:.2f}×; "
+                  f"predicted per concurrency: "
+                  + ", ".join(f"{c}: {p:.2f}×" for c, p in adv["per_level"].items()) + ").", "",
+                  f"    {adv['flags']}", ""] + ([f"The engine did not run {adv['fallback_from']}; the best single K "
+                                            f"was measured instead.", ""] if adv.get("fallback_from") else []) + [ "| clients | advised / best tried (held-out) | best tried | advised "
+                  "speedup over off | target ≥ 0.95 |", "|---:|---:|---|---:|---|"]
+        for h in heldout_check(rows, adv):
+            ok = "–" if h["ratio"] is None else ("met" if h["ratio"] >= TARGET_RATIO else "**not met**")
+            lines.append(f"| {h['concurrency']} | {_f(h['ratio'], '.3f')} | {h['best_tried']} | "
+                         f"{_f(h['advised_speedup'])}× | {ok} |")
+        pe = profile_error(rows, adv)
+        if pe:
+            lines += ["", f"`profile --endpoint` (paired per-prompt decode speedup, 1 client): predicted "
+                          f"{pe['predicted']:.2f}× (95 % CI {pe['predicted_ci95'][0]:.2f}–{pe['predicted_ci95'][1]:.2f}) "
+                          f"on the derivation prompts; re-measured {pe['measured']:.2f}× on the held-out prompts; "
+                          f"error {pe['error']:+.1%} (target within ±10 %)."]
+    live = results.rows("profile")
+    if live:
+        lines += ["", "## `adaspec profile --endpoint` run live (advised server and off server side by side)", ""]
+        for p in live:
+            lines.append(f"- {p['config']}: {p.get('speedup')}× (95 % CI {p.get('ci95')}), enable: {p.get('enable')}, "
+                         f"α {p.get('acceptance_rate')} — `{p.get('command')}`")
+    per_request = [r for r in rows if (r.get("spec") or {}).get("responses_check")]
+    if per_request:
+        lines += ["", "## Counters vs the engine's per-request numbers (vLLM `metrics.speculative_decoding`)", "",
+                  "| phase | config | load | compared (counters, per-request sums) | match |", "|---|---|---|---|---|"]
+        for r in per_request:
+            c = r["spec"]["responses_check"]
+            level = r["concurrency"] if r["load"] == "closed" else r["rate"]
+            pairs = "; ".join(f"{k} {a} / {b}" for k, (a, b) in c["compared"].items())
+            lines.append(f"| {r['phase']} | {r['config']} | {r['load']} {level} | {pairs} | "
+                         f"{'yes' if c['match'] else '**no**'} |")
+    checks = results.rows("check")
+    if checks:
+        lines += ["", "## Acceptance read two ways (vLLM: /metrics counters vs the server's own log lines)", "",
+                  "| config | counters drafted / accepted | log drafted / accepted (lines) | match |",
+                  "|---|---|---|---|"]
+        for c in checks:
+            lines.append(f"| {c['config']} | {c['counters']['drafted']} / {c['counters']['accepted']} | "
+                         f"{c['log']['drafted']} / {c['log']['accepted']} ({c['log']['lines']}) | "
+                         f"{'yes' if c['match'] else '**no**'} |")
+    faults = results.rows("fault")
+    if faults:
+        lines += ["", "## Faults (reported with the engine's log tail in results.jsonl; the run went on)", ""]
+        lines += [f"- {f['config']} (attempt {f.get('attempt', 1)}): {f['error']}" for f in faults]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, results: Results) -> Path:
+    """Write ``out/report.md`` from ``out/results.jsonl`` and ``out/meta.json`` (if any). Returns its path."""
+    meta_path = Path(out) / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    path = Path(out) / "report.md"
+    path.write_text(markdown(results, meta))
+    return path

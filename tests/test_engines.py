@@ -1,0 +1,291 @@
+"""adaspec.engines: launching peer engines, faults with log tails, the resumable scale-out loop, and the command
+lines for vLLM and llama-server.
+
+The loop runs against tests/fake_engine.py (a standard-library stand-in with vLLM's counters and log lines, faults
+on demand); the real engines' recorded responses are tested in test_engines_recorded.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from adaspec.engines import llama_server, scaleout  # noqa: E402
+from adaspec.engines import vllm_server as vllm  # noqa: E402
+from adaspec.engines.config import EngineConfig  # noqa: E402
+from adaspec.engines.process import EngineError, EngineProcess  # noqa: E402
+from adaspec.engines.results import Results  # noqa: E402
+from adaspec.errors import ConfigError  # noqa: E402
+
+FAKE = Path(__file__).with_name("fake_engine.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fake(port: int, log: Path, *extra: str) -> EngineProcess:
+    return EngineProcess("fake", [sys.executable, str(FAKE), str(port), *extra], f"http://127.0.0.1:{port}", log,
+                         startup_timeout_s=30)
+
+
+def test_engine_starts_answers_and_stops(tmp_path):
+    port = free_port()
+    with fake(port, tmp_path / "e.log") as proc:
+        assert proc.alive() and proc.ready_s is not None
+        with pytest.raises(EngineError, match="already answers"):  # a second server on a taken port
+            fake(port, tmp_path / "f.log").start()
+    assert not proc.alive()
+    assert "=== adaspec: starting fake" in (tmp_path / "e.log").read_text()
+
+
+def test_failed_start_and_missing_program_are_reported_with_the_log_tail(tmp_path):
+    with pytest.raises(EngineError) as e:
+        fake(free_port(), tmp_path / "e.log", "--exit-at-start").start()
+    assert "exited with status 3 before it was ready" in str(e.value)
+    assert "cannot allocate the KV cache" in e.value.log_tail
+    with pytest.raises(EngineError, match="cannot run /nonexistent/llama-server"):
+        EngineProcess("x", ["/nonexistent/llama-server"], f"http://127.0.0.1:{free_port()}", tmp_path / "x.log").start()
+
+
+@pytest.fixture
+def loop_settings(tmp_path, monkeypatch):
+    """The scale-out loop on fake vLLM-shaped engines: off, ngram:2 (exits mid-run on its first start), draft:2
+    (answers HTTP 500 after a few requests on its first start) and ngram:4 (fails to start on its first try)."""
+    faults = {"vllm/ngram-k2": ["--die-after", "3"], "vllm/draft-k2": ["--fail-after", "2"],
+              "vllm/ngram-k4": ["--exit-at-start"]}
+    ports = {}
+
+    def engine_process(s, cfg, port=None):
+        port = ports.setdefault((cfg.label, port), free_port())
+        state = tmp_path / f"{cfg.label.replace('/', '-')}.starts"
+        argv = [sys.executable, str(FAKE), str(port), "--k", str(cfg.k), "--alpha", "0.7" if cfg.method == "ngram"
+                else "0.5", "--state", str(state), *faults.get(cfg.label, [])]
+        return EngineProcess(cfg.label, argv, f"http://127.0.0.1:{port}",
+                             s.out / "logs" / f"{cfg.label.replace('/', '-')}.log", startup_timeout_s=30)
+
+    monkeypatch.setattr(scaleout, "engine_process", engine_process)
+    monkeypatch.setattr(scaleout, "LOG_WAIT_S", 0.0)
+    wl = tmp_path / "wl.jsonl"
+    wl.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Write function number {i}."}) + "\n"
+                          for i in range(6)))
+    configs = [EngineConfig.parse("vllm", t) for t in ("off", "ngram:2", "ngram:4", "draft:2")]
+    return scaleout.Settings(out=tmp_path / "run", engines=["vllm"], configs={"vllm": configs}, vllm_setup=None,
+                             llama_setup=None, workload=str(wl), derive_prompts=3, heldout_prompts=3, max_tokens=8,
+                             concurrency=[1, 2], rates=[50.0], live_profile=[], note="test run")
+
+
+def test_scaleout_loop_reports_faults_resumes_and_checks_advice(loop_settings):
+    logs = []
+    summary = scaleout.run(loop_settings, log=logs.append)
+    results = Results(loop_settings.out / "results.jsonl")
+    faults = {f["config"]: f for f in results.rows("fault")}
+    # each fault once, with the engine's own last words; the restart then measured everything
+    assert set(faults) == {"vllm/ngram-k2", "vllm/draft-k2", "vllm/ngram-k4"}
+    assert "worker died (simulated)" in faults["vllm/ngram-k2"]["log_tail"]
+    assert "exited with status 7 while in use" in faults["vllm/ngram-k2"]["error"]
+    assert "HTTP 500" in faults["vllm/draft-k2"]["error"]
+    assert "internal error (simulated)" in faults["vllm/draft-k2"]["error"]
+    assert "cannot allocate the KV cache" in faults["vllm/ngram-k4"]["log_tail"]
+    rows = results.rows("scaleout")
+    derive = {(r["config"], r["concurrency"] or r["rate"]) for r in rows if r["phase"] == "derive"}
+    assert derive == {(c.label, n) for c in loop_settings.configs["vllm"] for n in (1, 2, 50.0)}
+    assert all(r["requests"] == 8 for r in rows if r["load"] == "open")  # open loop: at least 8 arrivals
+    assert all(r["failed"] == 0 for r in rows)
+    # acceptance from the fake's counters: K = 2, α per position 0.7 → int(8·0.7) = 5, int(8·0.49) = 3 of 8 drafts
+    ngram = next(r for r in rows if r["config"] == "vllm/ngram-k2" and r["phase"] == "derive")
+    assert ngram["spec"]["source"] == "counters" and ngram["spec"]["acceptance_per_pos"] == [5 / 8, 3 / 8]
+    assert ngram["spec"]["mean_draft_length"] == 2.0
+    # the counters and the sums of the per-request numbers agree at every speculative level
+    spec_rows = [r for r in rows if r["method"] != "off"]
+    assert spec_rows and all(r["spec"]["responses_check"]["match"] for r in spec_rows)
+    assert ngram["spec"]["responses_check"]["compared"]["accepted_per_pos"] == [[5 * ngram["completed"],
+                                                                                3 * ngram["completed"]]] * 2
+    # the counters agree with the fake's log lines, as vLLM's must
+    checks = results.rows("check")
+    assert checks and all(c["match"] for c in checks)
+    advice = results.rows("advice")[0]
+    assert summary["vllm"]["advised"] == advice["label"]
+    held = {(r["config"], r["concurrency"]) for r in rows if r["phase"] == "heldout"}
+    assert ("vllm/off", 1) in held and (advice["label"], 1) in held and (advice["label"], 2) in held
+    for best in advice["best_tried"].values():
+        assert (best["label"], 1) in held
+    report = (loop_settings.out / "report.md").read_text()
+    assert "**test run**" in report and "## Advice for vllm" in report and "## Faults" in report
+    assert "| vllm/ngram-k2 |" in report  # the counters-vs-log table
+    assert "| vllm | off | 50 req/s |" in report
+    assert "## Counters vs the engine's per-request numbers" in report
+    # a rerun measures nothing again and starts no engine
+    before = len(results.rows("scaleout"))
+    logs.clear()
+    scaleout.run(loop_settings, log=logs.append)
+    assert len(results.rows("scaleout")) == before and not any("starting" in m for m in logs)
+
+
+@pytest.mark.slow  # a CLI subprocess against two more fake servers
+def test_live_profile_runs_the_cli_against_the_advised_and_off_servers(loop_settings):
+    loop_settings.configs = {"vllm": [EngineConfig("vllm"), EngineConfig("vllm", "ngram", 2)]}
+    loop_settings.live_profile = ["vllm"]
+    loop_settings.rates = []
+    scaleout.run(loop_settings, log=lambda m: None)
+    results = Results(loop_settings.out / "results.jsonl")
+    assert not [f for f in results.rows("fault") if "live profile" in f["config"]]
+    (p,) = results.rows("profile")
+    advised = results.rows("advice")[-1]["label"]
+    assert p["live"] and p["config"] == advised and p["prompts"] == 3
+    assert "profile" in p["command"] and "--baseline" in p["command"]
+    assert p["enable"] in ("yes", "no", "marginal") and p["acceptance_rate"] is not None
+    assert "`adaspec profile --endpoint` run live" in (loop_settings.out / "report.md").read_text()
+
+
+def test_a_level_cut_by_a_kill_is_measured_again(loop_settings):
+    loop_settings.configs = {"vllm": [EngineConfig("vllm")]}
+    results = Results(loop_settings.out / "results.jsonl")
+    scaleout.run(loop_settings, log=lambda m: None)
+    lines = results.path.read_text().splitlines()
+    kept = [ln for ln in lines if '"concurrency": 2' not in ln]
+    results.path.write_text("\n".join(kept) + "\n" + lines[-1][:40] + "\n")  # a cut last line, as a kill leaves
+    logs = []
+    scaleout.run(loop_settings, log=logs.append)
+    assert any("derive vllm/off closed 2" in m for m in logs)
+    assert {r["concurrency"] for r in results.rows("scaleout") if r["phase"] == "derive"} == {1, 2, None}  # None: open
+
+
+def test_vllm_command_line_and_environment(tmp_path):
+    venv, target, draft = tmp_path / "venv", tmp_path / "t", tmp_path / "d"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / "lib").mkdir()
+    (venv / "lib" / "libiomp5.so").write_text("")
+    for d in (target, draft):
+        d.mkdir()
+        (d / "config.json").write_text("{}")
+    setup = vllm.VllmSetup(venv, target, draft, kv_cache_gib=1)
+    argv, env = vllm.command(setup, EngineConfig("vllm", "draft", 3), 9000)
+    assert argv[1].endswith("vllm_main.py") and argv[2] == str(target) and "--enforce-eager" in argv
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["LD_PRELOAD"].endswith("libiomp5.so")
+    argv, env = vllm.command(setup, EngineConfig("vllm"), 9000)
+    assert "--speculative-config" not in argv and env["LD_PRELOAD"].endswith("libiomp5.so")  # same runtime as on
+    ngram = vllm.speculative_config(EngineConfig("vllm", "ngram", 4), None)
+    assert ngram["method"] == "ngram" and ngram["num_speculative_tokens"] == 4
+    with pytest.raises(ConfigError, match="not a Hugging Face folder"):
+        vllm.command(vllm.VllmSetup(venv, tmp_path / "nowhere"), EngineConfig("vllm"), 9000)
+    with pytest.raises(ConfigError, match="needs a draft"):
+        vllm.command(vllm.VllmSetup(venv, target), EngineConfig("vllm", "draft", 2), 9000)
+
+
+def test_llama_server_command_line(tmp_path):
+    binary, target, draft = tmp_path / "llama-server", tmp_path / "t.gguf", tmp_path / "d.gguf"
+    for f in (binary, target, draft):
+        f.write_text("")
+    setup = llama_server.LlamaServerSetup(binary, target, draft, slots=4)
+    argv, _ = llama_server.command(setup, EngineConfig("llamacpp", "draft", 5), 9001)
+    joined = " ".join(argv)
+    assert f"-md {draft} --spec-type draft-simple --spec-draft-n-max 5 --spec-draft-n-min 0" in joined
+    assert "--spec-draft-p-min 0" in joined and "-np 4" in joined and "--metrics" in joined
+    argv, _ = llama_server.command(setup, EngineConfig("llamacpp", "ngram", 3), 9001)
+    assert ("--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 3 --spec-draft-n-max 3"
+            in " ".join(argv)) and "-md" not in argv
+    argv, _ = llama_server.command(setup, EngineConfig("llamacpp"), 9001)
+    assert "--spec-type" not in argv
+    with pytest.raises(ConfigError, match="no llama-server binary"):
+        llama_server.command(llama_server.LlamaServerSetup(tmp_path / "no", target), EngineConfig("llamacpp"), 1)
+
+
+def test_engine_config_names_bad_input():
+    assert EngineConfig.parse("vllm", "draft:3").label == "vllm/draft-k3"
+    with pytest.raises(ConfigError, match="engine must be one of"):
+        EngineConfig("sglang")
+    with pytest.raises(ConfigError, match="k must be 1..16"):
+        EngineConfig.parse("vllm", "ngram:0")
+    with pytest.raises(ConfigError, match="off, ngram:K or draft:K"):
+        EngineConfig.parse("vllm", "ngram:x")
+    with pytest.raises(ConfigError, match="method must be one of"):
+        EngineConfig.parse("llamacpp", "eagle:3")
+    with pytest.raises(ConfigError, match="needs --llama-server"):
+        scaleout.parse_args(["--out", "x", "--engines", "llamacpp"])
+
+
+def _row(engine, method, k, c, decode, spec=None):
+    label = EngineConfig(engine, method, k).label
+    return {"kind": "scaleout", "phase": "derive", "engine": engine, "config": label, "method": method, "k": k,
+            "arm": "baseline" if method == "off" else "speculative", "load": "closed", "concurrency": c,
+            "rate": None, "round": 0, "throughput_tok_s": decode, "decode_tok_s": decode, "failed": 0, "errors": {},
+            "spec": spec or {}}
+
+
+def test_choose_fits_each_configuration_and_gives_vllm_a_schedule():
+    from adaspec.bench.engine_advice import fit_level, predicted_speedup
+    from adaspec.engines.choose import choose
+
+    spec = {"mean_acceptance_length": 3.0, "mean_draft_length": 4.0, "acceptance_rate": 0.5}
+    rows = []
+    for engine in ("vllm", "llamacpp"):
+        for c, off, draft in ((1, 10.0, 16.0), (2, 18.0, 21.6), (4, 30.0, 21.0)):  # 1.6×, 1.2×, 0.7×
+            rows += [_row(engine, "off", 0, c, off), _row(engine, "draft", 4, c, draft, spec)]
+    v = choose([r for r in rows if r["engine"] == "vllm"], "vllm")
+    expect = {}
+    for c, s in ((1, 1.6), (2, 1.2), (4, 0.7)):
+        alpha, cost = fit_level(s, 3.0, 4.0)
+        expect[c] = max(range(9), key=lambda k: (predicted_speedup(alpha, cost, k), -k))
+    assert expect[4] == 0 and expect[1] > 0  # the fit: speculation stops paying at 4 clients
+    cfg = v["config"]
+    assert cfg.method == "draft" and cfg.schedule[0][:2] == (1, 1) and cfg.schedule[0][2] == expect[1]
+    assert cfg.schedule[-1] == (4, 512, 0) and cfg.k == max(expect.values())
+    assert "num_speculative_tokens_per_batch_size" in v["flags"]
+    assert v["best_tried"][4] == {"label": "vllm/off", "speedup": 1.0}
+    assert v["best_tried"][1]["label"] == "vllm/draft-k4"
+    # llama-server: one K for every load, the best geometric mean of the predictions (or off)
+    lc = choose([r for r in rows if r["engine"] == "llamacpp"], "llamacpp")
+    assert not lc["config"].schedule and "per_batch_size" not in lc["flags"]
+    fitted = {c: fit_level(s, 3.0, 4.0) for c, s in ((1, 1.6), (2, 1.2), (4, 0.7))}
+
+    def gm(k):
+        p = [predicted_speedup(a, cc, k) if k else 1.0 for a, cc in fitted.values()]
+        return (p[0] * p[1] * p[2]) ** (1 / 3)
+    assert lc["config"].k == max(range(9), key=lambda k: (gm(k), -k))
+    assert lc["score"] == pytest.approx(gm(lc["config"].k), abs=1e-4)
+
+
+def test_choose_without_acceptance_counters_uses_the_measured_ks():
+    from adaspec.engines.choose import choose
+
+    rows = []
+    for c, off, k2, k4 in ((1, 10.0, 13.0, 14.0), (2, 18.0, 20.0, 19.0)):
+        rows += [_row("llamacpp", "off", 0, c, off), _row("llamacpp", "ngram", 2, c, k2, {"acceptance_rate": 0.4}),
+                 _row("llamacpp", "ngram", 4, c, k4, {"acceptance_rate": 0.4})]
+    a = choose(rows, "llamacpp")
+    # geometric means of the measured speedups: K=2 √(1.3·1.111) = 1.202, K=4 √(1.4·1.056) = 1.216
+    assert a["label"] == "llamacpp/ngram-k4" and a["score"] == pytest.approx((1.4 * 19 / 18) ** 0.5, abs=1e-3)
+    assert a["flags"].startswith("llama-server -m MODEL.gguf --spec-type ngram-simple --spec-ngram-simple-size-n 3 "
+                                 "--spec-ngram-simple-size-m 4 --spec-draft-n-max 4")
+
+
+def test_acceptance_checks_report_disagreement():
+    from adaspec.engines.acceptance import check_responses, check_vllm, vllm_log_totals
+
+    spec = {"drafts": 4, "draft_tokens": 12, "accepted": 5, "acceptance_per_pos": [0.75, 0.5, 0.0]}
+    same = {"drafts": 4, "draft_tokens": 12, "accepted": 5, "accepted_per_pos": [3, 2, 0]}
+    assert check_responses(spec, same)["match"]
+    off_by_one = dict(same, accepted_per_pos=[3, 1, 1])
+    c = check_responses(spec, off_by_one)
+    assert not c["match"] and c["compared"]["accepted_per_pos"] == [[3, 2, 0], [3, 1, 1]]
+    assert not check_responses(spec, {})["match"]  # nothing to compare is no agreement
+    line = ("INFO [metrics.py:120] SpecDecoding metrics: Mean acceptance length: 2.00, Accepted throughput: 1.00 "
+            "tokens/s, Drafted throughput: 2.00 tokens/s, Accepted: {a} tokens, Drafted: {d} tokens, Per-position "
+            "acceptance rate: 0.500, Avg Draft acceptance rate: 50.0%\n")
+    totals = vllm_log_totals(line.format(a=3, d=6) + "unrelated line\n" + line.format(a=2, d=6))
+    assert totals == {"lines": 2, "accepted": 5, "drafted": 12}
+    assert check_vllm({"draft_tokens": 12.0, "accepted": 5.0}, totals)["match"]
+    assert not check_vllm({"draft_tokens": 15.0, "accepted": 5.0}, totals)["match"]
