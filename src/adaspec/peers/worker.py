@@ -174,8 +174,14 @@ class OpenVinoPeer(WorkerPeer):
         return str(python)
 
     def _ir(self, model: str) -> Path:
+        """The export of zoo model ``model``; a requantised GGUF variant (e.g. the Q4_0 draft) has no weights of its
+        own outside the GGUF runtimes, so its base model's export stands in (the row's weights label says which)."""
+        from adaspec.models.requantize import runnable_spec
+
         root = Path(os.environ.get("ADASPEC_OPENVINO_MODELS", peers_dir() / "openvino" / "models"))
         folder = root / model
+        if not folder.exists():
+            folder = root / runnable_spec(model, "torch")[0]
         if not (folder / "openvino_model.xml").is_file():
             raise PeerFailure(NOT_INSTALLED, f"no OpenVINO export of {model} at {folder}: {OPENVINO_HOW}")
         return folder
@@ -188,7 +194,7 @@ class OpenVinoPeer(WorkerPeer):
         if self.spec.kind == "draft":
             draft = self._ir(self.ctx.draft)
             request["draft"] = str(draft)
-            self.weights += f", draft {ir_weights(draft)}"
+            self.weights += f", draft {draft.name} {ir_weights(draft)}"
         return request
 
 
