@@ -359,3 +359,26 @@ def test_run_compare_with_process_peers(tmp_path, monkeypatch, ctx, qwen, qwen_i
     again = read_results(out)[len(rows):]
     assert [r["method"] for r in again] == ["openvino:plain", "openvino:plain"]
     assert "openvino:plain | not installed (see below)" in markdown_report(read_results(out))
+
+
+def test_a_killed_comparison_leaves_no_server(ctx, tmp_path):
+    """SIGKILL skips every ``finally``: the server must still go (Linux parent-death signal)."""
+    import signal
+    import subprocess
+
+    script = (f"import sys, time; from pathlib import Path; from adaspec.peers import PeerContext, make_peer, "
+              f"parse_peer\nctx = PeerContext(target='t', draft='d', threads=1, log_dir=Path({str(tmp_path)!r}), "
+              f"target_gguf=Path({str(ctx.target_gguf)!r}))\npeer = make_peer(parse_peer('llama-server:plain'), ctx)\n"
+              "print(peer.generate([1], max_new_tokens=2)['peer_status'], flush=True)\ntime.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ok"
+        (server,) = pids(tmp_path)
+        assert alive(server)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while alive(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(server)

@@ -158,6 +158,17 @@ def failure_row(failure: PeerFailure, log_tail: str, weights: str = "") -> dict:
             "error": str(failure), "log_tail": log_tail, "weights": weights}
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGTERM when the comparison's process dies, so a killed
+    comparison (SIGKILL, which skips every ``finally``) leaves no server behind. A no-op elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class ProcessPeer:
     """A peer run in its own process. Subclasses give :meth:`command` (raising ``PeerFailure(NOT_INSTALLED, how)``
     when the engine is not found), :meth:`wait_ready` and :meth:`ask`."""
@@ -201,7 +212,8 @@ class ProcessPeer:
         self._log.flush()
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=self._stdout(), stderr=self._log,
-                                         env={**os.environ, **env}, start_new_session=True)
+                                         env={**os.environ, **env}, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
         except OSError as e:
             raise PeerFailure(NOT_INSTALLED, f"cannot run {argv[0]}: {e}") from None
         self.wait_ready(time.monotonic() + self.ctx.start_timeout_s)
