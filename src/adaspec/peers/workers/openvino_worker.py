@@ -59,7 +59,19 @@ def generate(req):
     ttft, duration = metrics.get_ttft().mean, metrics.get_generate_duration().mean
     return {"token_ids": tokens, "finish_reason": "stop" if tokens and tokens[-1] in state["eos"] else "length",
             "total_ms": total_ms, "decode_ms": duration - ttft, "decode_tokens": max(len(tokens) - 1, 0),
-            "prefill_ms": ttft, "timing_source": "OpenVINO perf_metrics: generate duration - TTFT"}
+            "prefill_ms": ttft, "timing_source": "OpenVINO perf_metrics: generate duration - TTFT",
+            **draft_counts(result)}
+
+
+def draft_counts(result):
+    """Drafted and accepted tokens from a speculative pipeline's extended metrics (``SDPerModelsPerfMetrics``);
+    nothing for a pipeline without them."""
+    extended = getattr(result, "extended_perf_metrics", None)
+    try:
+        return {"draft_tokens": int(extended.get_num_draft_tokens()),
+                "accepted_tokens": int(extended.get_num_accepted_tokens())}
+    except (AttributeError, TypeError, RuntimeError):
+        return {}
 
 
 if __name__ == "__main__":
