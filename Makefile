@@ -50,7 +50,9 @@ test-fast: $(VENV)/.test-extras
 # made from Hugging Face weights that adaspec dequantises from the zoo's GGUF files (~1 min per model).
 PEERS ?= .peers
 PEER_MODELS ?= qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct
-LLAMA_SERVER_CMAKE := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF
+# The same CPU flags as llama-cpp-python's build above (a -march=native build dies with SIGILL where AMX is reported
+# but not granted, as on this project's VMs).
+LLAMA_SERVER_CMAKE := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF $(LLAMA_CMAKE_ARGS)
 
 peers: $(PEERS)/llama-server/.installed $(PEERS)/openvino/.exported
 

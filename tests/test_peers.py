@@ -153,6 +153,12 @@ def test_crash_at_start_reports_the_log_tail(ctx, monkeypatch):
     assert not peer.running
 
 
+def test_killed_by_a_signal_names_it(ctx, monkeypatch):
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "sigill")
+    row = make_peer(parse_peer("llama-server:plain"), ctx).generate([1], max_new_tokens=2)
+    assert row["peer_status"] == "crashed" and row["error"] == "crashed: llama-server killed by SIGILL"
+
+
 def test_crash_during_a_request_then_restart(ctx, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_LLAMA_MODE", "crash-on-ask")
     peer = make_peer(parse_peer("llama-server:ngram"), ctx)

@@ -4,7 +4,7 @@
 is given) and ``tokens``. Its answer is the prompt's ids + 1, 2, 3, ... up to ``n_predict``.
 
 Behaviour switches (environment): FAKE_LLAMA_MODE = ``ok`` | ``crash-at-start`` (exits 3 after a log line) |
-``crash-on-ask`` (exits during the first completion) | ``hang`` (never answers a completion) | ``differ`` (token 2
+``sigill`` (dies of SIGILL at start) | ``crash-on-ask`` (exits during the first completion) | ``hang`` (never answers a completion) | ``differ`` (token 2
 of every answer is off by one); FAKE_LLAMA_PIDFILE: append this process's pid there.
 """
 
@@ -30,6 +30,10 @@ print(f"fake llama-server: model {args.m}, spec {args.spec_type or 'none'}", fil
 if mode == "crash-at-start":
     print("error: failed to load model (fake)", file=sys.stderr, flush=True)
     sys.exit(3)
+if mode == "sigill":  # as a binary built for another CPU dies
+    import signal
+
+    os.kill(os.getpid(), signal.SIGILL)
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -158,6 +158,16 @@ def failure_row(failure: PeerFailure, log_tail: str, weights: str = "") -> dict:
             "error": str(failure), "log_tail": log_tail, "weights": weights}
 
 
+def exit_text(code: int | None) -> str:
+    """``exited with code 3`` / ``killed by SIGILL`` (an illegal instruction: a binary built for another CPU)."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: ask Linux to send SIGTERM when the comparison's process dies, so a killed
     comparison (SIGKILL, which skips every ``finally``) leaves no server behind. A no-op elsewhere."""
@@ -254,8 +264,7 @@ class ProcessPeer:
 
     def exited(self) -> PeerFailure:
         """The failure to report for a process found dead."""
-        code = self.proc.poll() if self.proc is not None else None
-        return PeerFailure(CRASHED, f"{self.spec.library} exited with code {code}")
+        return PeerFailure(CRASHED, f"{self.spec.library} {exit_text(self.proc.poll() if self.proc else None)}")
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         try:
@@ -273,8 +282,9 @@ class ProcessPeer:
             self.start()
             return complete_row(self.ask(list(prompt_ids), max_new_tokens, temperature, seed), self.ctx)
         except PeerFailure as failure:
-            if failure.status != NOT_INSTALLED and self.proc is not None and self.proc.poll() is not None:
-                failure = PeerFailure(CRASHED, f"{failure.message} (exit code {self.proc.poll()})")
+            if failure.status not in (NOT_INSTALLED, CRASHED) and self.proc is not None \
+                    and self.proc.poll() is not None:
+                failure = PeerFailure(CRASHED, f"{failure.message} ({exit_text(self.proc.poll())})")
             started = self.proc is not None  # else nothing ran: an older log is not this failure's
             self.stop()
             return failure_row(failure, self.log_tail() if started else "", self.weights)
