@@ -190,9 +190,9 @@ def ov_ctx(ctx, tmp_path, monkeypatch):
     models = tmp_path / "ov"
     for name in ("target", "draft"):
         (models / name).mkdir(parents=True)
-        (models / name / "openvino_model.xml").write_text("<net/>")
-        (models / name / "openvino_config.json").write_text(json.dumps(
-            {"quantization_config": {"bits": 4, "group_size": 128}}))
+        (models / name / "openvino_model.xml").write_text(  # the record NNCF appends to an int4 export
+            '<net><rt_info><nncf><weight_compression><backup_mode value="int8_asym" /><group_size value="128" />'
+            '<mode value="int4_asym" /></weight_compression></nncf></rt_info></net>')
     monkeypatch.setenv("ADASPEC_OPENVINO_PYTHON", sys.executable)
     monkeypatch.setenv("ADASPEC_OPENVINO_MODELS", str(models))
     monkeypatch.setenv("PYTHONPATH", str(FAKES / "fake_openvino"))
@@ -206,7 +206,8 @@ def test_openvino_worker_answers_with_its_perf_metrics(ov_ctx):
         assert row["peer_status"] == "ok", (row, peer.log_tail())
         assert row["token_ids"] == [6, 7, 8, 9] and row["text"] == "t6 t7 t8 t9"  # detokenised here
         assert (row["decode_ms"], row["decode_tokens"], row["prefill_ms"]) == (60.0, 3, 7.0)
-        assert row["weights"] == "OpenVINO int4 (group 128), draft draft OpenVINO int4 (group 128)"
+        w = "OpenVINO int4_asym (group 128, backup int8_asym)"
+        assert row["weights"] == f"{w}, draft draft {w}"
         assert "openvino-genai 0.0-fake" in row["peer_note"]
         proc = peer.proc
     finally:

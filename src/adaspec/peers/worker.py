@@ -199,15 +199,22 @@ class OpenVinoPeer(WorkerPeer):
 
 
 def ir_weights(folder: Path) -> str:
-    """``"OpenVINO int4"``-style label from an export's ``openvino_config.json`` (``"OpenVINO IR"`` if unknown)."""
+    """``"OpenVINO int4_asym (group 128, backup int8_asym)"``-style label from the weight-compression record NNCF
+    writes at the end of ``openvino_model.xml`` (optimum-intel 2.x leaves ``openvino_config.json`` without the bits);
+    ``"OpenVINO IR"`` when there is none."""
+    import re
+
     try:
-        config = json.loads((folder / "openvino_config.json").read_text())
-        q = config.get("quantization_config") or {}
-        bits = q.get("bits")
-        if bits:
-            group = q.get("group_size")
-            return f"OpenVINO int{bits}" + (f" (group {group})" if group else "")
-        dtype = config.get("dtype")
-        return f"OpenVINO {dtype}" if dtype else "OpenVINO IR"
-    except (OSError, ValueError, AttributeError):
+        with open(folder / "openvino_model.xml", "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 20000))
+            tail = f.read().decode(errors="replace")
+    except OSError:
         return "OpenVINO IR"
+    block = tail[tail.find("<weight_compression>"):] if "<weight_compression>" in tail else ""
+    fields = dict(re.findall(r'<(mode|group_size|backup_mode) value="([^"]*)"', block))
+    if "mode" not in fields:
+        return "OpenVINO IR"
+    extra = ", ".join(x for x in (f"group {fields['group_size']}" if "group_size" in fields else "",
+                                  f"backup {fields['backup_mode']}" if "backup_mode" in fields else "") if x)
+    return f"OpenVINO {fields['mode']}" + (f" ({extra})" if extra else "")
