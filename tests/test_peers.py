@@ -122,14 +122,15 @@ def test_llama_server_peer_reports_its_own_timings(ctx, tmp_path):
     assert pids(tmp_path) and not any(alive(p) for p in pids(tmp_path))
 
 
-def test_plain_llama_server_drafts_nothing(ctx):
+def test_plain_llama_server_drafts_nothing(ctx, monkeypatch):
+    monkeypatch.setenv("ADASPEC_LLAMA_SERVER_ARGS", "-nr --mlock")
     peer = make_peer(parse_peer("llama-server:plain"), ctx)
     try:
         row = peer.generate([1, 2], max_new_tokens=3)
     finally:
         peer.stop()
     assert row["draft_tokens"] is None and row["acceptance_rate"] is None
-    assert "--spec-type" not in peer.log_path.read_text()
+    assert "--spec-type" not in peer.log_path.read_text() and "--no-webui -nr --mlock" in peer.log_path.read_text()
 
 
 def test_missing_llama_server_says_how_to_install(ctx, tmp_path, monkeypatch):

