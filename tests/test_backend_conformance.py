@@ -222,22 +222,28 @@ def test_gguf_chunked_prefill_is_exact_and_the_backend_refuses_use_after_close(r
 
 
 @needs_llamacpp
-def test_llamacpp_pld_peer_runs_and_matches_greedy():
-    """llama-cpp-python's own prompt lookup decoding (a peer in ``adaspec compare``) on the same GGUF: greedy, so
-    its tokens equal adaspec's plain greedy decoding on the llama.cpp backend (up to batched-kernel near-ties: at
-    least the first 16 tokens)."""
+def test_llamacpp_pld_peer_runs_and_matches_greedy(tmp_path):
+    """llama-cpp-python's own prompt lookup decoding (a peer in ``adaspec compare``, run in a worker process of its
+    own) on the same GGUF: greedy, so its tokens equal adaspec's plain greedy decoding on the llama.cpp backend (up
+    to batched-kernel near-ties: at least the first 16 tokens); the worker stops with the peer."""
     from adaspec.models import resolve_gguf
-    from adaspec.peers import LlamaCppPeerRunner, parse_peer
+    from adaspec.peers import PeerContext, make_peer, parse_peer
 
     lm = _load("llamacpp")
     peer = parse_peer("llamacpp:pld:6")
     assert (peer.library, peer.kind, peer.k) == ("llamacpp", "pld", 6)
     plain = SpeculativeEngine(lm.backend, None, None, tokenizer=lm.tokenizer)
-    runner = LlamaCppPeerRunner(peer, resolve_gguf(MODEL, progress=False)[1], threads=2,
-                                eos_token_ids=plain.eos_token_ids)
+    ctx = PeerContext(target=MODEL, draft=MODEL, threads=2, log_dir=tmp_path, eos_token_ids=plain.eos_token_ids,
+                      target_gguf=resolve_gguf(MODEL, progress=False)[1])
+    runner = make_peer(peer, ctx)
     ids = _ids(lm, PROMPTS[1])
-    row = runner.generate(ids, max_new_tokens=32)
+    try:
+        row = runner.generate(ids, max_new_tokens=32)
+    finally:
+        runner.stop()
+    assert row["peer_status"] == "ok", row
     want = plain.generate(ids, GenerationConfig(max_new_tokens=32)).token_ids
     assert row["new_tokens"] == len(row["token_ids"]) > 16
     assert row["token_ids"][:16] == want[:16]
     assert 0 < row["decode_ms"] < row["total_ms"] and row["decode_tokens"] == row["new_tokens"] - 1
+    assert runner.proc is None and row["weights"].startswith("GGUF")

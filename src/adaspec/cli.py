@@ -153,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="every category at T = 0 and 1, 10 prompts, 128 tokens, every method (hours)")
     cmp.add_argument("--methods", default=None,
                      help="comma-separated methods: plain, fixed:K, CONTROLLER[:K], DRAFTER/CONTROLLER[:K], "
-                          "hybrid/CONTROLLER, hf:constant[:K], hf:heuristic, hf:dynamic, hf:pld, llamacpp:pld[:N] "
+                          "hybrid/CONTROLLER, hf:constant[:K], hf:heuristic, hf:dynamic, hf:pld; peers in their own "
+                          "processes: llama-server:plain|draft[:K]|ngram[:N]|draft+ngram, llamacpp:pld[:N], "
+                          "openvino:plain|draft[:K]|lookup[:K], vllm@URL (docs/peers.md) "
                           "(default: plain,hybrid/goodput,goodput,fixed:2,fixed:4)")
     cmp.add_argument("--workloads", default=None,
                      help="comma-separated: humaneval, gsm8k, specbench, specbench:<category>, rag, summarization, "

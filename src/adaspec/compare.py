@@ -14,7 +14,10 @@ the default drafter), or ``DRAFTER/CONTROLLER[:K]`` with any drafter spec of :fu
 ``hybrid-suffix/...`` suffix decoding, n-gram lookup and the default draft model. Each method gets its own suffix cache, which
 lives across the run's prompts (so a session's later steps see its earlier answers; rows of session workloads carry
 their ``step`` and the report adds speedup per step index). ``hf:KIND[:K]``
-runs a Hugging Face transformers peer on the same models (:mod:`adaspec.peers`). Modifiers follow with ``+``:
+runs a Hugging Face transformers peer on the same models; ``llama-server:...``, ``llamacpp:pld[:N]``,
+``openvino:...``, ``vllm@URL`` run other engines, each in its own process (:mod:`adaspec.peers`; a peer that is
+not installed, crashes or times out gets a row with its error and log tail, listed apart in the report, and a
+greedy peer answer that differs from plain decoding is listed with its first difference). Modifiers follow with ``+``:
 ``+strict`` (strict mode: a batch-invariant target, see :class:`~adaspec.engine.GenerationConfig`) and one lossy
 acceptance rule of :data:`adaspec.verify.LOSSY_RULES` (``+typical[:ε]``, ``+topk[:k]``, ``+bild[:nats]``), e.g.
 ``plain+strict``, ``hybrid/goodput+strict``, ``hybrid/goodput+topk:2``; and ``+tree:N[:always][:expand=E]`` (token
@@ -38,6 +41,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -45,7 +49,8 @@ from adaspec.controllers import CONTROLLERS, make_controller
 from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
-from adaspec.peers import parse_peer
+from adaspec.peers import PEER_LIBRARIES, is_combined_peer, parse_peer
+from adaspec.peers import report as peer_report
 from adaspec.structured import GrammarVocab
 from adaspec.tree import MAX_TREE_NODES, check_budget
 from adaspec.verify import parse_lossy
@@ -59,7 +64,6 @@ CONTROLLER_METHODS = ("goodput", "hybrid/goodput", "adaptive", "heuristic", "con
                       "hybrid/bandit", "hybrid/fixed:4")
 PEER_METHODS = ("hf:constant:4", "hf:heuristic", "hf:dynamic", "hf:pld")
 SPECBENCH = "specbench"
-PEER_LIBRARIES = ("hf", "llamacpp")
 WARMUP_PROMPT_TOKENS, WARMUP_TOKENS = 48, 24  # each adaspec method's untimed warm-up generation  # Method.controller of a peer: the library whose speculative decoding it runs
 
 PRESETS = {
@@ -101,6 +105,9 @@ def parse_method(text: str, default_draft: str) -> Method:
 
     A transformers peer is ``Method(label, draft model spec or None for prompt lookup, "hf", K)``.
     """
+    if is_combined_peer(text):  # llama-server:draft+ngram, vllm@http://...: no modifiers, no drafter prefix
+        peer = parse_peer(text)
+        return Method(text, default_draft if peer.needs_draft_model else None, peer.library, peer.k)
     drafter_part, slash, rest = text.rpartition("/")
     base, *mods = rest.split("+")
     if mods:
@@ -230,7 +237,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                                                                 else load_workload(w, limit))])
     set_threads(threads)
     cpu = cpu_label()
-    done = {result_key(r) for r in read_results(out)}
+    done = {result_key(r) for r in read_results(out) if not r.get("error")}  # a failed peer is tried again
     todo = [(w, p, t) for w, p in prompts for t in temperatures
             if any((w, p.id, m.label, t, m.strict) not in done for m in parsed)]
     if not todo:
@@ -239,8 +246,6 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     libraries = {m.controller for m in parsed if m.controller in PEER_LIBRARIES}
     if backend == "auto" and "hf" in libraries:  # transformers peers run on the very PyTorch model objects
         backend = "torch"
-    elif backend == "auto" and "llamacpp" in libraries:  # llama-cpp-python's own speculation runs its GGUF
-        backend = "llamacpp"
     tgt = load_model(target, backend=backend, dtype=dtype, device=device, progress=progress)
     others = sorted({r.get("target") for r in read_results(out)} - {tgt.name, None})
     if others:  # resuming would mix two targets (or one model on two backends) in one file
@@ -275,7 +280,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     _refill_suffix_caches(runners, read_results(out), prompts, lm)  # a resumed run's caches as they were
     peers = [m for m in parsed if m.controller in PEER_LIBRARIES]
     runners.update(_peer_runners(peers, tgt, drafters, runners["plain"], dtype=dtype, progress=progress,
-                                 device=device))
+                                 device=device, draft=draft, threads=threads, log_dir=out.with_suffix(".peers")))
     # Warm up every method alike on the start of the first prompt: one-time allocations stay out of the timings, and
     # the controllers that learn this machine's costs (draft, catch-up, verify per n) learn them here, as a running
     # server would have before its first measured request.
@@ -291,7 +296,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     start = time.monotonic()
     cached: list[int] = []
     prompt_prefill_ms = 0.0
-    with open(out, "a", encoding="utf-8") as f:
+    with open(out, "a", encoding="utf-8") as f, stopping(runners.values()):
         for i, (workload, prompt, temp) in enumerate(todo):
             if i and time_limit_s is not None and time.monotonic() - start > time_limit_s:
                 break
@@ -313,7 +318,8 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                     continue  # peers have no grammar here
                 if m.controller in PEER_LIBRARIES:
                     result = runner.generate(ids, max_new_tokens=max_new_tokens, temperature=temp, seed=seed)
-                    if prompt_cache and result.get("decode_ms") is None:  # transformers prefills itself: leave
+                    if prompt_cache and result.get("decode_ms") is None and not result.get("error"):
+                        # transformers prefills itself: leave
                         # out the same work, measured above (never below zero)
                         result.update(decode_ms=round(max(result["total_ms"] - prompt_prefill_ms, 1.0), 2),
                                       decode_tokens=max(result["new_tokens"] - 1, 0))
@@ -342,6 +348,17 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                 f.flush()
     bar.close()
     return out
+
+
+@contextmanager
+def stopping(runners):
+    """Stop every out-of-process peer's process when the comparison ends, however it ends."""
+    try:
+        yield
+    finally:
+        for r in runners:
+            if hasattr(r, "stop"):
+                r.stop()
 
 
 def _refill_suffix_caches(runners: dict, rows: list[dict], prompts: list[tuple], lm) -> None:
@@ -399,17 +416,19 @@ def _round_robin(prompts: list[tuple]) -> list[tuple]:
 
 
 def _peer_runners(methods: list[Method], tgt, drafters: dict, plain: SpeculativeEngine, *, dtype: str | None,
-                  progress: bool, device: str = "auto") -> dict:
+                  progress: bool, device: str = "auto", draft: str = "", threads: int | None = None,
+                  log_dir: Path | None = None) -> dict:
     """A runner per peer: transformers peers (:class:`~adaspec.peers.PeerRunner`) on the very model objects adaspec
-    runs (the draft model is shared with a loaded ModelDrafter when there is one), which must be on PyTorch;
-    llama-cpp-python peers (:class:`~adaspec.peers.LlamaCppPeerRunner`) on the GGUF of a llama.cpp target.
+    runs (the draft model is shared with a loaded ModelDrafter when there is one), which must be on PyTorch; every
+    other peer in its own process (:func:`adaspec.peers.make_peer`), on the target's and draft's GGUF files (or the
+    OpenVINO exports of the same zoo models), with its log in ``log_dir``.
 
     Raises:
-        ConfigError: a peer whose library does not run the target's (or draft's) backend.
+        ConfigError: a transformers peer on a target that is not on PyTorch.
     """
-    from adaspec.api import load_model
+    from adaspec.api import load_model, split_backend
     from adaspec.drafters import ModelDrafter, MultiDrafter
-    from adaspec.peers import PeerRunner
+    from adaspec.peers import PeerRunner, make_peer
 
     def draft_model(spec: str):
         for d in drafters.values():
@@ -424,19 +443,12 @@ def _peer_runners(methods: list[Method], tgt, drafters: dict, plain: Speculative
         return model
 
     runners = {}
+    ctx = None
     for m in methods:
         peer = parse_peer(m.label)
-        if peer.library == "llamacpp":
-            import torch
-
-            from adaspec.backends.llamacpp_backend import LlamaCppBackend
-            from adaspec.peers import LlamaCppPeerRunner
-
-            if not isinstance(tgt.backend, LlamaCppBackend):
-                raise ConfigError(f"{m.label} compares llama-cpp-python with adaspec on llama.cpp: give a llama.cpp "
-                                  f"target (--target NAME@llamacpp), not {tgt.name}")
-            runners[m.label] = LlamaCppPeerRunner(peer, tgt.backend.path, threads=torch.get_num_threads(),
-                                                  eos_token_ids=plain.eos_token_ids)
+        if peer.library != "hf":
+            ctx = ctx or _peer_context(tgt, draft, threads, plain, log_dir or Path("peers-logs"), split_backend)
+            runners[m.label] = make_peer(peer, ctx)
             continue
         if not hasattr(tgt.backend, "model"):
             raise ConfigError(f"{m.label} runs transformers' generate and needs a PyTorch target, not {tgt.name}")
@@ -445,16 +457,39 @@ def _peer_runners(methods: list[Method], tgt, drafters: dict, plain: Speculative
     return runners
 
 
+def _peer_context(tgt, draft: str, threads: int | None, plain: SpeculativeEngine, log_dir: Path, split_backend):
+    """What the out-of-process peers start from: the target's GGUF (the file adaspec runs, when it runs one), the
+    draft's GGUF (resolved on first use), zoo names, threads, stop tokens and the tokenizer."""
+    import torch
+
+    from adaspec.models import resolve_gguf
+    from adaspec.peers import PeerContext
+
+    target_name = split_backend(tgt.name)[0]
+    draft_name = split_backend(draft)[0]
+    path = getattr(tgt.backend, "path", None)
+    return PeerContext(
+        target=target_name, draft=draft_name, threads=threads or torch.get_num_threads(), log_dir=log_dir,
+        eos_token_ids=tuple(plain.eos_token_ids),
+        target_gguf=path if path is not None else (lambda: resolve_gguf(target_name, progress=False)[1]),
+        draft_gguf=lambda: resolve_gguf(draft_name, progress=False)[1],
+        tokenize=lambda text: tgt.tokenizer.encode(text, add_special_tokens=False),
+        detokenize=lambda ids: tgt.tokenizer.decode(ids))
+
+
 def summarize(rows: list[dict]) -> dict[tuple[str, float], dict[str, dict]]:
     """Aggregate rows per (category, temperature) and method into tokens/s, speedup, α, τ, identity and time split.
 
     tokens/s is decoding throughput (Σ decode_tokens / Σ decode_ms) when the rows time decoding apart from prefills
     (see :func:`_run_engine`), end to end (Σ new tokens / Σ total time) for older rows. Only prompts that every
     method of the group has finished are counted, so partial results compare like with like. Values a method does
-    not report (a transformers peer's α, τ and time split) are None.
+    not report (a transformers peer's α, τ and time split) are None. Rows of peers that did not answer (``error``)
+    are left out (:mod:`adaspec.peers.report` lists them).
     """
     groups: dict[tuple[str, float], list[dict]] = defaultdict(list)
     for r in rows:
+        if r.get("error"):
+            continue
         groups[(r["category"], r["temperature"])].append(r)
     table: dict[tuple[str, float], dict[str, dict]] = {}
     for key, group in sorted(groups.items()):
@@ -474,8 +509,9 @@ def summarize(rows: list[dict]) -> dict[tuple[str, float], dict[str, dict]]:
             tokens_per_s = (sum(r["decode_tokens"] for r in rs) / (decode_ms / 1e3) if decode and decode_ms > 0
                             else sum(r["new_tokens"] for r in rs) / (total_ms / 1e3))
             counted = all(r.get("draft_tokens") is not None for r in rs)
+            stepped = counted and all(r.get("speculation_steps") is not None for r in rs)  # peers count no steps
             drafted = sum(r["draft_tokens"] for r in rs) if counted else 0
-            spec_steps = sum(r["speculation_steps"] for r in rs) if counted else 0
+            spec_steps = sum(r["speculation_steps"] for r in rs) if stepped else 0
             accepted = sum(r["accepted_tokens"] for r in rs) if counted else 0
             ref = reference_method(m)
             same = [ms[m]["token_ids"] == ms[ref]["token_ids"] for ms in complete.values() if ref in ms]
@@ -484,7 +520,7 @@ def summarize(rows: list[dict]) -> dict[tuple[str, float], dict[str, dict]]:
                 "tokens_per_s": tokens_per_s,
                 "decode": decode,
                 "alpha": (accepted / drafted if drafted else 0.0) if counted else None,
-                "tau": ((accepted + spec_steps) / spec_steps if spec_steps else 0.0) if counted else None,
+                "tau": ((accepted + spec_steps) / spec_steps if spec_steps else 0.0) if stepped else None,
                 "identical": sum(same) / len(same) if same else float("nan"),
                 **{f"{part}_share": (sum(r[f"{part}_ms"] for r in rs) / total_ms
                                      if all(r.get(f"{part}_ms") is not None for r in rs) else None)
@@ -626,9 +662,12 @@ def markdown_report(rows: list[dict], default_method: str = DEFAULT_METHOD) -> s
             ident = "n/a" if s["identical"] != s["identical"] or temp > 0 else f"{100 * s['identical']:.0f}%"
             lines.append(f"| {m} | {s['tokens_per_s']:.2f} | {s.get('speedup', float('nan')):.2f}x | "
                          f"{_fmt(s['alpha'], '.3f')} | {_fmt(s['tau'])} | {ident} | {split} |")
+        for m, status in peer_report.failed_in(rows, category, temp).items():
+            lines.append(f"| {m} | {status} (see below) | — | — | — | — | — |")
         if best_fixed:
             lines += ["", f"Oracle (best fixed K in hindsight): {best_fixed}, "
                           f"{stats[best_fixed]['tokens_per_s']:.2f} tokens/s."]
         lines.append("")
     lines += _step_lines(rows)
+    lines += peer_report.peer_lines(rows)
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Peers for ``adaspec compare``: Hugging Face transformers' own speculative decoding on the same models.
+"""Hugging Face transformers' own speculative decoding on the same models, in adaspec's process (a compare peer).
 
 Methods (``hf:`` prefix in ``--methods``):
 
@@ -25,15 +25,6 @@ transformers 5.24's assisted generation and prompt lookup return wrong tokens wh
 pre-filled cache (``past_key_values``/``cache`` holding the prompt prefix: the output drifts from greedy decoding
 after a few steps, while plain ``generate`` from the same cache is right; see tests/test_compare_peers.py), so
 peers always prefill the prompt themselves (compare leaves prefills out of its decoding times).
-
-llama-cpp-python's own speculative decoding (``llamacpp:`` prefix):
-
-* ``llamacpp:pld[:N]`` — ``Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=N))`` (default N = 10,
-  n-grams up to 2, as llama-cpp-python defaults) on the target's GGUF: prompt lookup drafting verified by
-  llama-cpp-python's ``generate`` loop (it evaluates with ``logits_all=True``, which llama-cpp-python forces when a
-  draft model is set). Needs the ``llamacpp`` extra and a target on llama.cpp (``NAME@llamacpp``), so that it is
-  compared with adaspec on the same engine. It times its own decoding (after the first token), so its row carries
-  ``decode_ms`` like adaspec's and nothing is subtracted.
 """
 
 from __future__ import annotations
@@ -45,7 +36,6 @@ from dataclasses import dataclass
 from adaspec.errors import ConfigError
 
 KINDS = {"constant": 4, "heuristic": 20, "dynamic": 20, "pld": 10}
-LLAMACPP_KINDS = {"pld": 10}
 
 
 @dataclass(frozen=True)
@@ -55,7 +45,7 @@ class Peer:
     label: str
     kind: str
     k: int
-    library: str = "hf"  # "hf" (transformers) or "llamacpp" (llama-cpp-python)
+    library: str = "hf"
 
     @property
     def needs_draft_model(self) -> bool:
@@ -63,10 +53,9 @@ class Peer:
 
 
 def parse_peer(text: str) -> Peer | None:
-    """``hf:KIND[:K]`` or ``llamacpp:KIND[:K]`` → Peer; None for a method that is not a peer. Raises ConfigError on
-    a malformed one."""
+    """``hf:KIND[:K]`` → Peer; None for a method that is not one. Raises ConfigError on a malformed one."""
     library, sep, rest = text.partition(":")
-    kinds = {"hf": KINDS, "llamacpp": LLAMACPP_KINDS}.get(library)
+    kinds = KINDS if library == "hf" else None
     if not sep or kinds is None:
         return None
     kind, _, k = rest.partition(":")
@@ -157,60 +146,6 @@ class PeerRunner:
                 "acceptance_rate": None, "mean_accepted_tokens": None, "prefill_ms": None, "draft_ms": None,
                 "verify_ms": None, "other_ms": None, "peer": True, "peer_note": self.note,
                 "peer_k_after": getattr(self.assistant_config, "num_assistant_tokens", None)}
-
-    def warmup(self) -> None:
-        self.generate([1, 2, 3, 4, 5, 6, 7, 8], max_new_tokens=3)
-
-
-class LlamaCppPeerRunner:
-    """llama-cpp-python's ``LlamaPromptLookupDecoding`` on a GGUF (see the module docstring).
-
-    Args:
-        peer: a ``llamacpp:pld[:N]`` peer.
-        gguf_path: the target's GGUF file.
-        threads: llama.cpp threads. n_ctx: context window (tokens).
-        eos_token_ids: ids that end generation (adaspec's engine defaults, for identical stopping).
-    """
-
-    def __init__(self, peer: Peer, gguf_path, *, threads: int, n_ctx: int = 4096, eos_token_ids=()) -> None:
-        from adaspec.backends.llamacpp_backend import import_llama_cpp
-
-        llama_cpp = import_llama_cpp()
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        self.peer = peer
-        self.eos = set(eos_token_ids)
-        self.note = "logits_all=True (forced by llama-cpp-python with a draft model)"
-        self.llm = llama_cpp.Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads,
-                                   n_threads_batch=threads, verbose=False,
-                                   draft_model=LlamaPromptLookupDecoding(num_pred_tokens=peer.k))
-
-    def generate(self, prompt_ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
-                 seed: int = 0) -> dict:
-        """One generation from an empty cache; returns the result fields of a compare row."""
-        self.llm.set_seed(seed)
-        new: list[int] = []
-        start = time.perf_counter()
-        first = start
-        for token in self.llm.generate(prompt_ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0,
-                                       repeat_penalty=1.0, reset=True):
-            if not new:
-                first = time.perf_counter()  # after its own prefill (with logits for every prompt row)
-            new.append(int(token))
-            if token in self.eos or len(new) >= max_new_tokens:
-                break
-        end = time.perf_counter()
-        total_ms = (end - start) * 1e3
-        self.llm.reset()
-        finish = "stop" if new and new[-1] in self.eos else "length"
-        return {"finish_reason": finish, "token_ids": new, "prompt_tokens": len(prompt_ids),
-                "new_tokens": len(new), "total_ms": round(total_ms, 2),
-                "decode_ms": round((end - first) * 1e3, 2), "decode_tokens": max(len(new) - 1, 0),
-                "tokens_per_s": round(len(new) / (total_ms / 1e3), 3) if total_ms > 0 else 0.0,
-                "steps": None, "speculation_steps": None, "draft_tokens": None, "accepted_tokens": None,
-                "acceptance_rate": None, "mean_accepted_tokens": None, "prefill_ms": round((first - start) * 1e3, 2),
-                "draft_ms": None, "verify_ms": None, "other_ms": None, "peer": True, "peer_note": self.note,
-                "peer_k_after": None}
 
     def warmup(self) -> None:
         self.generate([1, 2, 3, 4, 5, 6, 7, 8], max_new_tokens=3)
