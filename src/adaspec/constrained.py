@@ -21,11 +21,15 @@ One step over a chain of K drafts, with the grammar state at the sequence so far
 4. **Advance** the grammar over the emitted tokens (accepted drafts + the target's token) after the cut for EOS,
    max_tokens and stop strings, as the KV cache keeps them; rejected drafts were never consumed (rolled back in 2).
 
-Token trees are not verified under a grammar (the engine verifies chains and says so in
-:attr:`~adaspec.stats.GenerationStats.tree_fallback`).
+:class:`RequestGrammar` carries one request through these four steps; both engines use it per request
+(:class:`~adaspec.engine.SpeculativeEngine`) and per batch row (:class:`~adaspec.batch.BatchEngine`), so a row
+of a batch is constrained exactly as a request alone is. Token trees are not verified under a grammar (the engine
+verifies chains and says so in :attr:`~adaspec.stats.GenerationStats.tree_fallback`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -66,3 +70,63 @@ def residual_token(masked_row: torch.Tensor, q: torch.Tensor, params: SamplingPa
     if not total > 0:  # q >= p everywhere p lives: cannot happen with p(x) = 0 < q(x), kept for safety
         residual, total = p, p.sum()
     return int(sample(residual / total, generator))
+
+
+class RequestGrammar:
+    """One request's grammar bookkeeping through the steps of a decoding loop (see the module docstring).
+
+    Args:
+        state: the request's :class:`~adaspec.structured.GrammarState`, standing at the sequence so far; it is
+            advanced only by :meth:`accept`, over the tokens the KV cache keeps.
+    """
+
+    def __init__(self, state: GrammarState) -> None:
+        self.state = state
+        self.cut_q: torch.Tensor | None = None  # the draft's q ``[V_d]`` of the token the last cut removed
+
+    @property
+    def ms(self) -> float:
+        """Milliseconds spent in the grammar engine so far (masks, cuts, forced tokens)."""
+        return self.state.ms
+
+    def first(self, logits: torch.Tensor) -> torch.Tensor:
+        """The prefill's last ``[1, V]`` logits masked by the grammar's start state."""
+        return mask_logits(logits, self.state.allowed()[None])
+
+    def cut(self, draft: Draft) -> Draft:
+        """Step 1: ``draft`` (a chain) cut before the first token the grammar rejects (:func:`cut_draft`)."""
+        draft, self.cut_q = cut_draft(self.state, draft)
+        return draft
+
+    def scored(self, logits: torch.Tensor, fed: list[int]) -> torch.Tensor:
+        """Step 2: the target's ``[K + 1, V]`` logits over ``[pending] + fed`` (the cut draft), each row masked
+        by the grammar after the drafts before it (:func:`masked`)."""
+        return masked(self.state, logits, fed)
+
+    def corrected(self, scored: torch.Tensor, n_accepted: int, n_drafted: int, token: int, params: SamplingParams,
+                  generator: torch.Generator, lossy=None) -> int:
+        """Step 3's token after verification on ``scored``: where every kept draft was accepted and a sampled
+        draft was cut after them, the residual norm(max(p - q, 0)) at the cut (:func:`residual_token`) instead
+        of ``token``; else ``token``."""
+        if self.cut_q is not None and n_accepted == n_drafted and not params.greedy and lossy is None:
+            return residual_token(scored[n_accepted], self.cut_q, params, generator)
+        return token
+
+    def accept(self, new: list[int], cut: Callable[[list[int]], tuple[list[int], str | None]]
+               ) -> tuple[list[int], str | None]:
+        """Step 4: advance the grammar over ``new`` (accepted drafts + the target's token) up to the token that
+        completes it, apply the engine's ``cut`` (EOS, max_tokens, context, stop strings: ``tokens -> (kept,
+        finish reason)``) and keep the grammar where the KV cache is kept. Returns ``(kept tokens, finish
+        reason)``: ``"stop"`` when the grammar allows nothing more after them."""
+        ended = False
+        for i, t in enumerate(new):
+            self.state.advance([t])
+            if self.state.done:
+                new, ended = new[:i + 1], True
+                break
+        consumed = len(new)
+        new, finish = cut(new)
+        self.state.rollback(consumed - len(new))
+        if ended and len(new) == consumed:
+            finish = finish or "stop"
+        return new, finish
