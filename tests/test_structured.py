@@ -300,10 +300,3 @@ def test_structured_workload_tasks_and_scoring():
     assert schema_errors({"a": 1.5}, {"type": "object", "properties": {"a": {"type": "integer"}}}) == [
         "$.a: expected integer, got float"]
 
-
-def test_batched_decoding_refuses_a_constraint(models):
-    from adaspec.batch import BatchEngine
-
-    batch = BatchEngine(TorchBackend(models["qwen"], "qwen", max_sequences=2), max_batch=2)
-    with pytest.raises(ConfigError, match="batched decoding"):
-        batch.add([1, 2, 3], GenerationConfig(max_new_tokens=4, regex="[a-z]+"))
