@@ -189,3 +189,20 @@ def test_smollm2_batched_structured_rows_equal_constrained_plain():
     for prompt, cfg, result in zip(prompts, configs, got):
         assert result.token_ids == plain.generate(prompt, cfg).token_ids, cfg.constraint
     assert got[0].finish_reason == "stop" and got[1].finish_reason == "stop"
+
+
+def test_lazy_rows_in_a_batch_equal_lazy_plain(models):
+    """A lazy grammar (free until its trigger) in a batch, beside a free row: each row is its request alone."""
+    from test_structured import LAZY, LAZY_TOKENS, TC, triggered_bias
+
+    vocab = GrammarVocab.from_tokens(LAZY_TOKENS, [EOS], special_ids=[TC])
+    model = models["qwen"]
+    bias = triggered_bias(model, vocab)
+    configs = [GenerationConfig(max_new_tokens=64, logit_bias=bias, response_format=LAZY),
+               GenerationConfig(max_new_tokens=30, ignore_eos=True)]
+    prompts = [[1, 2, 3], [5, 6, 7, 5, 6, 7]]
+    engine = _batch(TorchBackend(model, "qwen", max_sequences=2), NgramDrafter().for_sequence, 4, vocab, 2)
+    got = engine.generate(prompts, configs)
+    for prompt, cfg, result in zip(prompts, configs, got):
+        assert result.token_ids == _plain(model, vocab, prompt, cfg).token_ids
+    assert TC in got[0].token_ids and got[0].finish_reason == "stop"

@@ -228,6 +228,9 @@ def test_plan_tools_modes():
     assert plan_tools(None, None, None) is None
     assert plan_tools(TOOLS, "none", None).template_tools is None
     assert plan_tools(TOOLS, None, None).mode == "auto" and plan_tools(TOOLS, "auto", None).constraint() is None
+    lazy = plan_tools(TOOLS, "auto", True).lazy_constraint()  # free text until <tool_call>, then the calls
+    assert lazy.trigger == "<tool_call>" and lazy.source.startswith('start: call ("\\n" call)*')
+    assert plan_tools(TOOLS, "required", True).lazy_constraint() is None
     forced = plan_tools(TOOLS, "required", False).constraint()
     assert forced.kind == "lark" and '"get_weather"' in forced.source and '"add"' in forced.source
 

@@ -307,7 +307,7 @@ class BatchEngine:
             try:
                 slot = self._drafter(row.drafter_for, row.seq)
                 row.drafter = unwrapped(slot)
-                row.proposer = request_drafter(slot, row.grammar and row.grammar.state, row.cfg.forced_drafts)
+                row.proposer = request_drafter(slot, row.grammar, row.cfg.forced_drafts)
                 row.controller = row.controller_factory()
                 row.controller.reset()
                 if self.pricer.curve:  # the batch's measured costs, so a goodput row does not start from priors

@@ -317,7 +317,7 @@ class SpeculativeEngine:
         margins: list[float] | None = [] if cfg.return_margins else None
         logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
         controls = cfg.controls
-        drafter = request_drafter(self.drafter, state, cfg.forced_drafts)
+        drafter = request_drafter(self.drafter, grammar, cfg.forced_drafts)
         tree_budget, stats.tree_fallback = self._tree_mode(cfg, params, lossy, controls, grammar)
         chooser = self._tree_choice() if tree_budget and cfg.tree_choice == "goodput" else None
         start = time.perf_counter()

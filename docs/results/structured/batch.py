@@ -4,6 +4,8 @@ The structured workload's tasks (adaspec.structured_workload; greedy) go through
 at batch sizes 1, 2 and 4 (``--batches``), every row under its own task's grammar (schema or forced tool call):
 
 * ``plain``: constrained plain decoding, batched;
+(prompts prefilled by chunks of ``--prefill-chunk`` tokens per step, as ``adaspec serve`` does):
+
 * ``speculative``: the default drafter (``hybrid``: prompt lookup + the default draft model) per row, a goodput
   controller per row and the batch pricer (calibrated once per batch size), with the grammar's forced tokens
   drafted on top.
@@ -34,7 +36,8 @@ def main(argv=None) -> int:
     p.add_argument("--backend", default="ik")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--limit", type=int, default=6, help="tasks (interleaved by category)")
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--prefill-chunk", type=int, default=64, help="as adaspec serve's --prefill-chunk (default 64)")
     p.add_argument("--batches", default="1,2,4")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--out", default="docs/results/structured/batch.jsonl")
@@ -72,7 +75,7 @@ def main(argv=None) -> int:
                 spec = method == "speculative"
                 engine = BatchEngine(target.backend, drafter.for_sequence if spec else None,
                                      (lambda: make_controller("goodput", None)) if spec else None,
-                                     tokenizer=target.tokenizer, max_batch=batch)
+                                     tokenizer=target.tokenizer, max_batch=batch, prefill_chunk=args.prefill_chunk)
                 vocab = vocab or GrammarVocab.from_tokenizer(target.tokenizer, target.backend.vocab_size,
                                                              engine.eos_token_ids)
                 engine.grammar_vocab = vocab  # one vocabulary (and grammar cache) per model

@@ -29,8 +29,9 @@ class ForcedDrafter(Drafter):
 
     Args:
         inner: the drafter for the free parts, or None.
-        state: the request's :class:`~adaspec.structured.GrammarState` (the engine binds it per request with
-            :meth:`bound`); it must stand at the sequence ``propose`` is given.
+        state: the request's grammar, anything with ``forced() -> list[int]`` standing at the sequence ``propose``
+            is given (the engines bind their :class:`~adaspec.constrained.RequestGrammar` per request with
+            :meth:`bound`).
     """
 
     def __init__(self, inner: Drafter | None = None, state=None, max_forced: int = 16) -> None:
