@@ -22,7 +22,7 @@ from adaspec.controllers.fixed import FixedController
 from adaspec.controllers.tree_choice import TreeChoice
 from adaspec.constrained import RequestGrammar
 from adaspec.drafters.base import Draft, Drafter, empty_draft
-from adaspec.drafters.forced import ForcedDrafter, request_drafter, unwrapped, without_forced  # noqa: F401 (API)
+from adaspec.drafters.forced import ForcedDrafter, request_drafter, unwrapped, without_forced
 from adaspec.drafters.multi import cached_prefixes, measure_drafters, route
 from adaspec.errors import ConfigError, ContextLengthError
 from adaspec.processors import LogitsControls
