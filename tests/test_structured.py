@@ -337,6 +337,16 @@ def test_lazy_grammar_is_free_until_its_trigger_then_constrains(models, lazy_voc
         [1, 2, 3], GenerationConfig(**{**never.__dict__, "response_format": LAZY}))
     assert lazy.token_ids == free.token_ids and lazy.stats.grammar_ms < 5  # no trigger: free text, unmasked
 
+    class Triggers(Drafter):  # drafts the trigger first, every step: its position is free, the target declines it
+        name = "triggers"
+
+        def propose(self, ids, k, sampling, generator=None, stop=None):
+            return Draft(torch.tensor([TC] + [TOKENS.index(b"{")] * (k - 1), dtype=torch.long))
+
+    drafted = engine(TorchBackend(model, "qwen"), Triggers(), 3, lazy_vocab).generate(
+        [1, 2, 3], GenerationConfig(**{**never.__dict__, "response_format": LAZY}))
+    assert drafted.token_ids == free.token_ids and drafted.stats.draft_tokens > 0
+
     bias = triggered_bias(model, lazy_vocab)
     free = engine(TorchBackend(model, "qwen"), vocab=lazy_vocab).generate(
         [1, 2, 3], GenerationConfig(max_new_tokens=64, logit_bias=bias))

@@ -100,11 +100,6 @@ class RequestGrammar:
         """The tokens the grammar forces from here (none while a lazy grammar waits for its trigger)."""
         return self.state.forced() if self.live else []
 
-    def _start(self, tokens: list[int]) -> int:
-        """Where the grammar starts in ``tokens`` (drafts after the sequence so far, holding a lazy grammar's
-        trigger unless it applies already): 0 when it applies already, else the trigger's index."""
-        return 0 if self.live else tokens.index(self.trigger)
-
     def first(self, logits: torch.Tensor) -> torch.Tensor:
         """The prefill's last ``[1, V]`` logits masked by the grammar's start state (a lazy one: unmasked)."""
         return mask_logits(logits, self.state.allowed()[None]) if self.live else logits
@@ -116,7 +111,7 @@ class RequestGrammar:
         if not self.live and self.trigger not in tokens:  # a lazy grammar still waiting: nothing to check
             self.cut_q = None
             return draft
-        start = self._start(tokens)
+        start = 0 if self.live else tokens.index(self.trigger)
         tail = Draft(draft.tokens[start:], None if draft.probs is None else draft.probs[start:], draft.source)
         tail, self.cut_q = cut_draft(self.state, tail)
         if len(tail) == len(draft) - start:
@@ -127,11 +122,11 @@ class RequestGrammar:
     def scored(self, logits: torch.Tensor, fed: list[int]) -> torch.Tensor:
         """Step 2: the target's ``[K + 1, V]`` logits over ``[pending] + fed`` (the cut draft), each row masked
         by the grammar after the drafts before it (:func:`masked`; a lazy grammar: the rows after its trigger)."""
-        if not self.live and self.trigger not in fed:  # a lazy grammar still waiting: every row is free
-            return logits
-        start = self._start(fed)
-        if start == 0:
+        if self.live:
             return masked(self.state, logits, fed)
+        if self.trigger not in fed:  # a lazy grammar still waiting: every row is free
+            return logits
+        start = fed.index(self.trigger)  # rows up to the trigger's own are free
         rows = self.state.masks(fed[start:])[1:]  # after the trigger, after each draft that follows it
         return torch.cat([logits[:start + 1], mask_logits(logits[start + 1:], rows)])
 
