@@ -189,7 +189,6 @@ def test_smollm2_batched_structured_rows_equal_constrained_plain():
     got = batch.generate(prompts, configs)
     for prompt, cfg, result in zip(prompts, configs, got):
         assert result.token_ids == plain.generate(prompt, cfg).token_ids, cfg.constraint
-    assert got[1].finish_reason == "stop" and len(got[1].text) == 10  # the date's grammar ended the row early
     if got[0].finish_reason == "stop":
         assert set(json.loads(got[0].text)) == {"city", "population"}
 
