@@ -496,3 +496,37 @@ def test_levels_with_failed_requests_give_no_advice_and_are_flagged(tmp_path):
     text = make_endpoint_report([path], tmp_path / "f.md")["report"].read_text()
     assert "| 2 clients (3 failed requests) | 2.00× |" in text and "boom ×3" in text
     assert "- baseline: no /metrics" in text
+
+
+def test_structured_workload_sends_constraints_and_grades_answers(served, tmp_path):
+    """--workload structured: each task goes with its schema or forced tool (chat only); streamed content and
+    tool-call pieces are put back together and graded (schema validity, exact fields)."""
+    from adaspec.bench.endpoint import _read_answer, request_body, structured_summary
+    from adaspec.structured_workload import load_tasks
+
+    tasks = load_tasks(3)
+    cfg = EndpointConfig(url=served.url, workload="structured", prompts=3, max_tokens=24, concurrency=[1])
+    sig, answer, tool = (request_body(cfg, "m", t) for t in tasks)
+    assert sig["response_format"]["json_schema"]["schema"] == tasks[0].schema and "tools" not in sig
+    assert answer["response_format"]["json_schema"]["strict"] is True
+    assert tool["tool_choice"] == "required" and tool["tools"][0]["function"]["name"] == "translate"
+    with pytest.raises(ConfigError, match="--api chat"):
+        EndpointConfig(url=served.url, workload="structured", api="completions").validate()
+
+    right = [RequestResult(t.id, ok=True, finish_reason="stop") for t in tasks]
+    right[0].text = json.dumps(tasks[0].expected)
+    right[1].text = json.dumps({"reasoning": "r", "answer": tasks[1].expected["answer"] + 1})  # valid, wrong
+    arguments = json.dumps(tasks[2].expected)
+    for i, delta in enumerate([{"tool_calls": [{"index": 0, "function": {"name": "translate", "arguments": ""}}]},
+                               {"tool_calls": [{"index": 0, "function": {"arguments": arguments[:10]}}]},
+                               {"tool_calls": [{"index": 0, "function": {"arguments": arguments[10:]}}]}]):
+        _read_answer(right[2], delta)
+    cut = RequestResult(tasks[0].id, ok=True, finish_reason="length", text=right[0].text)
+    assert structured_summary(tasks, right) == {"answers": 3, "valid": 1.0, "exact_fields": round(2 / 3, 4)}
+    assert structured_summary(tasks, [cut])["valid"] == 0.0  # cut by the budget: never valid
+
+    out = tmp_path / "structured.jsonl"
+    run_endpoint_bench(cfg, out, log=lambda m: None)
+    row, = _rows(out)
+    assert row["completed"] == 3 and row["failed"] == 0 and row["workload"] == "structured"
+    assert row["structured"]["answers"] == 3 and 0.0 <= row["structured"]["valid"] <= 1.0

@@ -198,3 +198,24 @@ def test_score_rows_gsm8k_cot_uses_the_gsm8k_answers(tmp_path):
     assert [scores[(pid, evaluate._hash(r["text"]))] for r in rows] == [True, False]
     stats = analyse("gsm8k-cot", rows, scores, threshold=1.0)
     assert stats["ngram/goodput"]["stated"]["accuracy"] == 0.0 and stats["plain"]["stated"]["accuracy"] == 1.0
+
+
+def test_structured_rows_score_validity_and_exact_fields(tmp_path):
+    """The structured task is graded at generation (rows carry valid and exact): right = valid with every field
+    exact; the report gives the validity rate and the mean share of exact fields."""
+    rows = []
+    for i, (valid, exact) in enumerate([(True, 1.0), (True, 0.5), (False, 0.0)]):
+        rows.append({**_row(f"s{i}", "plain", [1, 2], f"p{i}", [1.0, 1.0]), "valid": valid, "exact": exact})
+        rows.append({**_row(f"s{i}", "ngram/goodput", [1, 2], f"p{i}", [1.0, 1.0]), "valid": valid,
+                     "exact": exact})
+    scores = score_rows("structured", rows, tmp_path / "s.jsonl", progress=False)
+    assert [scores[(f"s{i}", evaluate._hash(f"p{i}"))] for i in range(3)] == [True, False, False]
+    stats = analyse("structured", rows, scores, threshold=1.0)
+    spec = stats["ngram/goodput"]
+    assert spec["accuracy"] == pytest.approx(1 / 3) and spec["identical"] == 1.0
+    assert spec["structured"]["valid"] == pytest.approx(2 / 3)
+    assert spec["structured"]["exact_fields"] == pytest.approx(0.5)
+    report = evaluate.markdown({"structured": stats}, {"target": "t", "dtype": "float32", "max_new_tokens": 8,
+                                                       "threads": 1, "noise": 0.0, "noise_width": "3",
+                                                       "threshold": 0.0})
+    assert "| ngram/goodput | 66.7% |" in report and "| 50.0% |" in report

@@ -22,7 +22,7 @@ from adaspec.drafters.base import Draft, Drafter
 from adaspec.drafters.forced import ForcedDrafter
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
-from adaspec.structured import Constraint, GrammarVocab
+from adaspec.structured import JSON_OPTIONS, Constraint, GrammarVocab
 
 from conftest import MarkovBackend, markov_table
 from test_verify import assert_matches
@@ -301,9 +301,68 @@ def test_structured_workload_tasks_and_scoring():
         "$.a: expected integer, got float"]
 
 
-def test_batched_decoding_refuses_a_constraint(models):
-    from adaspec.batch import BatchEngine
 
-    batch = BatchEngine(TorchBackend(models["qwen"], "qwen", max_sequences=2), max_batch=2)
-    with pytest.raises(ConfigError, match="batched decoding"):
-        batch.add([1, 2, 3], GenerationConfig(max_new_tokens=4, regex="[a-z]+"))
+# Lazy grammars (tool_choice "auto"): free until the trigger token -------------------------------------------------
+TC = 62  # "<tc>", a special token standing in for Qwen2.5's <tool_call>
+LAZY_TOKENS = [*TOKENS[:TC], b"<tc>", TOKENS[EOS]]
+LAZY = Constraint.lark('start: "<tc>" body\nbody: %json ' + json.dumps({**SCHEMA, "x-guidance": JSON_OPTIONS}),
+                      trigger="<tc>")
+
+
+@pytest.fixture(scope="module")
+def lazy_vocab() -> GrammarVocab:
+    return GrammarVocab.from_tokens(LAZY_TOKENS, [EOS], special_ids=[TC])
+
+
+def triggered_bias(model, vocab) -> dict[int, float]:
+    """A logit bias on the trigger that makes the tiny model emit it after a few free tokens (found, not assumed)."""
+    for bias in (2.0, 3.0, 4.0, 6.0, 8.0, 12.0):
+        r = engine(TorchBackend(model, "qwen"), vocab=vocab).generate(
+            [1, 2, 3], GenerationConfig(max_new_tokens=24, logit_bias={TC: bias}))
+        if TC in r.token_ids[2:16]:
+            return {TC: bias}
+    raise AssertionError("no bias makes the tiny model emit the trigger after free text")
+
+
+def test_lazy_grammar_is_free_until_its_trigger_then_constrains(models, lazy_vocab):
+    from adaspec.structured import TriggerUnavailable
+
+    assert lazy_vocab.compile(LAZY).trigger == TC
+    with pytest.raises(TriggerUnavailable, match="special token"):
+        lazy_vocab.compile(Constraint.lark('start: "ab" body\nbody: /[0-9]+/', trigger="ab"))
+    model = models["qwen"]
+    never = GenerationConfig(max_new_tokens=24, logit_bias={TC: -100.0})
+    free = engine(TorchBackend(model, "qwen"), vocab=lazy_vocab).generate([1, 2, 3], never)
+    lazy = engine(TorchBackend(model, "qwen"), vocab=lazy_vocab).generate(
+        [1, 2, 3], GenerationConfig(**{**never.__dict__, "response_format": LAZY}))
+    assert lazy.token_ids == free.token_ids and lazy.stats.grammar_ms < 5  # no trigger: free text, unmasked
+
+    class Triggers(Drafter):  # drafts the trigger first, every step: its position is free, the target declines it
+        name = "triggers"
+
+        def propose(self, ids, k, sampling, generator=None, stop=None):
+            return Draft(torch.tensor([TC] + [TOKENS.index(b"{")] * (k - 1), dtype=torch.long))
+
+    drafted = engine(TorchBackend(model, "qwen"), Triggers(), 3, lazy_vocab).generate(
+        [1, 2, 3], GenerationConfig(**{**never.__dict__, "response_format": LAZY}))
+    assert drafted.token_ids == free.token_ids and drafted.stats.draft_tokens > 0
+
+    bias = triggered_bias(model, lazy_vocab)
+    free = engine(TorchBackend(model, "qwen"), vocab=lazy_vocab).generate(
+        [1, 2, 3], GenerationConfig(max_new_tokens=64, logit_bias=bias))
+    cfg = GenerationConfig(max_new_tokens=64, logit_bias=bias, response_format=LAZY)
+    plain = engine(TorchBackend(model, "qwen"), vocab=lazy_vocab).generate([1, 2, 3], cfg)
+    at = plain.token_ids.index(TC)
+    assert at >= 2 and plain.token_ids[:at + 1] == free.token_ids[:at + 1]  # free up to and with the trigger
+    state = lazy_vocab.compile(LAZY).start()
+    state.advance(plain.token_ids[at:])  # the grammar held from the trigger on (raises otherwise)
+    assert plain.finish_reason == "stop" and state.done  # ends where the call's grammar is complete
+    value = json.loads(b"".join(LAZY_TOKENS[t] for t in plain.token_ids[at + 1:]).decode())
+    assert set(value) == {"name", "age", "ok"}
+    drafters = {"ngram": NgramDrafter(), "forced": ForcedDrafter(None),
+                "trunc": ModelDrafter(TorchBackend(truncated_layers(model, 2), "trunc"))}
+    for name, drafter in drafters.items():
+        spec = engine(TorchBackend(model, "qwen"), drafter, 4, lazy_vocab).generate([1, 2, 3], cfg)
+        assert spec.token_ids == plain.token_ids, name
+        if name == "forced":  # forced drafts only after the trigger: the keys, all accepted
+            assert spec.stats.draft_tokens > 0 and spec.stats.accepted_tokens == spec.stats.draft_tokens

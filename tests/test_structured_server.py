@@ -132,6 +132,75 @@ def test_bad_structured_requests_are_400_naming_the_problem(server, kw, needle):
     assert needle in str(e.value)
 
 
+# Batched (--max-batch > 1) ----------------------------------------------------------------------------------------
+BATCH_BODIES = [
+    dict(messages=MSGS, max_tokens=120, response_format={"type": "json_schema", "json_schema": {
+        "name": "thing", "schema": SCHEMA, "strict": True}}),
+    dict(messages=MSGS, max_tokens=120, tools=TOOLS, tool_choice="required", parallel_tool_calls=False),
+    dict(messages=MSGS, max_tokens=24),
+    dict(messages=[{"role": "user", "content": "Describe a cat."}], max_tokens=60,
+         response_format={"type": "json_object"}),
+    dict(messages=MSGS, max_tokens=120, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}}),
+    dict(messages=[{"role": "user", "content": "Hello there."}], max_tokens=30, tools=TOOLS),
+]
+
+
+def _chats(url: str, bodies: list[dict], together: bool) -> list[tuple[int, dict]]:
+    """Each body's (status, first choice) from /v1/chat/completions, sent all at once or one after another."""
+    import asyncio
+
+    import httpx
+
+    async def run():
+        async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+            async def ask(body):
+                r = await http.post("/v1/chat/completions", json={"temperature": 0, **body})
+                return r.status_code, (r.json()["choices"][0] if r.status_code == 200 else r.json())
+            if together:
+                return await asyncio.gather(*(ask(b) for b in bodies))
+            return [await ask(b) for b in bodies]
+
+    return asyncio.run(run())
+
+
+def test_batched_structured_requests_equal_their_solo_answers(server, tiny):
+    """A server with --max-batch 3 decodes structured requests (a schema, forced and named tool calls, any JSON
+    object) beside free ones, six at once: each answer equals the one request's answer from the server that runs
+    one request at a time; a bad schema is still a 400 naming it."""
+    from test_server import scrape, value
+
+    from adaspec.server.runtime import ModelHost
+
+    solo = _chats(server.url, BATCH_BODIES, together=False)
+    host = ModelHost.load(tiny, "ngram", controller="fixed", k=4, dtype="float32", threads=1, progress=False,
+                          max_batch=3)
+    try:
+        with live(host, max_queue=16) as srv:
+            before = scrape(srv.url)
+            got = _chats(srv.url, BATCH_BODIES, together=True)
+            after = scrape(srv.url)
+            with pytest.raises(openai.BadRequestError, match="objectx"):
+                srv.client().chat.completions.create(model=None, messages=MSGS, max_tokens=4, response_format={
+                    "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}})
+            content, calls, finish = streamed(srv.client(), model=None, temperature=0, **BATCH_BODIES[1])
+    finally:
+        host.shutdown()
+    assert [code for code, _ in solo] == [200] * len(BATCH_BODIES)
+    def answer(choice: dict) -> tuple:  # the message without the calls' random ids
+        msg = choice["message"]
+        calls = [c["function"] for c in msg.get("tool_calls") or []]
+        return msg.get("content"), calls, choice["finish_reason"]
+
+    assert [answer(c) for _, c in got] == [answer(c) for _, c in solo]
+    assert got[1][1]["finish_reason"] == "tool_calls" and got[4][1]["message"]["tool_calls"][0]["function"][
+        "name"] == "add"
+    assert finish == "tool_calls" and calls == [{"name": f["function"]["name"], "arguments": f["function"][
+        "arguments"]} for f in got[1][1]["message"]["tool_calls"]]
+    together = [int(dict(lab)["batch_size"]) for (n, lab), v in after.items()
+                if n == "adaspec:batch_steps_total" and v > value(before, n, **dict(lab))]
+    assert max(together) >= 2  # the rows really decoded together
+
+
 # Parsing the model's tool calls (tool_choice "auto") -----------------------------------------------------------
 def test_parse_tool_calls():
     text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -159,6 +228,9 @@ def test_plan_tools_modes():
     assert plan_tools(None, None, None) is None
     assert plan_tools(TOOLS, "none", None).template_tools is None
     assert plan_tools(TOOLS, None, None).mode == "auto" and plan_tools(TOOLS, "auto", None).constraint() is None
+    lazy = plan_tools(TOOLS, "auto", True).lazy_constraint()  # free text until <tool_call>, then the calls
+    assert lazy.trigger == "<tool_call>" and lazy.source.startswith('start: call ("\\n" call)*')
+    assert plan_tools(TOOLS, "required", True).lazy_constraint() is None
     forced = plan_tools(TOOLS, "required", False).constraint()
     assert forced.kind == "lark" and '"get_weather"' in forced.source and '"add"' in forced.source
 

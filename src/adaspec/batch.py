@@ -24,6 +24,11 @@ in strict mode it is the output of the request alone (PyTorch's strict mode runs
 GGUF runtimes refuse strict rows in a batch where their kernels mix rows).
 A request may bring its own drafter and controller (the server's per-request ``speculation``).
 
+A row with a grammar (structured output) is constrained as a request alone is (:class:`~adaspec.constrained.
+RequestGrammar`): its drafts are cut where the grammar rejects them before the batched forward, each of its
+verified positions is masked by the grammar after the accepted prefix, its grammar state rolls back with its cache,
+and the grammar's forced tokens are drafted for it (:class:`~adaspec.drafters.forced.ForcedDrafter`).
+
 A row that fails (its drafter raises, or the runtime rejects its tokens) leaves the batch with the error in its chunk;
 the other rows go on: when the batched forward fails, the rows are rolled back and run one by one to find the one at
 fault.
@@ -41,8 +46,10 @@ import torch
 from adaspec.backends.base import Backend, BatchRow, SequenceView
 from adaspec.controllers.base import Controller
 from adaspec.controllers.batch import BatchPricer, RowEstimate
+from adaspec.constrained import RequestGrammar
 from adaspec.controllers.fixed import FixedController
 from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
+from adaspec.drafters.forced import ForcedDrafter, request_drafter, unwrapped, without_forced
 from adaspec.drafters.multi import cached_prefixes, measure_drafters, model_drafters, route
 from adaspec.engine import (
     GenerationConfig,
@@ -67,6 +74,7 @@ from adaspec.errors import ConfigError
 from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
+from adaspec.structured import Constraint, GrammarVocab
 from adaspec.text import TextStream
 from adaspec.verify import parse_lossy
 
@@ -86,7 +94,9 @@ class _Row:
     drafter_for: Callable[[int], Drafter | None] | None
     controller_factory: Callable[[], Controller]
     seq: int = -1
-    drafter: Drafter | None = None
+    drafter: Drafter | None = None  # the slot's drafter (the one its controller routes and prices)
+    grammar: RequestGrammar | None = None  # structured output (adaspec.constrained)
+    proposer: Drafter | None = None  # what drafts: the drafter, behind the grammar's forced tokens where it has one
     controls: LogitsControls | None = None  # cfg.controls, built once
     ids: list[int] = field(default_factory=list)
     controller: Controller | None = None
@@ -199,6 +209,7 @@ class BatchEngine:
         self.last_rows = 0  # rows in the last step's forward
         self.last_tokens = 0  # tokens in the last step's forward
         self.last_forward_ms = 0.0
+        self.grammar_vocab: GrammarVocab | None = None  # built from the tokenizer on the first constrained request
 
     # Requests ------------------------------------------------------------------------------------------------
     def add(self, prompt_ids: Sequence[int], config: GenerationConfig | None = None, *,
@@ -225,9 +236,8 @@ class BatchEngine:
                               f"(asked strict={cfg.strict})")
         if cfg.stop and self.tokenizer is None:
             raise ConfigError("stop strings need a tokenizer")
-        if cfg.constraint is not None:  # refused, never ignored (adaspec.structured runs in SpeculativeEngine)
-            raise ConfigError("structured output (response_format, json_schema, regex, grammar) is not supported in "
-                              "batched decoding yet; use SpeculativeEngine (a server with --max-batch 1)")
+        constraint = cfg.constraint
+        grammar = RequestGrammar(self.compile(constraint).start()) if constraint is not None else None
         drafter_for = drafter_for or self._drafter_for
         controller_factory = controller_factory or self._controller_factory
         if drafter_for is None and controller_factory is not self._controller_factory \
@@ -241,10 +251,24 @@ class BatchEngine:
                    stats=GenerationStats(prompt_tokens=len(prompt),
                                          tree_fallback="chains: batched rows verify chains" if cfg.tree_budget else ""),
                    margins=[] if cfg.return_margins else None, logprobs=[] if cfg.logprobs is not None else None,
-                   prompt_logprobs=[None] if cfg.prompt_logprobs is not None else None)
+                   prompt_logprobs=[None] if cfg.prompt_logprobs is not None else None, grammar=grammar)
         self._next_id += 1
         self._waiting.append(row)
         return row.rid
+
+    def compile(self, constraint: Constraint):
+        """``constraint`` compiled against the target's vocabulary (cached), as
+        :meth:`SpeculativeEngine.compile <adaspec.engine.SpeculativeEngine.compile>` does.
+
+        Raises:
+            ConfigError: no tokenizer, or an invalid schema/regex/grammar (the message names the problem).
+        """
+        if self.grammar_vocab is None:
+            if self.tokenizer is None:
+                raise ConfigError("structured output needs a tokenizer (pass tokenizer= to BatchEngine)")
+            self.grammar_vocab = GrammarVocab.from_tokenizer(self.tokenizer, self.target.vocab_size,
+                                                             self.eos_token_ids)
+        return self.grammar_vocab.compile(constraint)
 
     def cancel(self, rid: int) -> bool:
         """Drop a request (waiting or running) before the next step; the other rows are untouched. Returns False
@@ -281,7 +305,9 @@ class BatchEngine:
             row.seq = self._free.pop(0)
             self._running[row.rid] = row
             try:
-                row.drafter = self._drafter(row.drafter_for, row.seq)
+                slot = self._drafter(row.drafter_for, row.seq)
+                row.drafter = unwrapped(slot)
+                row.proposer = request_drafter(slot, row.grammar, row.cfg.forced_drafts)
                 row.controller = row.controller_factory()
                 row.controller.reset()
                 if self.pricer.curve:  # the batch's measured costs, so a goodput row does not start from priors
@@ -305,7 +331,7 @@ class BatchEngine:
         decoding = [r for r in decoding if r.rid in self._running]
         self._catch_up(decoding, ks, out)
         decoding = [r for r in decoding if r.rid in self._running]
-        drafts, draft_ms, behind = self._draft(decoding, ks, out)
+        drafts, draft_ms, behind, forced = self._draft(decoding, ks, out)
         running = [r for r in self._running.values() if r.prefilled or r.rid in plan]
         if not running:
             self.last_rows = self.last_tokens = 0
@@ -329,7 +355,8 @@ class BatchEngine:
                         out[row.rid] = chunk
                 else:
                     out[row.rid] = self._advance(row, ks[row.rid], drafts[row.rid], lg, draft_ms[row.rid],
-                                                 forward_ms, step_start, len(rows), behind[row.rid])
+                                                 forward_ms, step_start, len(rows), behind[row.rid],
+                                                 forced.get(row.rid, 0))
             except Exception as e:
                 self._fail(row, e, out)
         return out
@@ -395,13 +422,17 @@ class BatchEngine:
                 self._fail(row, e, out)
 
     def _draft(self, decoding: list[_Row], ks: dict[int, int], out: dict[int, StreamChunk]
-               ) -> tuple[dict[int, Draft], dict[int, float], dict[int, int]]:
+               ) -> tuple[dict[int, Draft], dict[int, float], dict[int, int], dict[int, int]]:
         """Every decoding row's proposal (:meth:`Drafter.proposal`), with batched drafting: in each round, the rows
         whose draft model needs a forward of the same multi-sequence draft backend go into one ``forward_batch``
         (row ``i``'s draft model runs on sequence ``seq_i``), so K draft steps of B rows cost K batched forwards, not
-        B·K. Returns the drafts, each row's draft time in ms (its own work plus an equal share of every forward it
-        was in), and the tokens each row's first forward fed (> 2: a catch-up, not the per-token cost)."""
+        B·K. A row with a grammar proposes its forced tokens on top of its K
+        (:meth:`ForcedDrafter.free_proposal`), and its draft is cut where the grammar rejects it. Returns the
+        drafts, each row's draft time in ms (its own work plus an equal share of every forward it was in), the
+        tokens each row's first forward fed (> 2: a catch-up, not the per-token cost) and each row's forced
+        tokens."""
         drafts: dict[int, Draft] = {}
+        forced: dict[int, int] = {}
         draft_ms: dict[int, float] = {r.rid: 0.0 for r in decoding}
         behind: dict[int, int] = {}
         rows = {r.rid: r for r in decoding}
@@ -418,15 +449,23 @@ class BatchEngine:
                 feeds[rid] = (*_sequence_of(backend), list(tokens))
                 behind.setdefault(rid, len(tokens))
             except StopIteration as done:
-                drafts[rid] = done.value
+                row = rows[rid]
+                draft = done.value
+                if isinstance(row.proposer, ForcedDrafter):
+                    draft, forced[rid] = draft
+                drafts[rid] = draft if row.grammar is None else row.grammar.cut(draft)
             except Exception as e:
                 self._fail(rows[rid], e, out)
             draft_ms[rid] += (time.perf_counter() - t) * 1e3
 
         for row in decoding:
             k = ks[row.rid]
-            if k > 0 and row.drafter is not None:
-                proposals[row.rid] = row.drafter.proposal(row.ids, k, row.params, row.generator, row.stop_rule)
+            if isinstance(row.proposer, ForcedDrafter):  # forced tokens on top of K, within the row's room
+                proposals[row.rid] = row.proposer.free_proposal(row.ids, k, self._room(row) - 1, row.params,
+                                                                row.generator, row.stop_rule)
+                advance(row.rid)
+            elif k > 0 and row.proposer is not None:
+                proposals[row.rid] = row.proposer.proposal(row.ids, k, row.params, row.generator, row.stop_rule)
                 advance(row.rid)
             else:
                 drafts[row.rid] = empty_draft()
@@ -445,7 +484,7 @@ class BatchEngine:
                         advance(rid, error=res)
                     else:
                         advance(rid, logits=res[-1])
-        return drafts, draft_ms, {rid: behind.get(rid, 0) for rid in draft_ms}
+        return drafts, draft_ms, {rid: behind.get(rid, 0) for rid in draft_ms}, forced
 
     def _forward(self, running: list[_Row], rows: list[BatchRow],
                  out: dict[int, StreamChunk]) -> list[torch.Tensor | None]:
@@ -468,8 +507,7 @@ class BatchEngine:
     def _choose_k(self, decoding: list[_Row], out: dict[int, StreamChunk]) -> dict[int, int]:
         ks = {}
         for row in decoding:
-            room = min(row.cfg.max_new_tokens - (len(row.ids) - len(row.prompt)),
-                       self.target.max_context - len(row.ids))
+            room = self._room(row)
             try:
                 route(row.drafter, row.controller, row.ids)  # per-step drafter choice (MultiDrafter), as the engine
                 own = row.controller.next_k() if row.drafter is not None else 0
@@ -493,6 +531,10 @@ class BatchEngine:
         self.last_cap = cap
         return {rid: min(k, cap) for rid, k in ks.items()} if cap is not None else ks
 
+    def _room(self, row: _Row) -> int:
+        """Tokens the row may still emit: its token budget and the context window."""
+        return min(row.cfg.max_new_tokens - (len(row.ids) - len(row.prompt)), self.target.max_context - len(row.ids))
+
     def forget_drafters(self, drafter_for: Callable[[int], Drafter | None]) -> None:
         """Drop the per-slot drafters built by ``drafter_for`` (a row running with one keeps it until it ends)."""
         for key in [k for k in self._drafters if k[0] == drafter_for]:
@@ -511,9 +553,9 @@ class BatchEngine:
         """The prefill's token from the last prompt position's ``[1, V]`` logits: TTFT, then the drafter's
         prefill."""
         last = controlled(logits[-1:], row.controls, row.prompt, len(row.prompt))
-        token = pick_token(last[0], row.params, row.generator)
+        token = pick_token(last[0] if row.grammar is None else row.grammar.first(last)[0], row.params, row.generator)
         row.stats.ttft_ms = row.stats.prefill_ms = (time.perf_counter() - row.start) * 1e3
-        new, finish = cut(row.prompt, [token], row.cfg, row.eos, row.text, 0, self.target.max_context)
+        new, finish = self._accept(row, [token])
         if row.margins is not None:
             row.margins += top_margins(last)[:len(new)]
         lp = token_logprobs(last, new, row.cfg.logprobs)
@@ -532,17 +574,29 @@ class BatchEngine:
         chunk.prompt_logprobs = row.prompt_logprobs
         return chunk
 
+    def _accept(self, row: _Row, new: list[int]) -> tuple[list[int], str | None]:
+        """The row's new tokens cut at EOS, its budget, the context or a stop string, and under a grammar up to the
+        token that completes it (the grammar kept where the cache is kept): ``(kept, finish reason)``."""
+        ids = row.ids if row.prefilled else row.prompt
+
+        def cut_here(tokens: list[int]) -> tuple[list[int], str | None]:
+            return cut(ids, tokens, row.cfg, row.eos, row.text, len(ids) - len(row.prompt), self.target.max_context)
+
+        return cut_here(new) if row.grammar is None else row.grammar.accept(new, cut_here)
+
     def _advance(self, row: _Row, k: int, draft: Draft, logits: torch.Tensor, draft_ms: float, forward_ms: float,
-                 step_start: float, batch: int, behind: int = 0) -> StreamChunk:
-        """Verify one row's drafts on its logits, cut its cache back, record the step."""
+                 step_start: float, batch: int, behind: int = 0, n_forced: int = 0) -> StreamChunk:
+        """Verify one row's drafts on its logits (masked by its grammar, if any), cut its cache back, record the
+        step (its controller sees it without the grammar's forced drafts)."""
         t = time.perf_counter()
-        logits = controlled(logits, row.controls, row.ids, len(row.prompt),
-                            torch.tensor(in_vocab(draft.tokens, self.target.vocab_size), dtype=torch.long))
-        n_accepted, token = decide(logits, draft, row.params, row.generator, row.lossy)
+        fed = in_vocab(draft.tokens, self.target.vocab_size)
+        logits = controlled(logits, row.controls, row.ids, len(row.prompt), torch.tensor(fed, dtype=torch.long))
+        scored = logits if row.grammar is None else row.grammar.scored(logits, fed)
+        n_accepted, token = decide(scored, draft, row.params, row.generator, row.lossy)
+        if row.grammar is not None:
+            token = row.grammar.corrected(scored, n_accepted, len(draft), token, row.params, row.generator, row.lossy)
         self.target.truncate_seq(row.seq, len(row.ids) + n_accepted)
-        generated = len(row.ids) - len(row.prompt)
-        new, finish = cut(row.ids, draft.tokens[:n_accepted].tolist() + [token], row.cfg, row.eos, row.text,
-                          generated, self.target.max_context)
+        new, finish = self._accept(row, draft.tokens[:n_accepted].tolist() + [token])
         if row.margins is not None:
             row.margins += top_margins(logits[:len(new)])
         lp = token_logprobs(logits[:len(new)], new, row.cfg.logprobs)
@@ -553,13 +607,14 @@ class BatchEngine:
         step = StepRecord(k=k, drafted=len(draft), accepted=n_accepted, emitted=len(new),
                           context_len=len(row.ids) - len(new), draft_ms=draft_ms, verify_ms=verify_ms,
                           total_ms=(time.perf_counter() - step_start) * 1e3, drafter=draft.source or (
-                              row.drafter.name if len(draft) else ""), batch=batch)
+                              row.proposer.name if len(draft) else ""), batch=batch)
         row.stats.record(step)
-        row.controller.update(step)
-        if len(draft):
-            row.alpha = 0.8 * row.alpha + 0.2 * (n_accepted / len(draft))
-        if len(draft) and behind <= 2:  # a draft model that sat out (or starts) first feeds what it missed
-            per_token = draft_ms / len(draft)
+        own = without_forced(step, n_forced)  # the wrapped drafter's step: what its controller and the pricer see
+        row.controller.update(own)
+        if own.drafted:
+            row.alpha = 0.8 * row.alpha + 0.2 * (own.accepted / own.drafted)
+        if own.drafted and behind <= 2:  # a draft model that sat out (or starts) first feeds what it missed
+            per_token = draft_ms / own.drafted
             row.draft_ms = per_token if row.draft_ms is None else 0.8 * row.draft_ms + 0.2 * per_token
         return self._chunk(row, new, finish, lp)
 
@@ -571,6 +626,7 @@ class BatchEngine:
         if row.drafter is not None and s.steps:  # ended normally after the drafter's prefill
             row.drafter.finish(row.ids)
         s.new_tokens = len(row.ids) - len(row.prompt)
+        s.grammar_ms = row.grammar.ms if row.grammar is not None else 0.0
         s.total_ms = (time.perf_counter() - row.start) * 1e3
         s.peak_rss_bytes = peak_rss_bytes()
         tail = row.text.delta(final=True) if row.text else ""

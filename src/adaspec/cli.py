@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "pass@1, GSM8K; paired tests, identity, divergence margins")
     _add_model_args(ev, DEFAULT_DRAFT)
     ev.add_argument("--tasks", default="humaneval,gsm8k",
-                    help="comma-separated: humaneval, gsm8k (zero-shot), gsm8k-cot (8-shot chain of thought) "
+                    help="comma-separated: humaneval, gsm8k (zero-shot), gsm8k-cot (8-shot chain of thought), "
+                         "structured (schema validity and exact fields; --limit counts per category) "
                          "(default: humaneval,gsm8k)")
     ev.add_argument("--methods", default=None,
                     help="comma-separated compare methods, with +strict and lossy modifiers +typical[:eps], "

@@ -21,11 +21,15 @@ One step over a chain of K drafts, with the grammar state at the sequence so far
 4. **Advance** the grammar over the emitted tokens (accepted drafts + the target's token) after the cut for EOS,
    max_tokens and stop strings, as the KV cache keeps them; rejected drafts were never consumed (rolled back in 2).
 
-Token trees are not verified under a grammar (the engine verifies chains and says so in
-:attr:`~adaspec.stats.GenerationStats.tree_fallback`).
+:class:`RequestGrammar` carries one request through these four steps; both engines use it per request
+(:class:`~adaspec.engine.SpeculativeEngine`) and per batch row (:class:`~adaspec.batch.BatchEngine`), so a row
+of a batch is constrained exactly as a request alone is. Token trees are not verified under a grammar (the engine
+verifies chains and says so in :attr:`~adaspec.stats.GenerationStats.tree_fallback`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -66,3 +70,98 @@ def residual_token(masked_row: torch.Tensor, q: torch.Tensor, params: SamplingPa
     if not total > 0:  # q >= p everywhere p lives: cannot happen with p(x) = 0 < q(x), kept for safety
         residual, total = p, p.sum()
     return int(sample(residual / total, generator))
+
+
+class RequestGrammar:
+    """One request's grammar bookkeeping through the steps of a decoding loop (see the module docstring).
+
+    A lazy grammar (``state.trigger`` set, :attr:`~adaspec.structured.Constraint.trigger`) is not applied until the
+    output holds its trigger token: positions before it are free (unmasked, nothing cut), the trigger and every
+    token after it go through the grammar, whose start state allows only the trigger. A cut that drops the trigger
+    (max_tokens, a stop string) makes the grammar wait for it again.
+
+    Args:
+        state: the request's :class:`~adaspec.structured.GrammarState`, standing at the sequence so far; it is
+            advanced only by :meth:`accept`, over the tokens the KV cache keeps.
+    """
+
+    def __init__(self, state: GrammarState) -> None:
+        self.state = state
+        self.trigger = state.trigger
+        self.live = state.trigger is None  # the grammar applies (a lazy one: its trigger was emitted)
+        self.cut_q: torch.Tensor | None = None  # the draft's q ``[V_d]`` of the token the last cut removed
+
+    @property
+    def ms(self) -> float:
+        """Milliseconds spent in the grammar engine so far (masks, cuts, forced tokens)."""
+        return self.state.ms
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces from here (none while a lazy grammar waits for its trigger)."""
+        return self.state.forced() if self.live else []
+
+    def first(self, logits: torch.Tensor) -> torch.Tensor:
+        """The prefill's last ``[1, V]`` logits masked by the grammar's start state (a lazy one: unmasked)."""
+        return mask_logits(logits, self.state.allowed()[None]) if self.live else logits
+
+    def cut(self, draft: Draft) -> Draft:
+        """Step 1: ``draft`` (a chain) cut before the first token the grammar rejects (:func:`cut_draft`; a lazy
+        grammar checks the drafts from its trigger on)."""
+        tokens = draft.tokens.tolist()
+        if not self.live and self.trigger not in tokens:  # a lazy grammar still waiting: nothing to check
+            self.cut_q = None
+            return draft
+        start = 0 if self.live else tokens.index(self.trigger)
+        tail = Draft(draft.tokens[start:], None if draft.probs is None else draft.probs[start:], draft.source)
+        tail, self.cut_q = cut_draft(self.state, tail)
+        if len(tail) == len(draft) - start:
+            return draft
+        n = start + len(tail)
+        return Draft(draft.tokens[:n], None if draft.probs is None else draft.probs[:n], draft.source)
+
+    def scored(self, logits: torch.Tensor, fed: list[int]) -> torch.Tensor:
+        """Step 2: the target's ``[K + 1, V]`` logits over ``[pending] + fed`` (the cut draft), each row masked
+        by the grammar after the drafts before it (:func:`masked`; a lazy grammar: the rows after its trigger)."""
+        if self.live:
+            return masked(self.state, logits, fed)
+        if self.trigger not in fed:  # a lazy grammar still waiting: every row is free
+            return logits
+        start = fed.index(self.trigger)  # rows up to the trigger's own are free
+        rows = self.state.masks(fed[start:])[1:]  # after the trigger, after each draft that follows it
+        return torch.cat([logits[:start + 1], mask_logits(logits[start + 1:], rows)])
+
+    def corrected(self, scored: torch.Tensor, n_accepted: int, n_drafted: int, token: int, params: SamplingParams,
+                  generator: torch.Generator, lossy=None) -> int:
+        """Step 3's token after verification on ``scored``: where every kept draft was accepted and a sampled
+        draft was cut after them, the residual norm(max(p - q, 0)) at the cut (:func:`residual_token`) instead
+        of ``token``; else ``token``."""
+        if self.cut_q is not None and n_accepted == n_drafted and not params.greedy and lossy is None:
+            return residual_token(scored[n_accepted], self.cut_q, params, generator)
+        return token
+
+    def accept(self, new: list[int], cut: Callable[[list[int]], tuple[list[int], str | None]]
+               ) -> tuple[list[int], str | None]:
+        """Step 4: advance the grammar over ``new`` (accepted drafts + the target's token) up to the token that
+        completes it, apply the engine's ``cut`` (EOS, max_tokens, context, stop strings: ``tokens -> (kept,
+        finish reason)``) and keep the grammar where the KV cache is kept. Returns ``(kept tokens, finish
+        reason)``: ``"stop"`` when the grammar allows nothing more after them."""
+        ended, woke = False, None  # woke: where a lazy grammar's trigger is in new
+        was_live = self.live
+        for i, t in enumerate(new):
+            if not self.live:
+                if t != self.trigger:
+                    continue
+                self.live, woke = True, i
+            self.state.advance([t])
+            if self.state.done:
+                new, ended = new[:i + 1], True
+                break
+        consumed = len(new)
+        new, finish = cut(new)
+        first = 0 if was_live else (woke if woke is not None else consumed)  # new's first token in the grammar
+        self.state.rollback(max(0, consumed - max(len(new), first)))
+        if woke is not None and woke >= len(new):  # the cut dropped the trigger: wait for it again
+            self.live = False
+        if ended and len(new) == consumed:
+            finish = finish or "stop"
+        return new, finish

@@ -9,7 +9,6 @@ model reconciles its own cache against the sequence (see :class:`~adaspec.drafte
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -21,15 +20,15 @@ from adaspec.backends.base import Backend
 from adaspec.controllers.base import Controller
 from adaspec.controllers.fixed import FixedController
 from adaspec.controllers.tree_choice import TreeChoice
-from adaspec.constrained import cut_draft, masked, residual_token
+from adaspec.constrained import RequestGrammar
 from adaspec.drafters.base import Draft, Drafter, empty_draft
-from adaspec.drafters.forced import ForcedDrafter
+from adaspec.drafters.forced import ForcedDrafter, request_drafter, unwrapped, without_forced
 from adaspec.drafters.multi import cached_prefixes, measure_drafters, route
 from adaspec.errors import ConfigError, ContextLengthError
 from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
-from adaspec.structured import Constraint, GrammarState, GrammarVocab, constraint_of, mask_logits
+from adaspec.structured import Constraint, GrammarState, GrammarVocab, constraint_of
 from adaspec.text import TextStream
 from adaspec.tree import check_budget, path_rows, verify_tree_greedy, verify_tree_sampling, would_emit
 from adaspec.verify import parse_lossy, verify_greedy, verify_lossy, verify_sampling
@@ -316,20 +315,20 @@ class SpeculativeEngine:
 
     def _stream(self, prompt: list[int], cfg: GenerationConfig, params: SamplingParams, eos: tuple[int, ...],
                 generator: torch.Generator, text: TextStream | None, stats: GenerationStats, stop_rule,
-                lossy: tuple[str, float] | None, grammar: GrammarState | None = None) -> Iterator[StreamChunk]:
+                lossy: tuple[str, float] | None, state: GrammarState | None = None) -> Iterator[StreamChunk]:
         """The loop of :meth:`stream`, once the request is validated and the backend's mode is set."""
+        grammar = RequestGrammar(state) if state is not None else None
         margins: list[float] | None = [] if cfg.return_margins else None
         logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
         controls = cfg.controls
-        drafter = self._request_drafter(cfg, grammar)
+        drafter = request_drafter(self.drafter, grammar, cfg.forced_drafts)
         tree_budget, stats.tree_fallback = self._tree_mode(cfg, params, lossy, controls, grammar)
         chooser = self._tree_choice() if tree_budget and cfg.tree_choice == "goodput" else None
         start = time.perf_counter()
         self.target.reset()
         logits, prompt_lp = scored_prefill(self.target, prompt, cfg)
         last = controlled(logits[-1:], controls, prompt, len(prompt))
-        first = pick_token(last[0] if grammar is None else mask_logits(last, grammar.allowed()[None])[0], params,
-                           generator)
+        first = pick_token(last[0] if grammar is None else grammar.first(last)[0], params, generator)
         self.target.synchronize()
         stats.ttft_ms = stats.prefill_ms = (time.perf_counter() - start) * 1e3
         new, finish = self._accept(prompt, [first], cfg, eos, text, 0, grammar)
@@ -371,9 +370,8 @@ class SpeculativeEngine:
                 draft, n_forced = drafter.propose_free(ids, k, room - 1, params, generator, stop_rule)
             else:
                 draft = drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft()
-            cut_q = None
             if grammar is not None:  # drafts the grammar rejects are cut before verification
-                draft, cut_q = cut_draft(grammar, draft)
+                draft = grammar.cut(draft)
             # the tree this chain step could have verified, to learn whether trees pay without running them
             what_if = (drafter.propose_tree(ids, k, budget, params, generator, cfg.tree_expand)
                        if chooser is not None and chooser.what_if and not as_tree and len(draft) and budget > 1
@@ -381,7 +379,7 @@ class SpeculativeEngine:
             draft_end = time.perf_counter()
 
             accepted, token, logits, path = self._verify(ids, draft, params, generator, lossy, controls,
-                                                         len(prompt), grammar, cut_q)
+                                                         len(prompt), grammar)
             n_accepted = len(accepted)
             self.target.synchronize()
             verify_end = time.perf_counter()
@@ -436,18 +434,8 @@ class SpeculativeEngine:
             self.tree_choice = TreeChoice(what_if=what_if)
         return self.tree_choice
 
-    def _request_drafter(self, cfg: GenerationConfig, grammar: GrammarState | None) -> Drafter | None:
-        """The drafter of one request: under a grammar with ``forced_drafts``, the engine's drafter behind the
-        grammar's forced tokens (:class:`~adaspec.drafters.forced.ForcedDrafter`); else the engine's drafter. Plain
-        decoding (no drafter) stays plain."""
-        if isinstance(self.drafter, ForcedDrafter):
-            return self.drafter.bound(grammar if cfg.forced_drafts else None)
-        if grammar is None or not cfg.forced_drafts or self.drafter is None:
-            return self.drafter
-        return ForcedDrafter(self.drafter, grammar)
-
     def _tree_mode(self, cfg: GenerationConfig, params: SamplingParams, lossy, controls,
-                   grammar: GrammarState | None = None) -> tuple[int, str]:
+                   grammar: RequestGrammar | None = None) -> tuple[int, str]:
         """``(tree budget, why chains instead)``: the request's tree budget where trees can be verified here, else
         0 and the reason (empty when the request asked for chains)."""
         if not cfg.tree_budget or self.drafter is None:
@@ -464,14 +452,14 @@ class SpeculativeEngine:
 
     def _verify(self, ids: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator,
                 lossy: tuple[str, float] | None = None, controls: LogitsControls | None = None,
-                prompt_len: int = 0, grammar: GrammarState | None = None,
-                cut_q: torch.Tensor | None = None) -> tuple[list[int], int, torch.Tensor, list[int]]:
+                prompt_len: int = 0, grammar: RequestGrammar | None = None
+                ) -> tuple[list[int], int, torch.Tensor, list[int]]:
         """One target forward over ``[pending] + draft`` (a chain, or a token tree), the accept/reject decision
         and the cache rollback: ``(accepted draft tokens, next token, the target's logits along them, the accepted
         nodes' indices in the draft)``, the logits ``[accepted + 1, V]`` (a tree's path) or ``[K + 1, V]`` (a chain),
         after the request's controls (not the grammar's mask: logprobs and margins report the model's view). Under a
-        grammar (a chain cut to what it allows, ``cut_q`` the q of the token cut after it) every row is masked before
-        the decision (:mod:`adaspec.constrained`)."""
+        grammar (a chain cut to what it allows, :meth:`RequestGrammar.cut`) every row is masked before the decision
+        (:mod:`adaspec.constrained`)."""
         fed = in_vocab(draft.tokens, self.target.vocab_size)
         if draft.is_tree:
             tokens = draft.tokens.tolist()
@@ -485,31 +473,20 @@ class SpeculativeEngine:
             return [tokens[i] for i in path], token, logits[path_rows(path)], path
         logits = self.target.forward([ids[-1]] + fed, len(draft) + 1)
         logits = controlled(logits, controls, ids, prompt_len, torch.tensor(fed, dtype=torch.long))
-        scored = logits if grammar is None else masked(grammar, logits, fed)
+        scored = logits if grammar is None else grammar.scored(logits, fed)
         n_accepted, token = decide(scored, draft, params, generator, lossy)
-        if cut_q is not None and n_accepted == len(draft) and not params.greedy and lossy is None:
-            token = residual_token(scored[n_accepted], cut_q, params, generator)
+        if grammar is not None:
+            token = grammar.corrected(scored, n_accepted, len(draft), token, params, generator, lossy)
         self.target.truncate(len(ids) + n_accepted)
         return draft.tokens[:n_accepted].tolist(), token, logits, list(range(n_accepted))
 
     def _accept(self, ids: list[int], new: list[int], cfg: GenerationConfig, eos: tuple[int, ...],
                 text: TextStream | None, generated: int,
-                grammar: GrammarState | None = None) -> tuple[list[int], str | None]:
-        if grammar is None:
-            return cut(ids, new, cfg, eos, text, generated, self.target.max_context)
-        # the grammar keeps what the KV cache keeps, and the output ends with the token that completes the grammar
-        ended = False
-        for i, t in enumerate(new):
-            grammar.advance([t])
-            if grammar.done:
-                new, ended = new[:i + 1], True
-                break
-        consumed = len(new)
-        new, finish = cut(ids, new, cfg, eos, text, generated, self.target.max_context)
-        grammar.rollback(consumed - len(new))
-        if ended and len(new) == consumed:
-            finish = finish or "stop"
-        return new, finish
+                grammar: RequestGrammar | None = None) -> tuple[list[int], str | None]:
+        def cut_here(tokens: list[int]) -> tuple[list[int], str | None]:
+            return cut(ids, tokens, cfg, eos, text, generated, self.target.max_context)
+
+        return cut_here(new) if grammar is None else grammar.accept(new, cut_here)
 
     def warmup(self, prompt_ids: Sequence[int] = tuple(range(100, 148)), steps: int = 3) -> None:
         """Run a short greedy generation so one-time allocation costs stay out of measurements; then let a controller
@@ -534,24 +511,6 @@ class SpeculativeEngine:
             self.verify_curve = dict(calibrate(self.target) or {})
         if self.drafter is not None and type(self.controller).seed_draft_costs is not Controller.seed_draft_costs:
             self.controller.seed_draft_costs(measure_drafters(self.drafter))
-
-
-def unwrapped(drafter: Drafter | None) -> Drafter | None:
-    """The drafter a grammar's :class:`~adaspec.drafters.forced.ForcedDrafter` wraps (the one a controller
-    routes and prices), else ``drafter``."""
-    return drafter.inner if isinstance(drafter, ForcedDrafter) and drafter.inner is not None else drafter
-
-
-def without_forced(step: StepRecord, n_forced: int) -> StepRecord:
-    """``step`` as the controller sees it: the grammar's forced drafts left out (they cost no draft forward and
-    their acceptance is the grammar's, not the drafter's), so K, acceptance and draft prices stay the wrapped
-    drafter's; with only forced drafts, a plain step of the controller's."""
-    if not n_forced:
-        return step
-    accepted = max(0, step.accepted - n_forced) if step.accepted >= n_forced else 0
-    drafted = step.drafted - n_forced if step.accepted >= n_forced else 0
-    return dataclasses.replace(step, drafted=drafted, accepted=accepted,
-                               drafter=step.drafter if drafted else "")
 
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

@@ -68,11 +68,16 @@ class Constraint:
         kind: one of :data:`KINDS`.
         source: the schema as JSON text (``json_schema``), the regex, or the Lark grammar; "" for ``json_object``.
         strict: ``json_schema`` only: unsupported schema keywords are errors (True) or ignored (False).
+        trigger: a lazy grammar (``lark`` only): the text of one special token (``"<tool_call>"``) where the grammar
+            starts; before the model emits it the output is free (unmasked), from it on the grammar, which begins
+            with that token, constrains the rest (llama.cpp's lazy grammars). "" = the grammar applies from the
+            first token.
     """
 
     kind: str
     source: str = ""
     strict: bool = True
+    trigger: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -81,6 +86,8 @@ class Constraint:
             raise ConfigError(f"the {self.kind} is {len(self.source)} characters long (at most {MAX_SOURCE_CHARS})")
         if self.kind in ("regex", "lark") and not self.source.strip():
             raise ConfigError(f"the {self.kind} is empty")
+        if self.trigger and self.kind != "lark":
+            raise ConfigError(f"a trigger (lazy grammar) needs a lark grammar, not {self.kind}")
 
     @classmethod
     def json_object(cls) -> Constraint:
@@ -107,8 +114,8 @@ class Constraint:
         return cls("regex", pattern)
 
     @classmethod
-    def lark(cls, grammar: str) -> Constraint:
-        return cls("lark", grammar)
+    def lark(cls, grammar: str, trigger: str = "") -> Constraint:
+        return cls("lark", grammar, trigger=trigger)
 
     def grammar(self) -> str:
         """The llguidance grammar (its JSON form) of this constraint.
@@ -169,14 +176,20 @@ class GrammarVocab:
         return cls(tok, vocab_size)
 
     @classmethod
-    def from_tokens(cls, tokens: Sequence[bytes], eos_ids: Sequence[int], encode=None) -> GrammarVocab:
+    def from_tokens(cls, tokens: Sequence[bytes], eos_ids: Sequence[int], encode=None,
+                    special_ids: Sequence[int] = ()) -> GrammarVocab:
         """From an explicit list of token byte strings (id i = ``tokens[i]``; the EOS ids' entries are special) and
-        an ``encode(bytes) -> list[int]`` (default: greedy longest match), for tokenizers outside Hugging Face."""
+        an ``encode(bytes) -> list[int]`` (default: greedy longest match, special tokens only where the whole text
+        is one), for tokenizers outside Hugging Face. ``special_ids``: more special tokens (a tool-call tag)."""
         llg = _llguidance()
         table = [bytes(t) for t in tokens]
-        specials = [int(t) for t in eos_ids]
+        eos = [int(t) for t in eos_ids]
+        specials = eos + [int(t) for t in special_ids]
 
         def greedy(data: bytes) -> list[int]:
+            whole = [t for t in specials if t not in eos and table[t] == data]
+            if whole:
+                return whole[:1]
             out, i = [], 0
             while i < len(data):
                 best = max((t for t, b in enumerate(table) if b and t not in specials and data.startswith(b, i)),
@@ -188,7 +201,7 @@ class GrammarVocab:
             return out
 
         class _Wrapped:
-            eos_token_id, bos_token_id, special_token_ids = specials[0], None, specials
+            eos_token_id, bos_token_id, special_token_ids = eos[0], None, specials
 
             def __init__(self):
                 self.tokens = table
@@ -196,18 +209,20 @@ class GrammarVocab:
             def __call__(self, data: bytes) -> list[int]:
                 return (encode or greedy)(data)
 
-        return cls(llg.LLTokenizer(llg.TokenizerWrapper(_Wrapped()), eos_token=specials), len(table))
+        return cls(llg.LLTokenizer(llg.TokenizerWrapper(_Wrapped()), eos_token=eos), len(table))
 
     def compile(self, constraint: Constraint) -> CompiledGrammar:
         """The compiled grammar of ``constraint`` (cached: the same constraint compiles once).
 
         Raises:
             ConfigError: the schema, regex or grammar is invalid or too complex; the message names the problem.
+            TriggerUnavailable: a lazy grammar's trigger is not one special token here.
         """
+        trigger = self._trigger(constraint)
         with self._lock:
             if constraint in self._cache:
                 self._cache.move_to_end(constraint)
-                return CompiledGrammar(self._cache[constraint], self.vocab_size)
+                return CompiledGrammar(self._cache[constraint], self.vocab_size, trigger)
         llg = _llguidance()
         grammar = constraint.grammar()
         if constraint.kind == "lark":
@@ -219,7 +234,21 @@ class GrammarVocab:
             self._cache[constraint] = matcher
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        return CompiledGrammar(matcher, self.vocab_size)
+        return CompiledGrammar(matcher, self.vocab_size, trigger)
+
+    def _trigger(self, constraint: Constraint) -> int | None:
+        """The token id of a lazy grammar's trigger (None: not lazy).
+
+        Raises:
+            TriggerUnavailable: the trigger is not one special token of this vocabulary.
+        """
+        if not constraint.trigger:
+            return None
+        ids = self.tokenizer.tokenize_str(constraint.trigger)
+        if len(ids) != 1 or not self.tokenizer.is_special_token(ids[0]):
+            raise TriggerUnavailable(f"the trigger {constraint.trigger!r} is not one special token of this "
+                                     "model's vocabulary")
+        return int(ids[0])
 
 
     def _special_literals(self, lark: str) -> str:
@@ -238,15 +267,27 @@ def _first_line(error: str) -> str:
     return " ".join(lines[:3]) if lines else "unknown error"
 
 
-class CompiledGrammar:
-    """A constraint compiled against one vocabulary; :meth:`start` gives each request its own state."""
+class TriggerUnavailable(ConfigError):
+    """A lazy grammar's trigger is not one special token of the model's vocabulary (the grammar cannot tell the
+    trigger from free text there)."""
 
-    def __init__(self, matcher, vocab_size: int) -> None:
+
+class CompiledGrammar:
+    """A constraint compiled against one vocabulary; :meth:`start` gives each request its own state.
+
+    Attributes:
+        trigger: a lazy grammar's trigger token id (:attr:`Constraint.trigger`), else None.
+    """
+
+    def __init__(self, matcher, vocab_size: int, trigger: int | None = None) -> None:
         self._matcher = matcher
         self.vocab_size = vocab_size
+        self.trigger = trigger
 
     def start(self) -> GrammarState:
-        return GrammarState(self._matcher.deep_copy(), self.vocab_size)
+        state = GrammarState(self._matcher.deep_copy(), self.vocab_size)
+        state.trigger = self.trigger
+        return state
 
 
 class GrammarError(RuntimeError):
@@ -264,6 +305,7 @@ class GrammarState:
         self._m = matcher
         self.vocab_size = vocab_size
         self.ms = 0.0
+        self.trigger: int | None = None  # a lazy grammar's trigger token (adaspec.constrained.RequestGrammar)
 
     # Reading ----------------------------------------------------------------------------------------------------
     def allowed(self) -> torch.Tensor:

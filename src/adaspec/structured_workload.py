@@ -78,6 +78,14 @@ class StructuredTask:
         """What to encode (as :meth:`adaspec.workloads.Prompt.model_input`): the chat messages."""
         return list(self.messages)
 
+    def request_fields(self) -> dict:
+        """The OpenAI chat request fields that constrain this task's answer (``adaspec bench --endpoint``):
+        ``response_format`` with the strict JSON schema, or the tool with ``tool_choice: "required"``."""
+        if self.schema is not None:
+            return {"response_format": {"type": "json_schema", "json_schema": {
+                "name": self.category.replace("-", "_"), "schema": self.schema, "strict": True}}}
+        return {"tools": self.tools.tools, "tool_choice": "required", "parallel_tool_calls": False}
+
 
 def _signature(code: str, name: str) -> dict:
     for node in ast.walk(ast.parse(code)):
@@ -200,18 +208,27 @@ def score(task: StructuredTask, text: str, finish_reason: str) -> dict:
     """``{"valid": bool, "exact": fraction of expected fields right, "fields": {field: bool}}`` of an answer.
     Valid: the answer finished (not cut by the token budget) and is JSON following the schema (an extraction), or
     holds a call of the tool whose arguments follow its parameters (a tool call)."""
+    calls = parse_tool_calls(text)[1] if task.schema is None else []
+    return score_message(task, text, [c["function"] for c in calls], finish_reason)
+
+
+def score_message(task: StructuredTask, content: str | None, calls: list[dict], finish_reason: str | None) -> dict:
+    """:func:`score` of an OpenAI chat answer: its ``content`` (extractions) or its tool calls (``calls``:
+    ``[{"name": ..., "arguments": JSON text}]``, as a server's ``tool_calls`` give them)."""
     value: Any = None
     if task.schema is not None:
         try:
-            value = json.loads(text)
+            value = json.loads(content or "")
         except json.JSONDecodeError:
             value = None
         schema = task.schema
     else:
-        _, calls = parse_tool_calls(text)
         fn = TRANSLATE_TOOL["function"]
-        if calls and calls[0]["function"]["name"] == fn["name"]:
-            value = json.loads(calls[0]["function"]["arguments"])
+        if calls and calls[0].get("name") == fn["name"]:
+            try:
+                value = json.loads(calls[0].get("arguments") or "")
+            except json.JSONDecodeError:
+                value = None
         schema = fn["parameters"]
     valid = finish_reason != "length" and value is not None and not schema_errors(value, schema)
     fields = {k: isinstance(value, dict) and _same(value.get(k), v) for k, v in task.expected.items()}

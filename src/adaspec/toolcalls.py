@@ -11,7 +11,10 @@ The chat template renders the tools into the system prompt and the model answers
 
 * ``"none"``: the tools are not rendered and the output is text;
 * ``"auto"`` (the default with tools): the model chooses; the output is parsed afterwards, and calls found in it
-  become ``tool_calls`` (free text before the first call stays ``content``);
+  become ``tool_calls`` (free text before the first call stays ``content``). Where the model's vocabulary has
+  ``<tool_call>`` as one special token (Qwen2.5), a lazy grammar (:meth:`ToolPlan.lazy_constraint`) leaves the
+  output free until the model emits it and constrains the call from there, as ``"required"`` does: a call the model
+  opens is always well formed and its name and keys are forced drafts. Elsewhere ``"auto"`` stays unconstrained;
 * ``"required"`` or a named function: the output is constrained by a grammar (:meth:`ToolPlan.constraint`, a
   Lark grammar whose call bodies are JSON schemas: ``name`` fixed to one of the allowed tools and ``arguments``
   following that tool's ``parameters``), so it is always a well-formed call; the name and the keys are forced
@@ -67,13 +70,24 @@ class ToolPlan:
         """The grammar of a forced call (``"required"``, ``"named"``), None otherwise."""
         if self.mode not in ("required", "named"):
             return None
-        chosen = [t for t in self.tools if self.mode == "required" or t["function"]["name"] == self.name]
+        return Constraint.lark(self._calls_grammar())
+
+    def lazy_constraint(self) -> Constraint | None:
+        """``"auto"``: the calls' grammar, lazy from ``<tool_call>`` (free text before it, the calls after it;
+        :attr:`Constraint.trigger`); None for the other modes."""
+        return Constraint.lark(self._calls_grammar(), trigger=OPEN) if self.mode == "auto" else None
+
+    def _calls_grammar(self) -> str:
+        """Lark: one call (or several, one per line, where parallel calls are allowed) of the chosen tools, each
+        ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` with the arguments following the tool's
+        parameters."""
+        chosen = [t for t in self.tools if self.mode != "named" or t["function"]["name"] == self.name]
         bodies = [_call_schema(t["function"]) for t in chosen]
         schema = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
         schema = {**schema, "x-guidance": {**JSON_OPTIONS, "lenient": True}}
         repeat = ' ("\\n" call)*' if self.parallel else ""
-        return Constraint.lark(f'start: call{repeat}\ncall: "{OPEN}" "\\n" body "\\n" "{CLOSE}"\n'
-                               f"body: %json {json.dumps(schema)}\n")
+        return (f'start: call{repeat}\ncall: "{OPEN}" "\\n" body "\\n" "{CLOSE}"\n'
+                f"body: %json {json.dumps(schema)}\n")
 
 
 def _call_schema(function: dict) -> dict:

