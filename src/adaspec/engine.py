@@ -301,11 +301,8 @@ class SpeculativeEngine:
         Raises:
             ConfigError: no tokenizer, or an invalid schema/regex/grammar (the message names the problem).
         """
-        if self.grammar_vocab is None:
-            if self.tokenizer is None:
-                raise ConfigError("structured output needs a tokenizer (pass tokenizer= to SpeculativeEngine)")
-            self.grammar_vocab = GrammarVocab.from_tokenizer(self.tokenizer, self.target.vocab_size,
-                                                             self.eos_token_ids)
+        self.grammar_vocab = GrammarVocab.ensure(self.grammar_vocab, self.tokenizer, self.target.vocab_size,
+                                                 self.eos_token_ids, "SpeculativeEngine")
         return self.grammar_vocab.compile(constraint)
 
     def start_grammar(self, cfg: GenerationConfig) -> GrammarState | None:

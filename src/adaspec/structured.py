@@ -153,6 +153,21 @@ class GrammarVocab:
         self._lock = threading.Lock()
 
     @classmethod
+    def ensure(cls, vocab: GrammarVocab | None, hf_tokenizer, vocab_size: int, eos_ids: Sequence[int],
+               owner: str) -> GrammarVocab:
+        """``vocab``, or one built :meth:`from_tokenizer` when it is None (an engine's first constrained request).
+
+        Raises:
+            ConfigError: no tokenizer (the message names ``owner``, the engine to pass it to), or as
+                :meth:`from_tokenizer`.
+        """
+        if vocab is not None:
+            return vocab
+        if hf_tokenizer is None:
+            raise ConfigError(f"structured output needs a tokenizer (pass tokenizer= to {owner})")
+        return cls.from_tokenizer(hf_tokenizer, vocab_size, eos_ids)
+
+    @classmethod
     def from_tokenizer(cls, hf_tokenizer, vocab_size: int, eos_ids: Sequence[int]) -> GrammarVocab:
         """From a fast Hugging Face tokenizer (the one :mod:`adaspec.models.tokenizers` gives a model, whose ids
         are the backend's), with ``eos_ids`` the ids that end a sequence (allowed where the grammar accepts).
