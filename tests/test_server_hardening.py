@@ -444,6 +444,27 @@ def test_scored_prefill_chunks_follow_the_scoring_budget(tiny_model):
     assert steps == 4 and len(out[rid].result.prompt_logprobs) == 20
 
 
+def test_n_choices_share_one_prefill_on_the_batched_server(batched):
+    with live(batched) as srv:
+        m = batched.runner.metrics  # the runner's (it outlives the apps this module's tests start on the host)
+
+        def metric(name: str) -> float:
+            return m.registry.get_sample_value(name, {"model_name": m.model_name}) or 0.0
+
+        before = metric("adaspec:shared_prefix_tokens_total")
+        steps = metric("adaspec:iteration_seconds_count")
+        prompt = PROMPT * 3
+        r = _post(srv.url, prompt=prompt, max_tokens=40, temperature=0, n=2)
+        assert r.status_code == 200, r.text
+        texts = [c["text"] for c in r.json()["choices"]]
+        assert texts[0] == texts[1]  # greedy: both choices are the prompt's one answer
+        n_prompt = r.json()["usage"]["prompt_tokens"]
+        shared = metric("adaspec:shared_prefix_tokens_total") - before
+        assert 0 < shared <= n_prompt - 1  # the second choice took the first's prefix, not its own prefill
+        assert metric("adaspec:iteration_seconds_count") > steps
+        wait_until(lambda: health(srv.url)["running"] == 0)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # 7. Bounded on-demand drafters; draft KV freed with the row
 # --------------------------------------------------------------------------------------------------------------

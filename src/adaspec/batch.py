@@ -6,7 +6,11 @@ Each step (as in vLLM's scheduler and llama.cpp's server slots):
    ``prefill_chunk`` prompt tokens per step over all joining rows (chunked prefill, as vLLM and llama.cpp's server
    do), so a long prompt delays the decoding rows by one chunk's forward per step, not by its whole prefill, and a
    cancellation or deadline takes effect between chunks; a draft model that must catch up with a long sequence
-   is fed by chunks of the same size between steps (the row drafts nothing until it has caught up). A scored
+   is fed by chunks of the same size between steps (the row drafts nothing until it has caught up). With
+   ``prefill_step_ms`` the chunks are sized by time instead: from the measured cost per token of the step's
+   forward, a step that carries prefill or catch-up while other rows decode aims at that wall time. A row whose
+   prompt begins like an earlier row's takes that row's cached prefix (:meth:`Backend.share_prefix`, e.g. the
+   ``n`` choices of one request) instead of prefilling it again. A scored
    prompt (``prompt_logprobs``) is prefilled in chunks of at most ``max_scored_rows`` positions per step, each
    scored before the next, so its ``[len(prompt), V]`` logits are never held at once;
 2. every decoding row asks its own controller for K, the :class:`~adaspec.controllers.batch.BatchPricer` caps K for
@@ -46,6 +50,7 @@ import torch
 from adaspec.backends.base import Backend, BatchRow, SequenceView
 from adaspec.controllers.base import Controller
 from adaspec.controllers.batch import BatchPricer, RowEstimate
+from adaspec.chunking import MIN_PREFILL_CHUNK, StepCosts, common_prefix
 from adaspec.constrained import RequestGrammar
 from adaspec.controllers.fixed import FixedController
 from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
@@ -163,24 +168,33 @@ class BatchEngine:
             as many when no row decodes), and draft-model catch-up tokens fed per row and step; None = whole
             prompts in one forward. A batch in strict mode prefills unscored prompts whole (strict output equals
             plain decoding, whose prefill is one forward).
+        prefill_step_ms: with ``prefill_chunk``, a wall-time budget in ms for a step that carries prefill or
+            draft catch-up while another row waits on it: the step's prefill and catch-up tokens are sized from the
+            measured ms per token of the forwards (at least ``MIN_PREFILL_CHUNK``, at most ``prefill_chunk``
+            each), so a long prompt delays the other rows by about this much per step. None = fixed chunks.
         max_scored_rows: positions whose logits one step keeps for prompt scoring, over all rows (default:
             :func:`~adaspec.engine.score_rows`, 256 MiB of float32 logits).
 
     Raises:
-        ConfigError: ``max_batch`` above what the target holds, or K > 0 without a drafter.
+        ConfigError: ``max_batch`` above what the target holds, K > 0 without a drafter, ``prefill_chunk`` < 1 or
+            ``prefill_step_ms`` <= 0.
     """
 
     def __init__(self, target: Backend, drafter_for: Callable[[int], Drafter | None] | None = None,
                  controller_factory: Callable[[], Controller] | None = None, *, tokenizer=None,
                  eos_token_ids: Sequence[int] | None = None, max_batch: int | None = None,
                  pricer: BatchPricer | None = None, probe_every: int = 16, prefill_chunk: int | None = None,
-                 max_scored_rows: int | None = None) -> None:
+                 prefill_step_ms: float | None = None, max_scored_rows: int | None = None) -> None:
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1 (or None: whole prompts), got {prefill_chunk}")
+        if prefill_step_ms is not None and not prefill_step_ms > 0:
+            raise ConfigError(f"prefill_step_ms must be > 0 (or None: fixed chunks), got {prefill_step_ms}")
         if max_scored_rows is not None and max_scored_rows < 1:
             raise ConfigError(f"max_scored_rows must be >= 1, got {max_scored_rows}")
         self.target = target
         self.prefill_chunk = prefill_chunk
+        self.prefill_step_ms = prefill_step_ms
+        self._step_costs = StepCosts()
         self.max_scored_rows = max_scored_rows or score_rows(target.vocab_size)
         self.probe_every = probe_every
         self._priced_steps = 0
@@ -209,6 +223,9 @@ class BatchEngine:
         self.last_rows = 0  # rows in the last step's forward
         self.last_tokens = 0  # tokens in the last step's forward
         self.last_forward_ms = 0.0
+        self.last_step_ms = 0.0  # wall time of the last step (catch-up, drafting, forward, verification)
+        self.last_prefill_tokens = 0  # prompt tokens the last step prefilled (chunks), over all rows
+        self.last_shared_tokens = 0  # prompt tokens the last step took from other rows' caches (share_prefix)
         self.grammar_vocab: GrammarVocab | None = None  # built from the tokenizer on the first constrained request
 
     # Requests ------------------------------------------------------------------------------------------------
@@ -323,13 +340,17 @@ class BatchEngine:
             return out
         step_start = time.perf_counter()
         decoding = [r for r in self._running.values() if r.prefilled]
-        plan = self._plan_prefill(alone=not decoding)
+        alone = not decoding
+        waiting_on = len(self._running) > 1  # another row waits on this step's prefill and catch-up work
         ks = self._choose_k(decoding, out)
         decoding = [r for r in decoding if r.rid in self._running]
-        self._catch_up(decoding, ks, out)
+        self._catch_up(decoding, ks, out, step_start if waiting_on else None)
         decoding = [r for r in decoding if r.rid in self._running]
         drafts, draft_ms, behind, forced = self._draft(decoding, ks, out)
+        decode_tokens = sum(len(drafts[r.rid]) + 1 for r in decoding if r.rid in self._running)
+        plan = self._plan_prefill(self._prefill_budget(alone, decode_tokens, step_start), out)
         running = [r for r in self._running.values() if r.prefilled or r.rid in plan]
+        self.last_prefill_tokens = sum(end - start for start, end in plan.values())
         if not running:
             self.last_rows = self.last_tokens = 0
             return out
@@ -342,6 +363,7 @@ class BatchEngine:
         forward_ms = (time.perf_counter() - forward_start) * 1e3
         self.last_rows, self.last_tokens = len(rows), sum(len(r.input_ids) for r in rows)
         self.last_forward_ms = forward_ms
+        self._step_costs.forward(self.last_tokens, forward_ms, self.pricer.curve)
         for row, lg in zip(running, logits):
             if lg is None:
                 continue  # failed in the forward
@@ -356,21 +378,47 @@ class BatchEngine:
                                                  forced.get(row.rid, 0))
             except Exception as e:
                 self._fail(row, e, out)
+        self.last_step_ms = (time.perf_counter() - step_start) * 1e3
         return out
 
     # Chunked prefill ------------------------------------------------------------------------------------------------
-    def _plan_prefill(self, alone: bool) -> dict[int, tuple[int, int]]:
+    def _prefill_budget(self, alone: bool, decode_tokens: int, step_start: float) -> int | None:
+        """Prompt tokens this step may prefill over all rows: None (whole prompts) without ``prefill_chunk``;
+        four chunks when no row decodes; else one chunk, or with ``prefill_step_ms`` what fits in the rest of the
+        step's budget beside the decoding rows' ``decode_tokens`` (at least ``MIN_PREFILL_CHUNK``)."""
+        if self.prefill_chunk is None:
+            return None
+        if alone:
+            return self.prefill_chunk * 4
+        if self.prefill_step_ms is None:
+            return self.prefill_chunk
+        spent = (time.perf_counter() - step_start) * 1e3
+        fits = self._step_costs.tokens_within(self.prefill_step_ms - spent, decode_tokens)
+        return self._bounded(fits)
+
+    def _bounded(self, tokens: int | None) -> int:
+        """``tokens`` within [``MIN_PREFILL_CHUNK``, ``prefill_chunk``] (``prefill_chunk`` when unknown)."""
+        cap = self.prefill_chunk
+        return cap if tokens is None else max(min(MIN_PREFILL_CHUNK, cap), min(cap, tokens))
+
+    def _plan_prefill(self, budget: int | None, out: dict[int, StreamChunk]) -> dict[int, tuple[int, int]]:
         """``{rid: (start, end)}``: the prompt slice each prefilling row feeds this step, in admission order, within
-        the step's ``prefill_chunk`` tokens (four times that when no row decodes) and ``max_scored_rows``."""
-        budget = None if self.prefill_chunk is None else self.prefill_chunk * (4 if alone else 1)
+        ``budget`` tokens (None: no limit) and ``max_scored_rows``. A row first takes what an earlier row has
+        cached of the same prompt prefix (:meth:`_share`); a row whose prefix an earlier row is still prefilling
+        waits for it rather than computing it twice."""
         scored_left = self.max_scored_rows
         plan: dict[int, tuple[int, int]] = {}
-        for row in self._running.values():
+        self.last_shared_tokens = 0
+        for row in list(self._running.values()):
             if row.prefilled:
                 continue
+            scored = row.cfg.prompt_logprobs is not None
+            if not scored and self._share(row, out):
+                continue  # waits for the row that prefills its prefix
+            if row.rid not in self._running:
+                continue  # failed while sharing
             start = row.prefill_pos
             n = len(row.prompt) - start
-            scored = row.cfg.prompt_logprobs is not None
             if budget is not None and not (self.target.batch_invariant and not scored):
                 if budget <= 0:
                     continue
@@ -384,6 +432,36 @@ class BatchEngine:
                 budget -= n
             plan[row.rid] = (start, start + n)
         return plan
+
+    def _share(self, row: _Row, out: dict[int, StreamChunk]) -> bool:
+        """Give ``row`` the longest prompt prefix that an earlier row holds in its cache (all but the row's last
+        prompt token, whose logits it needs), through :meth:`Backend.share_prefix`. Returns True when the row
+        should wait this step: an earlier row is still prefilling more of the same prefix. Strict batches and
+        runtimes without shared prefixes never share (each row prefills its own prompt)."""
+        if not self.target.shares_prefix or self.target.batch_invariant:
+            return False
+        limit = len(row.prompt) - 1
+        best, donor, wait = row.prefill_pos, None, False
+        for other in self._running.values():
+            if other is row:
+                break  # only rows admitted before this one
+            if other.cfg.prompt_logprobs is not None and not other.prefilled:
+                continue
+            cached = len(other.prompt) if other.prefilled else other.prefill_pos
+            common = common_prefix(row.prompt, other.prompt, limit)
+            if not other.prefilled and common > cached:
+                wait = wait or cached >= row.prefill_pos  # it will get there first
+            if min(common, cached) > best:
+                best, donor = min(common, cached), other
+        if donor is not None:
+            try:
+                self.target.share_prefix(donor.seq, row.seq, row.prefill_pos, best)
+            except Exception as e:
+                self._fail(row, e, out)
+                return False
+            self.last_shared_tokens += best - row.prefill_pos
+            row.prefill_pos = best
+        return wait and row.prefill_pos < limit
 
     def _prefill_row(self, row: _Row, start: int, end: int) -> BatchRow:
         return BatchRow(row.seq, row.prompt[start:end], end - start if row.cfg.prompt_logprobs is not None else 1)
@@ -399,21 +477,31 @@ class BatchEngine:
             return None
         return self._first(row, logits[-1:])
 
-    def _catch_up(self, decoding: list[_Row], ks: dict[int, int], out: dict[int, StreamChunk]) -> None:
-        """Feed each draft model that is more than ``prefill_chunk`` tokens behind its row's sequence one chunk
-        (the row drafts nothing this step), so a long prompt's draft prefill is spread over steps too."""
+    def _catch_up(self, decoding: list[_Row], ks: dict[int, int], out: dict[int, StreamChunk],
+                  step_start: float | None) -> None:
+        """Feed each draft model that is more than a chunk behind its row's sequence one chunk (the row drafts
+        nothing this step), so a long prompt's draft prefill is spread over steps too. The chunk is
+        ``prefill_chunk`` tokens, or with ``prefill_step_ms`` and ``step_start`` (another row waits on this step)
+        what the rest of the step's budget affords at the draft's measured ms per token fed."""
         if self.prefill_chunk is None:
             return
         for row in decoding:
             if row.drafter is None or not ks.get(row.rid):
                 continue
             try:
-                for d in model_drafters(row.drafter).values():
+                for name, d in model_drafters(row.drafter).items():
                     if not hasattr(d, "feed"):
                         continue
+                    chunk = self.prefill_chunk
+                    if self.prefill_step_ms is not None and step_start is not None:
+                        left = self.prefill_step_ms - (time.perf_counter() - step_start) * 1e3
+                        prior = self.draft_costs.get(name, (0.0, None))[1]
+                        chunk = self._bounded(self._step_costs.feed_tokens_within(name, left, prior))
                     have = d.cached_prefix(row.ids)
-                    if len(row.ids) - have > self.prefill_chunk:
-                        d.feed(row.ids[:have + self.prefill_chunk + 1])
+                    if len(row.ids) - have > chunk:
+                        t = time.perf_counter()
+                        d.feed(row.ids[:have + chunk + 1])
+                        self._step_costs.fed(name, chunk + 1, (time.perf_counter() - t) * 1e3)
                         ks[row.rid] = 0
             except Exception as e:
                 self._fail(row, e, out)

@@ -225,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
                      help="with --max-batch > 1: prompt tokens prefilled per batch step while other requests decode "
                           "(default: 64; 0: whole prompts)")
+    srv.add_argument("--prefill-step-ms", type=float, default=None, metavar="MS",
+                     help="with --max-batch > 1: size each step's prefill chunk (at most --prefill-chunk) and draft "
+                          "catch-up from the measured cost per token, so that a step carrying them while other "
+                          "requests decode takes about this long (default: 750; 0: fixed chunks)")
     srv.add_argument("--max-scored-tokens", type=int, default=4096, metavar="TOKENS",
                      help="prompt tokens echo + logprobs may score per request (413 beyond)")
     srv.add_argument("--max-scored-logits-mb", type=int, default=256, metavar="MIB",

@@ -93,6 +93,8 @@ def start_server(args, log_path: Path) -> tuple[subprocess.Popen, str]:
         cmd += ["--backend", args.backend]
     if args.prefill_chunk is not None:
         cmd += ["--prefill-chunk", str(args.prefill_chunk)]
+    if args.prefill_step_ms is not None:
+        cmd += ["--prefill-step-ms", str(args.prefill_step_ms)]
     print("starting:", " ".join(cmd), file=sys.stderr, flush=True)
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -142,6 +144,7 @@ async def head_of_line(url: str, long_tokens: int, stream_tokens: int) -> dict:
             return {"status": r.status_code, "prompt_tokens": r.json().get("usage", {}).get("prompt_tokens")}
 
         _, b = await asyncio.gather(stream(), long())
+        steps = step_histogram((await http.get("/metrics")).text)
     gaps = [(t1 - t0, t0, t1) for t0, t1 in zip(arrivals, arrivals[1:])]
     during = [g for g, t0, t1 in gaps if t1 >= marks["sent"] and t0 <= marks["answered"]]
     before = [g for g, t0, t1 in gaps if t1 < marks["sent"]]
@@ -155,7 +158,24 @@ async def head_of_line(url: str, long_tokens: int, stream_tokens: int) -> dict:
             "p95_gap_during_prefill_s": sorted(during)[int(0.95 * (len(during) - 1))] if during else None,
             "worst_gaps": [{"gap_s": round(g, 3), "at_s_after_sent": round(t0 - sent, 2),
                             "at_fraction_of_prefill": round((t0 - sent) / took, 3)} for g, t0 in worst],
-            "long_answer_s": marks["answered"] - marks["sent"], "target_max_gap_s": 1.5}
+            "long_answer_s": marks["answered"] - marks["sent"], "target_max_gap_s": 1.5,
+            "batch_steps": steps}
+
+
+def step_histogram(metrics_text: str) -> dict:
+    """The server's ``iteration_seconds`` histogram (every batched step's wall time since start): count, mean and
+    the share of steps above each bucket bound."""
+    buckets, count, total = {}, 0.0, 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith("adaspec:iteration_seconds_bucket{"):
+            le = line.split('le="')[1].split('"')[0]
+            buckets[le] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("adaspec:iteration_seconds_count{"):
+            count = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("adaspec:iteration_seconds_sum{"):
+            total = float(line.rsplit(" ", 1)[1])
+    over = {f"over_{le}s": int(count - n) for le, n in buckets.items() if le != "+Inf" and float(le) >= 0.5}
+    return {"count": int(count), "mean_s": round(total / count, 3) if count else None, **over}
 
 
 # (b) ----------------------------------------------------------------------------------------------------------
@@ -300,6 +320,8 @@ def main() -> None:
     p.add_argument("--max-scored-tokens", type=int, default=4096)
     p.add_argument("--rss-budget-mib", type=float, default=1024.0)
     p.add_argument("--prefill-chunk", type=int, default=None, help="adaspec serve --prefill-chunk (default: its own)")
+    p.add_argument("--prefill-step-ms", type=float, default=None,
+                   help="adaspec serve --prefill-step-ms (default: its own)")
     p.add_argument("--long-tokens", type=int, default=8000)
     p.add_argument("--stream-tokens", type=int, default=4000, help="A's budget; A stops reading once B is answered")
     p.add_argument("--clients", type=int, default=4)
@@ -318,6 +340,7 @@ def main() -> None:
     res: dict = {"setup": f"`adaspec serve` {args.target or '(default target)'} / {args.draft or '(default drafter)'}"
                           f" on {args.backend}, {args.threads} threads, --max-batch {args.max_batch}, "
                           f"--max-queue {args.max_queue}, --prefill-chunk {args.prefill_chunk or 'default'}, "
+                          f"--prefill-step-ms {'default' if args.prefill_step_ms is None else args.prefill_step_ms}, "
                           f"{os.cpu_count()} CPUs; "
                           + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "args": vars(args)}
     try:

@@ -9,5 +9,5 @@ cd "$(dirname "$0")/../../.."
 PY=${PY:-.venv/bin/python}
 OUT=docs/results/server-hardening
 $PY $OUT/bench.py --backend "${BACKEND:-ik}" --threads "${THREADS:-2}" --max-batch "${MAX_BATCH:-4}" \
-    ${PREFILL_CHUNK:+--prefill-chunk "$PREFILL_CHUNK"} --soak-s "${SOAK_S:-240}" --clients "${CLIENTS:-4}" --long-tokens "${LONG_TOKENS:-8000}" \
+    ${PREFILL_CHUNK:+--prefill-chunk "$PREFILL_CHUNK"} ${PREFILL_STEP_MS:+--prefill-step-ms "$PREFILL_STEP_MS"} --soak-s "${SOAK_S:-240}" --clients "${CLIENTS:-4}" --long-tokens "${LONG_TOKENS:-8000}" \
     --out "$OUT/${NAME:-results}.json" --markdown "$OUT/${NAME:-results}.md" "$@"

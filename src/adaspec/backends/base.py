@@ -57,6 +57,8 @@ class Backend(ABC):
             :mod:`adaspec.tree`); the engine verifies chains where this is False and says so in its statistics.
         supports_tree_growth: :meth:`grow_tree` works (a draft model expands a tree level by level, one forward
             per level, as EAGLE-2 does); a draft model on a backend without it drafts one-level trees.
+        shares_prefix: :meth:`share_prefix` works (a batched row takes another row's cached prompt prefix instead
+            of prefilling it again).
     """
 
     name: str
@@ -68,6 +70,7 @@ class Backend(ABC):
     rows_independent: bool = True
     supports_trees: bool = False
     supports_tree_growth: bool = False
+    shares_prefix: bool = False
 
     @property
     def max_tree_nodes(self) -> int:
@@ -169,6 +172,29 @@ class Backend(ABC):
         """:meth:`truncate` for sequence ``seq``."""
         self._check_seq(seq)
         self.truncate(length)
+
+    def share_prefix(self, src: int, dst: int, start: int, end: int) -> None:
+        """Give sequence ``dst``, which holds exactly ``start`` positions, the cached positions ``start..end`` of
+        sequence ``src``; the caller guarantees both sequences hold the same tokens up to ``end``. Afterwards
+        ``dst`` holds ``end`` positions, as if it had been fed those tokens itself (same keys and values).
+
+        Raises:
+            NotImplementedError: the backend cannot (``shares_prefix`` is False).
+            ValueError: a sequence out of range, ``dst`` not at ``start``, or ``src`` shorter than ``end``.
+        """
+        raise NotImplementedError(f"{self.name}: this backend cannot share cached prefixes between sequences")
+
+    def check_share(self, src: int, dst: int, start: int, end: int) -> None:
+        """Validate a :meth:`share_prefix` before touching any cache (raises as it documents)."""
+        self._check_seq(src)
+        self._check_seq(dst)
+        if src == dst:
+            raise ValueError(f"{self.name}: cannot share sequence {src}'s prefix with itself")
+        if self.seq_len_of(dst) != start:
+            raise ValueError(f"{self.name}: sequence {dst} holds {self.seq_len_of(dst)} positions, not {start}")
+        if not start <= end <= self.seq_len_of(src):
+            raise ValueError(f"{self.name}: cannot share positions {start}..{end} of sequence {src}, which holds "
+                             f"{self.seq_len_of(src)}")
 
     def sequence(self, seq: int) -> Backend:
         """A single-sequence :class:`Backend` over sequence ``seq`` of this one (shared weights, own cache): what a

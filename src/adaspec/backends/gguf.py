@@ -461,6 +461,16 @@ class GgufBackend(Backend):
                 self._compact()  # see compacts_holes
         del ids[length:]
 
+    def share_prefix(self, src: int, dst: int, start: int, end: int) -> None:
+        """``llama_kv_cache_seq_cp`` over positions ``start..end``: ``dst`` joins ``src``'s cells (a unified cache
+        shares them, no data moves; each sequence's later removals leave the other's cells in place)."""
+        self.check_share(src, dst, start, end)
+        self._check_open()
+        self._check_no_tree()
+        if end > start:
+            self._lib.llama_kv_cache_seq_cp(self._ctx, src, dst, start, end)
+            self._seqs[dst][start:] = self._seqs[src][start:end]
+
     def set_threads(self, threads: int) -> None:
         if threads < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}")

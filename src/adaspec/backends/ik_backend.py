@@ -115,6 +115,7 @@ class IkLlamaBackend(GgufBackend):
 
     runtime = "ik_llama.cpp"
     rows_independent = False  # measured: with other sequences in the batch a row's logits change (up to ~1.3)
+    shares_prefix = True  # one unified cache: a sequence joins another's cells (share_prefix)
 
     def __init__(self, model_path: str | Path, name: str | None = None, *, max_context: int | None = None,
                  threads: int | None = None, n_batch: int = 512, batch_invariant: bool = False,

@@ -203,6 +203,7 @@ class TorchBackend(Backend):
     """
 
     supports_batch_invariance = True
+    shares_prefix = True
 
     def __init__(self, model: PreTrainedModel, name: str = "model", *, max_context: int | None = None,
                  prefill_chunk: int = 2048, batch_invariant: bool = False, invariant_width: int = 9,
@@ -299,6 +300,18 @@ class TorchBackend(Backend):
             raise ValueError(f"{self.name}: a grown tree is pending; keep a path (keep_tree_path) or truncate to at "
                              f"most {self._grown[0]} entries")
         self._truncate(length)
+
+    def share_prefix(self, src: int, dst: int, start: int, end: int) -> None:
+        """``dst``'s cache becomes a copy of ``src``'s first ``end`` positions (the same keys and values)."""
+        self._check_not_growing()
+        self.check_share(src, dst, start, end)
+        if end == start:
+            return
+        cache, length = self._row_cache(src)
+        copied = copy.deepcopy(cache)
+        if end < length:
+            copied.crop(end - length)  # transformers 5.x: a negative count removes that many
+        self._set_row_cache(dst, copied, end)
 
     def forward_batch(self, rows) -> list[torch.Tensor]:
         """Rows of at most ``pad_batch_max_tokens`` new tokens run as ONE padded forward (:meth:`_forward_padded`);

@@ -30,7 +30,7 @@ def serve(args: argparse.Namespace) -> int:
         from adaspec.server.app import ServerConfig, create_app
         from adaspec.server.auth import keys_from_cli
         from adaspec.server.hostcheck import parse_allowed_hosts
-        from adaspec.server.runtime import DEFAULT_PREFILL_CHUNK, ModelHost
+        from adaspec.server.runtime import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS, ModelHost
     except ImportError as e:
         raise AdaspecError(f"adaspec serve needs the 'serve' extra ({e.name} is missing): "
                            "pip install 'adaspec[serve]'") from None
@@ -57,6 +57,9 @@ def serve(args: argparse.Namespace) -> int:
     if args.prefill_chunk is not None and args.prefill_chunk < 0:
         raise AdaspecError(f"--prefill-chunk must be >= 0 (0: whole prompts), got {args.prefill_chunk}")
     prefill_chunk = DEFAULT_PREFILL_CHUNK if args.prefill_chunk is None else (args.prefill_chunk or None)
+    if args.prefill_step_ms is not None and not args.prefill_step_ms >= 0:
+        raise AdaspecError(f"--prefill-step-ms must be >= 0 (0: fixed chunks), got {args.prefill_step_ms}")
+    prefill_step_ms = DEFAULT_PREFILL_STEP_MS if args.prefill_step_ms is None else (args.prefill_step_ms or None)
     allowed_hosts = parse_allowed_hosts(args.allowed_hosts, args.host, _is_loopback(args.host))
     names = args.served_model_name or [args.target]  # the name the user typed (vLLM serves the model as given)
     # Loaded on a thread that then ends: loading may run parallel work (the runtime probe of --backend auto, a
@@ -66,7 +69,8 @@ def serve(args: argparse.Namespace) -> int:
         host = once.submit(ModelHost.load, args.target, args.draft, controller=args.controller, k=args.k,
                            dtype=args.dtype, threads=args.threads, extra_drafters=args.allow_drafter,
                            backend=args.backend, device=args.device, max_batch=args.max_batch,
-                           strict=args.strict, prefill_chunk=prefill_chunk, served_as=names[0],
+                           strict=args.strict, prefill_chunk=prefill_chunk, prefill_step_ms=prefill_step_ms,
+                           served_as=names[0],
                            suffix_tokens=args.suffix_cache_tokens).result()
     if not args.no_warmup:  # on the generation thread, like every forward (ModelHost.on_generation_thread)
         host.on_generation_thread(host.warmup)

@@ -62,6 +62,8 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                 5.0)
 
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
 OUTCOMES = ("stop", "length", "cancelled", "timeout", "rejected", "invalid", "error")
 
 
@@ -119,6 +121,13 @@ class ServerMetrics:
         self.iteration_tokens = Histogram(n("iteration_tokens_total"), "Tokens in each batched step's forward.", m,
                                           buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048),
                                           registry=r)
+        self.iteration_seconds = Histogram(n("iteration_seconds"), "Wall time of each batched step (catch-up, "
+                                           "drafting, forward, verification), seconds: the gap it puts between "
+                                           "a stream's chunks.", m, buckets=STEP_BUCKETS, registry=r)
+        self.batch_prefill_tokens = Counter(n("batch_prefill_tokens"), "Prompt tokens prefilled by batched steps.",
+                                            m, registry=r)
+        self.shared_prefix_tokens = Counter(n("shared_prefix_tokens"), "Prompt tokens a batched row took from "
+                                            "another row's cache instead of prefilling them.", m, registry=r)
         self.batch_steps = Counter(n("batch_steps"), "Batched steps by batch size.", b, registry=r)
         self.batch_seconds = Counter(n("batch_step_seconds"), "Target forward time of batched steps, seconds.", b,
                                      registry=r)
@@ -132,7 +141,8 @@ class ServerMetrics:
             self.requests.labels(model_name, outcome)
         for reason in ("stop", "length"):
             self.request_success.labels(model_name, reason)
-        for metric in (self.prompt_tokens, self.generation_tokens, self.decode_seconds, self.plain_estimate_seconds):
+        for metric in (self.prompt_tokens, self.generation_tokens, self.decode_seconds, self.plain_estimate_seconds,
+                       self.batch_prefill_tokens, self.shared_prefix_tokens):
             metric.labels(model_name)
 
     def _m(self, metric):
@@ -160,11 +170,19 @@ class ServerMetrics:
         self._m(self.k).set(k)
         self._m(self.active).set(1 if k > 0 else 0)
 
-    def batch_step(self, rows: int, tokens: int, forward_s: float, emitted: int) -> None:
+    def batch_step(self, rows: int, tokens: int, forward_s: float, emitted: int, *, step_s: float | None = None,
+                   prefill_tokens: int = 0, shared_tokens: int = 0) -> None:
         """One batched step: ``rows`` rows, ``tokens`` tokens in the target forward taking ``forward_s`` seconds,
-        ``emitted`` tokens emitted over all rows."""
+        ``emitted`` tokens emitted over all rows; the step's wall time ``step_s``, the prompt tokens it prefilled
+        and those it took from other rows' caches."""
         size = str(rows)
         self._m(self.iteration_tokens).observe(tokens)
+        if step_s is not None:
+            self._m(self.iteration_seconds).observe(step_s)
+        if prefill_tokens:
+            self._m(self.batch_prefill_tokens).inc(prefill_tokens)
+        if shared_tokens:
+            self._m(self.shared_prefix_tokens).inc(shared_tokens)
         self.batch_steps.labels(self.model_name, size).inc()
         self.batch_seconds.labels(self.model_name, size).inc(forward_s)
         self.batch_tokens.labels(self.model_name, size).inc(emitted)

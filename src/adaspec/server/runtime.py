@@ -48,6 +48,8 @@ from adaspec.stats import GenerationStats, StepRecord, compress_trace
 log = logging.getLogger("adaspec.server")
 
 DEFAULT_PREFILL_CHUNK = 64  # prompt tokens per batch step while other rows decode (--prefill-chunk)
+SLOW_STEP_LOG_MS = 1000.0  # batch steps slower than this are logged at debug level
+DEFAULT_PREFILL_STEP_MS = 750.0  # wall-time budget of a batch step carrying prefill (--prefill-step-ms)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -151,6 +153,9 @@ class ModelHost:
             draft models must hold that many sequences (``max_sequences``). 1: one request at a time.
         prefill_chunk: with ``max_batch`` > 1, prompt tokens prefilled per batch step while other rows decode
             (:class:`~adaspec.batch.BatchEngine`; None: whole prompts).
+        prefill_step_ms: with ``max_batch`` > 1, the wall-time budget in ms that sizes those chunks (at most
+            ``prefill_chunk``) from the measured cost per token (:class:`~adaspec.batch.BatchEngine`; None: fixed
+            chunks).
         max_dynamic_drafters: drafters built on demand for a request's ``speculation.drafter`` (``layerskip:N``,
             ``ngram``) kept at once; the least recently used beyond this are dropped with their engines and
             per-slot draft caches (the drafters loaded at start are always kept).
@@ -164,13 +169,14 @@ class ModelHost:
 
     def __init__(self, target: LoadedModel, default: SpecSettings, model_drafters: dict[str, Drafter] | None = None,
                  *, max_engines: int = 32, max_batch: int = 1, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
-                 max_dynamic_drafters: int = 4, suffix_tokens: int | None = None) -> None:
+                 prefill_step_ms: float | None = DEFAULT_PREFILL_STEP_MS, max_dynamic_drafters: int = 4,
+                 suffix_tokens: int | None = None) -> None:
         self.target = target
         self.max_batch = max_batch
         self.batch: BatchEngine | None = None
         if max_batch > 1:
             self.batch = BatchEngine(target.backend, max_batch=max_batch, tokenizer=target.tokenizer,
-                                     prefill_chunk=prefill_chunk)
+                                     prefill_chunk=prefill_chunk, prefill_step_ms=prefill_step_ms)
         self.runner: BatchRunner | None = None
         self.name = target.name
         self.max_context = target.backend.max_context
@@ -206,7 +212,7 @@ class ModelHost:
              dtype: str | None = None, device: str = "cpu", threads: int | None = None,
              extra_drafters: Sequence[str] = (), progress: bool = True, backend: str = "torch",
              max_batch: int = 1, strict: bool = False, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
-             served_as: str | None = None, suffix_tokens: int | None = None) -> ModelHost:
+             prefill_step_ms: float | None = DEFAULT_PREFILL_STEP_MS, served_as: str | None = None, suffix_tokens: int | None = None) -> ModelHost:
         """Load the target and every model drafter clients may choose (the default one plus ``extra_drafters``) on
         ``backend``/``device`` (see :func:`adaspec.api.load`; ``adaspec serve`` passes ``auto``), each holding
         ``max_batch`` sequences. With ``max_batch`` > 1 the batch runs in ``strict`` mode or not for every request.
@@ -241,7 +247,7 @@ class ModelHost:
             model_drafters[spec.lower()] = drafter
             model_drafters.setdefault(drafter.name.lower(), drafter)
         host = cls(tgt, SpecSettings(draft, controller, k), model_drafters, max_batch=max_batch,
-                   prefill_chunk=prefill_chunk, suffix_tokens=suffix_tokens)
+                   prefill_chunk=prefill_chunk, prefill_step_ms=prefill_step_ms, suffix_tokens=suffix_tokens)
         host.backend = backend  # where a draft model a client names later is loaded
         host.requested_name = served_as or target
         return host
@@ -721,8 +727,14 @@ class BatchRunner:
                 self._finish(rid, error=e)
             return
         if self.engine.last_rows:
-            self.metrics.batch_step(self.engine.last_rows, self.engine.last_tokens, self.engine.last_forward_ms / 1e3,
-                                    sum(len(c.token_ids) for c in out.values()))
+            e = self.engine
+            self.metrics.batch_step(e.last_rows, e.last_tokens, e.last_forward_ms / 1e3,
+                                    sum(len(c.token_ids) for c in out.values()), step_s=e.last_step_ms / 1e3,
+                                    prefill_tokens=e.last_prefill_tokens, shared_tokens=e.last_shared_tokens)
+            if e.last_step_ms > SLOW_STEP_LOG_MS:
+                log.debug("slow batch step: %.0f ms (forward %.0f ms, %d rows, %d tokens, %d prefilled, %d shared)",
+                          e.last_step_ms, e.last_forward_ms, e.last_rows, e.last_tokens, e.last_prefill_tokens,
+                          e.last_shared_tokens)
         for rid, chunk in out.items():
             job = self._jobs.get(rid)
             if job is None:
