@@ -2,7 +2,8 @@
 
 Starts ``adaspec serve`` (default models unless told otherwise) on a free loopback port and measures:
 
-(a) **head-of-line blocking**: client A streams greedy tokens; once A is under way client B sends a long prompt
+(a) **head-of-line blocking**: client A streams greedy tokens (with ``logprobs``, so that every token has a
+    chunk); once A is under way client B sends a long prompt
     (``--long-tokens`` token ids, default 8,000, capped by the context window). Reported: the longest gap between
     two of A's chunks while B's prompt is prefilled, A's median gap before B arrived, and B's time to answer.
     Target: longest gap <= 1.5 s.
@@ -122,15 +123,21 @@ def token_ids(n: int, seed: int) -> list[int]:
 # (a) ----------------------------------------------------------------------------------------------------------
 async def head_of_line(url: str, long_tokens: int, stream_tokens: int) -> dict:
     arrivals: list[float] = []
+    texts: list[int] = []  # characters in each of A's chunks
     marks: dict[str, float] = {}
     async with httpx.AsyncClient(base_url=url, timeout=1800) as http:
         async def stream() -> None:
+            # logprobs: every token gets a chunk, also one whose text is empty (with ignore_eos the model writes
+            # special tokens such as <|endoftext|>, which decode to ""; a chunk without text or logprobs is not
+            # sent, so without them such a token reads as a gap of two steps that is not the server's)
             body = {"prompt": "def fibonacci(n):", "max_tokens": stream_tokens, "temperature": 0, "ignore_eos": True,
-                    "stream": True}
+                    "stream": True, "logprobs": 0}
             async with http.stream("POST", "/v1/completions", json=body) as r:
                 async for line in r.aiter_lines():
                     if line.startswith("data: {"):
                         arrivals.append(time.monotonic())
+                        texts.append(len(json.loads(line[6:])["choices"][0].get("text") or "")
+                                     if '"choices": []' not in line else 0)
                     if "answered" in marks:  # the long prompt is done: A has shown what it had to
                         break
             marks["stream_done"] = time.monotonic()
@@ -156,10 +163,11 @@ async def head_of_line(url: str, long_tokens: int, stream_tokens: int) -> dict:
             "median_gap_before_s": statistics.median(before) if before else None,
             "max_gap_during_prefill_s": max(during) if during else None,
             "p95_gap_during_prefill_s": sorted(during)[int(0.95 * (len(during) - 1))] if during else None,
-            "worst_gaps": [{"gap_s": round(g, 3), "at_s_after_sent": round(t0 - sent, 2),
+            "worst_gaps": [{"gap_s": round(g, 3), "at_s_after_sent": round(t0 - sent, 2), "t0_monotonic": round(t0, 3),
                             "at_fraction_of_prefill": round((t0 - sent) / took, 3)} for g, t0 in worst],
             "long_answer_s": marks["answered"] - marks["sent"], "target_max_gap_s": 1.5,
-            "batch_steps": steps}
+            "batch_steps": steps,
+            "stream_arrivals": [[round(t, 3), n] for t, n in zip(arrivals, texts)]}
 
 
 def step_histogram(metrics_text: str) -> dict:

@@ -48,7 +48,6 @@ from adaspec.stats import GenerationStats, StepRecord, compress_trace
 log = logging.getLogger("adaspec.server")
 
 DEFAULT_PREFILL_CHUNK = 64  # prompt tokens per batch step while other rows decode (--prefill-chunk)
-SLOW_STEP_LOG_MS = 1000.0  # batch steps slower than this are logged at debug level
 DEFAULT_PREFILL_STEP_MS = 750.0  # wall-time budget of a batch step carrying prefill (--prefill-step-ms)
 
 
@@ -654,6 +653,7 @@ class BatchRunner:
         self._lock = threading.Lock()  # guards _inbox, _admitting and _jobs (cancel_all runs on the event loop)
         self._wake = threading.Event()
         self._stopped = False
+        self._last_step_end = 0.0  # time.monotonic() at the end of the last step (the debug trace)
         if executor is not None:  # the host's generation thread, where warm-up ran (see on_generation_thread)
             self._done = executor.submit(self._loop)
         else:
@@ -731,10 +731,14 @@ class BatchRunner:
             self.metrics.batch_step(e.last_rows, e.last_tokens, e.last_forward_ms / 1e3,
                                     sum(len(c.token_ids) for c in out.values()), step_s=e.last_step_ms / 1e3,
                                     prefill_tokens=e.last_prefill_tokens, shared_tokens=e.last_shared_tokens)
-            if e.last_step_ms > SLOW_STEP_LOG_MS:
-                log.debug("slow batch step: %.0f ms (forward %.0f ms, %d rows, %d tokens, %d prefilled, %d shared)",
-                          e.last_step_ms, e.last_forward_ms, e.last_rows, e.last_tokens, e.last_prefill_tokens,
-                          e.last_shared_tokens)
+            if log.isEnabledFor(logging.DEBUG):  # a trace of every step: where a stream's gaps come from
+                now = time.monotonic()
+                log.debug("batch step ended at %.3f: %.0f ms (forward %.0f ms, %d rows, %d tokens, %d prefilled, "
+                          "%d shared), %.0f ms since the last step ended; emitted (tokens, characters) %s", now, e.last_step_ms,
+                          e.last_forward_ms, e.last_rows, e.last_tokens, e.last_prefill_tokens, e.last_shared_tokens,
+                          (now - self._last_step_end) * 1e3 if self._last_step_end else 0.0,
+                          {rid: (len(c.token_ids), len(c.text)) for rid, c in out.items()})
+                self._last_step_end = now
         for rid, chunk in out.items():
             job = self._jobs.get(rid)
             if job is None:
