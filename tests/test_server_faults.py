@@ -335,3 +335,70 @@ def test_echo_scoring_limits(served):
                     first[c["index"]] = c["logprobs"]["token_logprobs"]
     assert first[0] == first[1] and first[0][1:] == pytest.approx(lp["token_logprobs"][1:], abs=1e-4)
     served.check_clean()
+
+
+SOAK_S = 20.0  # the CI version of docs/results/server-hardening's 30-minute soak
+SOAK_BAD = [b'{"prompt": "a\\ud800", "max_tokens": 2}', b"{", b'{"prompt": "a", "n": 99}',
+            b'{"prompt": [999999999]}', b'{"prompt": "a", "logit_bias": {"-1": 5}}',
+            b'{"prompt": "a", "speculation": {"drafter": "../x"}}']
+
+
+def test_a_short_soak_of_mixed_traffic(served):
+    """Three clients for SOAK_S seconds (at most 60 requests each): greedy requests, streams dropped after two
+    chunks, bad input, n = 2 (one prompt prefilled for both choices), echo scoring. Every answer is expected
+    (200, 4xx for bad input, 503 queue_full), and the server ends clean."""
+    unexpected: list[str] = []
+    counts = {"ok": 0, "bad": 0, "busy": 0, "dropped": 0}
+
+    async def client(seed: int) -> None:
+        rng = random.Random(seed)
+        deadline = time.monotonic() + SOAK_S
+        async with httpx.AsyncClient(base_url=served.url, headers=AUTH, timeout=60) as http:
+            for i in range(60):
+                if time.monotonic() > deadline:
+                    return
+                kind = rng.choice(["greedy", "stream", "bad", "n2", "echo"])
+                if kind == "stream":
+                    async with http.stream("POST", "/v1/completions", json={
+                            "prompt": f"{seed}.{i} Count:", "max_tokens": 64, "ignore_eos": True,
+                            "stream": True}) as r:
+                        if r.status_code == 503:
+                            counts["busy"] += 1
+                            continue
+                        if r.status_code != 200:
+                            unexpected.append(f"stream {r.status_code}")
+                            continue
+                        seen = 0
+                        async for line in r.aiter_lines():
+                            seen += line.startswith("data: {")
+                            if seen >= 2:
+                                break  # leaves mid-stream
+                        counts["dropped"] += 1
+                    continue
+                if kind == "bad":
+                    r = await http.post("/v1/completions", content=rng.choice(SOAK_BAD),
+                                        headers={"content-type": "application/json"})
+                    if 400 <= r.status_code < 500 or r.status_code == 503:
+                        counts["bad" if r.status_code != 503 else "busy"] += 1
+                    else:
+                        unexpected.append(f"bad input answered {r.status_code}: {r.text[:200]}")
+                    continue
+                body = {"greedy": {"prompt": f"Say {i}:", "max_tokens": 8, "temperature": 0},
+                        "n2": {"prompt": "A list of fruits: " * 8, "max_tokens": 6, "n": 2, "seed": i},
+                        "echo": {"prompt": "word " * 30, "max_tokens": 0, "echo": True, "logprobs": 2, "n": 2},
+                        }[kind]
+                r = await http.post("/v1/completions", json=body)
+                if r.status_code == 200:
+                    counts["ok"] += 1
+                elif r.status_code == 503 and r.json()["error"]["code"] == "queue_full":
+                    counts["busy"] += 1
+                else:
+                    unexpected.append(f"{kind} answered {r.status_code}: {r.text[:200]}")
+
+    async def run() -> None:
+        await asyncio.gather(*(client(s) for s in range(3)))
+
+    asyncio.run(run())
+    assert not unexpected, unexpected
+    assert counts["ok"] >= 5 and counts["bad"] >= 1, counts
+    served.check_clean()
