@@ -210,6 +210,17 @@ class ProcessPeer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def exits_within(self, seconds: float) -> bool:
+        """True when the process has ended or ends within ``seconds`` (a connection that broke mid-answer usually
+        means the process is dying, but it may not be reaped yet when the client sees the broken connection)."""
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def start(self) -> None:
         """Start the process (a no-op when it runs) and wait until it is ready. Raises PeerFailure."""
         if self.running:

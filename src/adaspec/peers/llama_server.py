@@ -164,7 +164,7 @@ class LlamaServerPeer(ProcessPeer):
         except httpx.HTTPStatusError as e:
             raise PeerFailure(FAILED, f"HTTP {e.response.status_code}: {e.response.text[:300]}") from None
         except (httpx.HTTPError, json.JSONDecodeError) as e:
-            if not self.running:
+            if self.exits_within(2.0):
                 raise self.exited() from None
             raise PeerFailure(FAILED, f"bad answer from llama-server: {e}") from None
         total_ms = (time.perf_counter() - start) * 1e3
