@@ -144,7 +144,7 @@ def test_run_compare_end_to_end_on_tiny_models(tmp_path, monkeypatch, qwen, qwen
     assert all(r["prompt_cache"] and 1 <= r["new_tokens"] <= 12 for r in rows)
     assert all(r["decode_tokens"] == r["new_tokens"] - 1 and r["decode_ms"] is not None for r in rows)
     assert all(r["prompt_prefill_ms"] > 0 for r in rows)
-    from adaspec.backends.select import cpu_label
+    from adaspec.backends.cpu import cpu_label
 
     assert {r["cpu"] for r in rows} == {cpu_label()} and cpu_label()  # rows say which machine measured them
     assert all(r["prefill_ms"] is not None for r in rows if r["controller"] != "hf")

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from adaspec.backends import select
+from adaspec.backends import cpu, select
 from adaspec.backends.select import (NLL_TOLERANCE, choose_backend, fastest_gguf_runtime, normalize_backend,
                                      resolve_device)
 from adaspec.errors import ConfigError
@@ -148,7 +148,7 @@ def test_ik_missing_names_the_install_command(monkeypatch):
     from adaspec.backends import ik_backend
 
     monkeypatch.setattr(ik_backend, "_LIB", None)
-    monkeypatch.setattr(select, "cpu_has_avx2", lambda: True)
+    monkeypatch.setattr(cpu, "cpu_has_avx2", lambda: True)
     monkeypatch.setitem(sys.modules, "ik_llama_cpp", None)  # import fails as when not installed
     with pytest.raises(ConfigError, match='pip install "ik-llama-cpp-python==0.1.5"'):
         ik_backend.import_ik_llama_cpp()
@@ -157,7 +157,7 @@ def test_ik_missing_names_the_install_command(monkeypatch):
 def test_a_cpu_without_avx2_skips_ik_and_says_why(monkeypatch):
     from adaspec.backends import ik_backend
 
-    monkeypatch.setattr(select, "cpu_has_avx2", lambda: False)
+    monkeypatch.setattr(cpu, "cpu_has_avx2", lambda: False)
     assert "ik" not in select.installed_runtimes()
     if HAVE_IK:
         assert "lacks AVX2" in select.unavailable_runtimes()["ik"]

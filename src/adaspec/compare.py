@@ -220,7 +220,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
 
     from adaspec.api import SpeculativeLM, load_model, make_drafter, set_threads
     from adaspec.backends.gguf import GgufBackend
-    from adaspec.backends.select import cpu_label
+    from adaspec.backends.cpu import cpu_label
     from adaspec.structured_workload import score, workload_tasks
     from adaspec.drafters.suffix import with_own_cache
     from adaspec.workloads import load_workload

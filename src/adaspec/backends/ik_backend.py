@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
+from adaspec.backends import cpu
 from adaspec.backends.gguf import GgufBackend
 from adaspec.errors import ConfigError
 from adaspec.tree import MAX_TREE_NODES
@@ -38,9 +39,7 @@ def import_ik_llama_cpp() -> SimpleNamespace:
     global _LIB, _LOG_CALLBACK
     if _LIB is not None:
         return _LIB
-    from adaspec.backends.select import cpu_has_avx2
-
-    if not cpu_has_avx2():  # the wheel's kernels would die with SIGILL on the first forward
+    if not cpu.cpu_has_avx2():  # the wheel's kernels would die with SIGILL on the first forward
         raise ConfigError("the ik_llama.cpp backend's prebuilt wheel needs a CPU with AVX2, which this one lacks; "
                           "use --backend llamacpp or torch")
     try:

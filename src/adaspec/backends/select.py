@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from adaspec.backends import cpu
 from adaspec.defaults import BACKEND_CHOICES as BACKENDS
 from adaspec.defaults import DEVICE_CHOICES as DEVICES
 from adaspec.errors import AdaspecError, ConfigError
@@ -74,14 +74,6 @@ def resolve_device(device: str | None) -> str:
     return index
 
 
-def cpu_has_avx2() -> bool:
-    """True when the CPU reports AVX2 (Linux /proc/cpuinfo; other systems: assume x86_64 has it)."""
-    try:
-        return " avx2" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.machine().lower() in ("x86_64", "amd64")
-
-
 def installed_runtimes() -> dict[str, str]:
     """GGUF runtimes that can run here → their package version; a runtime that cannot is left out (see
     :func:`unavailable_runtimes` for why)."""
@@ -103,7 +95,7 @@ def _probe_installed() -> dict[str, tuple[str | None, str | None]]:
         except metadata.PackageNotFoundError:
             out[name] = (None, f"{dist} is not installed")
             continue
-        if name == "ik" and not cpu_has_avx2():
+        if name == "ik" and not cpu.cpu_has_avx2():
             out[name] = (ver, "this CPU lacks AVX2, which the prebuilt ik-llama-cpp-python wheel needs")
             continue
         out[name] = (ver, None)
@@ -123,27 +115,6 @@ def _cache_file() -> Path:
     from adaspec.models import cache_root
 
     return cache_root() / "runtimes.json"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_label() -> str:
-    """The CPU's model name and widest vector extension, e.g. ``"AMD EPYC (AVX2)"``: result rows carry it so a file
-    filled on several machines can be split by machine."""
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    simd = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2")) if f" {flag}" in flags), None)
-    return f"{_cpu_name()} ({simd})" if simd else _cpu_name()
 
 
 PROBE_TEXT = (
@@ -239,7 +210,7 @@ def fastest_gguf_runtime(gguf_file: Path, threads: int, probe_ids: list[int], *,
         return None, rejected
     gguf_file = Path(gguf_file)
     st = gguf_file.stat()
-    key = "|".join([gguf_file.name, str(st.st_size), _cpu_name(), f"threads={threads}", f"probe={len(probe_ids)}",
+    key = "|".join([gguf_file.name, str(st.st_size), cpu.cpu_name(), f"threads={threads}", f"probe={len(probe_ids)}",
                     *(f"{n}={v}" for n, v in sorted(runtimes.items()))])
     cache = _cache_file()
     try:
@@ -332,7 +303,7 @@ def choose_backend(spec: str, backend: str = "auto", *, device: str = "cpu", dty
         return RuntimeChoice("torch", "PyTorch: " + "; ".join(rejected.values()))
     if choice is None:
         missing = "; ".join(unavailable_runtimes().values())
-        hint = ('; pip install "ik-llama-cpp-python==0.1.5" for the fast CPU path' if cpu_has_avx2()
+        hint = ('; pip install "ik-llama-cpp-python==0.1.5" for the fast CPU path' if cpu.cpu_has_avx2()
                 else '; pip install -e ".[llamacpp]" for llama.cpp')
         return RuntimeChoice("torch", f"PyTorch: no GGUF runtime can run here ({missing}{hint})")
     return choice

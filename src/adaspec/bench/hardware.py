@@ -499,7 +499,7 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
     layer_ms = measure_dispatch_ms(device=device, repeats=repeats)
     raw["layer_ms"] = layer_ms
     raw["linear_call_ms"] = linear_call_ms = measure_linear_call_ms(device=device) if dims else 0.0
-    from adaspec.backends.select import cpu_label
+    from adaspec.backends.cpu import cpu_label
 
     name = "this-cpu" if device == "cpu" else "this-gpu"
     label = cpu_label() if device == "cpu" else torch.cuda.get_device_name()
