@@ -10,8 +10,8 @@ import torch
 from bench_tiny import tiny_model
 
 from adaspec.backends import TorchBackend
+from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.bench.costmodel import expected_tokens, leviathan_alpha
-from adaspec.bench.sweep import PrefixCacheBackend
 from adaspec.controllers import FixedController
 from adaspec.drafters.calibrated import CalibratedDrafter
 from adaspec.engine import GenerationConfig, SpeculativeEngine

@@ -11,11 +11,12 @@ import torch
 from bench_tiny import ByteTokenizer, tiny_loader, tiny_model
 
 from adaspec.backends import TorchBackend
+from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.bench.grid import (Setting, apply_override, build_config, expand, normalize, point_key, preset,
                                 read_config_file)
 from adaspec.bench.measure import NOT_MEASURABLE, Meter, rapl_domains
 from adaspec.bench.prompts import ContextBuilder, hf_builder
-from adaspec.bench.sweep import PrefixCacheBackend, context_needed, on_backend, run_bench
+from adaspec.bench.sweep import context_needed, on_backend, run_bench
 from adaspec.compare import read_results
 from adaspec.errors import ConfigError
 

@@ -411,7 +411,7 @@ def test_trees_through_compares_prompt_cache(qwen):
     """`adaspec compare` wraps the target in a PrefixCacheBackend (the prompt's prefill shared by every method).
     It used to hide the target's tree support, so every "+tree" method of compare verified chains (stated only in
     the request's tree_fallback). Now trees go through it, and the cache it keeps stays in step."""
-    from adaspec.bench.sweep import PrefixCacheBackend
+    from adaspec.backends.prefix_cache import PrefixCacheBackend
 
     prompt = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7, 3, 17, 8, 3, 17, 42, 5, 3, 17]
     plain = SpeculativeEngine(TorchBackend(qwen, "p"), None, None).generate(prompt, GenerationConfig(max_new_tokens=40))
@@ -944,7 +944,7 @@ def test_sampled_draft_trees_with_a_narrower_draft_vocabulary(qwen):
 
 def test_grown_trees_through_the_benchs_prefix_cache(qwen):
     """adaspec bench wraps draft backends in PrefixCacheBackend: it passes tree growth on, ids kept in step."""
-    from adaspec.bench.sweep import PrefixCacheBackend
+    from adaspec.backends.prefix_cache import PrefixCacheBackend
     from adaspec.drafters import ModelDrafter
 
     ids = [3, 17, 42, 5, 9, 9, 12]
@@ -960,7 +960,7 @@ def test_a_failed_growth_empties_the_draft_cache_and_guards_hold(qwen):
     """A draft forward that fails mid-tree empties the draft cache (directly and behind the bench's prefix cache),
     and the drafter recovers; a PyTorch backend refuses to truncate into, or batch over, a growing tree; a strict
     draft backend drafts one-level trees."""
-    from adaspec.bench.sweep import PrefixCacheBackend
+    from adaspec.backends.prefix_cache import PrefixCacheBackend
     from adaspec.drafters import ModelDrafter
 
     ids = [3, 17, 42, 5, 9, 9, 12]

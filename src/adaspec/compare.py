@@ -45,6 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.controllers import CONTROLLERS, make_controller
 from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.engine import GenerationConfig, SpeculativeEngine
@@ -255,8 +256,6 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
         print(f"target runtime: {tgt.runtime_reason}", file=sys.stderr)
     target_backend = tgt.backend
     if prompt_cache:
-        from adaspec.bench.sweep import PrefixCacheBackend
-
         target_backend = PrefixCacheBackend(tgt.backend)
     drafters: dict = {}
     specs = {m.drafter for m in parsed if m.drafter and m.controller not in PEER_LIBRARIES}

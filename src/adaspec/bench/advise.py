@@ -27,10 +27,11 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from adaspec.backends.gguf import GgufBackend
+from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.bench.costmodel import CostModel, leviathan_alpha
 from adaspec.bench.micro import measure_backend, measure_overhead
 from adaspec.bench.prompts import hf_builder
-from adaspec.bench.sweep import PrefixCacheBackend, decode_tpot_ms, prefill_draft
+from adaspec.bench.sweep import decode_tpot_ms, prefill_draft
 from adaspec.errors import AdaspecError
 from adaspec.quality.stats import mean_interval
 

@@ -23,6 +23,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adaspec.bench.plots import pyplot as _plt
+from adaspec.bench.plots import save as _save
 from adaspec.bench.sweep import apply_baseline, tag_runs
 
 FAMILY_KEYS = ("target", "dtype", "threads", "backend")
@@ -134,7 +136,6 @@ def analyse_batches(rows: list[dict]) -> list[BatchFamily]:
 
 
 def fig_speedup_vs_batch(fam: BatchFamily, path: Path) -> Path:
-    from adaspec.bench.report import _plt, _save
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
@@ -155,7 +156,6 @@ def fig_speedup_vs_batch(fam: BatchFamily, path: Path) -> Path:
 
 
 def fig_throughput_latency(fam: BatchFamily, path: Path) -> Path:
-    from adaspec.bench.report import _plt, _save
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))

@@ -12,6 +12,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adaspec.bench.plots import pyplot as _plt
+from adaspec.bench.plots import save as _save
 from adaspec.bench.endpoint import read_rows
 from adaspec.errors import AdaspecError
 
@@ -139,7 +141,6 @@ def markdown(rows: list[dict], figures: dict[str, Path], rel, title: str, comman
 
 def draw(rows: list[dict], img_dir: Path, prefix: str = "endpoint") -> dict[str, Path]:
     """Speedup vs load, throughput vs TPOT per arm, and acceptance per draft position (when known)."""
-    from adaspec.bench.report import _plt, _save
 
     plt = _plt()
     lvls = levels(rows)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from adaspec.bench.plots import pyplot as _plt
+from adaspec.bench.plots import save as _save
 from adaspec.bench.costmodel import CostModel, relative_errors
 from adaspec.bench.sweep import apply_baseline, fit_cost_model, predict_point, tag_runs
 from adaspec.compare import read_results
@@ -165,16 +167,6 @@ def _map_cost(a: SettingAnalysis, p: dict | None = None):
 
 
 # Figures --------------------------------------------------------------------------------------------------------
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"font.size": 9, "figure.dpi": 100, "savefig.dpi": 100})
-    return plt
-
-
 def _norm(values):
     from matplotlib.colors import TwoSlopeNorm
 
@@ -399,16 +391,6 @@ def fig_verify_cost(a: SettingAnalysis, path: Path) -> Path:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return _save(fig, path)
-
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
 
 
 def draw_maps(a: SettingAnalysis, img_dir: Path, prefix: str = "boundary") -> dict[str, Path]:
