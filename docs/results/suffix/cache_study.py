@@ -87,7 +87,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
 
     from adaspec.api import SpeculativeLM, load_model, set_threads
-    from adaspec.bench.sweep import PrefixCacheBackend
+    from adaspec.backends.prefix_cache import PrefixCacheBackend
     from adaspec.compare import _round_robin
     from adaspec.controllers import make_controller
     from adaspec.drafters.suffix import SuffixDrafter, remember

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from adaspec.backends.prefix_cache import PrefixCacheBackend  # re-exported: docs/results/suffix/cache_study.py
+from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.backends.select import resolve_device
 from adaspec.bench.costmodel import CostModel, leviathan_alpha
 from adaspec.bench.grid import Point, Setting, expand, point_key
