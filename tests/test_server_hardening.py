@@ -302,6 +302,14 @@ def test_serve_flags_reach_the_config():
                                       "--max-queue-per-client", "3"])
     assert args.served_model_name == ["a", "b"] and args.allowed_hosts == "x.lan" and args.prefill_chunk == 64
     assert args.max_slots_per_request == 2 and args.max_scored_tokens == 100 and args.max_queue_per_client == 3
+    assert build_parser().parse_args(["serve", "--prefill-step-ms", "500"]).prefill_step_ms == 500.0
+
+
+def test_a_negative_prefill_budget_is_refused_before_loading(capsys):
+    from adaspec.cli import main as cli_main
+
+    assert cli_main(["serve", "--target", "no-such-model", "--prefill-step-ms", "-5"]) == 2
+    assert "--prefill-step-ms must be >= 0 (0: fixed chunks), got -5.0" in capsys.readouterr().err
 
 
 def test_ngram_tree_is_a_servable_drafter(tiny, host, batched):
