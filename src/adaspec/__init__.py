@@ -11,8 +11,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "load": "adaspec.api", "SpeculativeLM": "adaspec.api",
-    "GenerationConfig": "adaspec.engine", "GenerationResult": "adaspec.engine",
-    "SpeculativeEngine": "adaspec.engine", "StreamChunk": "adaspec.engine",
+    "GenerationConfig": "adaspec.request", "GenerationResult": "adaspec.request",
+    "SpeculativeEngine": "adaspec.engine", "StreamChunk": "adaspec.request",
     "GenerationStats": "adaspec.stats", "StepRecord": "adaspec.stats",
     "AdaspecError": "adaspec.errors",
 }

@@ -41,7 +41,8 @@ from adaspec.controllers.base import Controller
 from adaspec.drafters import Drafter, ModelDrafter, NgramDrafter, NgramTreeDrafter
 from adaspec.drafters.multi import MultiDrafter
 from adaspec.drafters.suffix import is_suffix_spec, suffix_from_spec
-from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
+from adaspec.engine import SpeculativeEngine
+from adaspec.request import GenerationConfig, GenerationResult, StreamChunk
 from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.errors import ConfigError
 from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_tokenizers_compatible, resolve

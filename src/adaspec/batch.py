@@ -56,32 +56,26 @@ from adaspec.controllers.fixed import FixedController
 from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
 from adaspec.drafters.forced import ForcedDrafter, request_drafter, unwrapped, without_forced
 from adaspec.drafters.multi import cached_prefixes, measure_drafters, model_drafters, route
-from adaspec.engine import (
+from adaspec.logprobs import score_rows, token_logprobs, top_margins
+from adaspec.request import (
     GenerationConfig,
     GenerationResult,
     StreamChunk,
     TokenLogprob,
     check_logit_bias,
     checked_prompt,
-    controlled,
     cut,
-    decide,
     default_eos_ids,
-    in_vocab,
-    pick_token,
     request_eos,
     request_generator,
-    score_rows,
-    token_logprobs,
-    top_margins,
 )
 from adaspec.errors import ConfigError
-from adaspec.processors import LogitsControls
-from adaspec.sampling import SamplingParams
+from adaspec.processors import LogitsControls, controlled
+from adaspec.sampling import SamplingParams, pick_token
 from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
 from adaspec.structured import Constraint, GrammarVocab
 from adaspec.text import TextStream
-from adaspec.verify import parse_lossy
+from adaspec.verify import decide, in_vocab, parse_lossy
 
 @dataclass
 class _Row:

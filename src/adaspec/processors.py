@@ -166,3 +166,10 @@ class LogitsControls:
             sub -= self.frequency_penalty * counts
         out[:, index] = sub
         return out
+
+
+def controlled(logits: torch.Tensor, controls: LogitsControls | None, ids: Sequence[int], prompt_len: int,
+               drafts: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's ``[n, V]`` logits after ``ids + drafts[:i]`` (row i) with the request's controls applied
+    (:meth:`LogitsControls.apply`); unchanged when there are none."""
+    return logits if controls is None else controls.apply(logits, ids, prompt_len, drafts)

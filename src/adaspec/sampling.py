@@ -95,3 +95,10 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     """
     noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return (probs / noise).argmax(dim=-1)
+
+
+def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """The token after a ``[V]`` logits row: argmax when greedy, else a sample from the processed distribution."""
+    if params.greedy:
+        return int(logits.argmax())
+    return int(sample(logits_to_probs(logits, params), generator))

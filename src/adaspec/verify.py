@@ -15,10 +15,12 @@ token the target contributes (the correction on a rejection, the bonus token whe
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
-from adaspec.sampling import sample
+from adaspec.drafters.base import Draft
+from adaspec.sampling import SamplingParams, logits_to_probs, sample
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
@@ -155,3 +157,38 @@ def verify_lossy(draft_tokens: torch.Tensor, target_probs: torch.Tensor, rule: s
     row = target_probs[n_accepted]
     token = int(row.argmax()) if greedy else int(sample(row, generator))
     return n_accepted, token
+
+
+def decide(logits: torch.Tensor, draft: Draft, params: SamplingParams, generator: torch.Generator,
+           lossy: tuple[str, float] | None = None) -> tuple[int, int]:
+    """Verification of ``draft`` (K tokens) against the target's ``[K + 1, V]`` logits over ``[pending] + draft``:
+    ``(n_accepted, next token)`` by the greedy rule, speculative sampling (Leviathan et al. 2023), or a lossy rule."""
+    tokens = draft.tokens.tolist()
+    if lossy is not None:
+        probs, _ = common_width(logits.float().softmax(-1) if params.greedy else logits_to_probs(logits, params), None,
+                                tokens)
+        return verify_lossy(draft.tokens, probs, *lossy, greedy=params.greedy, generator=generator)
+    if params.greedy:
+        return verify_greedy(draft.tokens, logits)
+    probs, q = common_width(logits_to_probs(logits, params), draft.probs, tokens)
+    return verify_sampling(draft.tokens, q, probs, generator)
+
+def in_vocab(tokens: torch.Tensor, vocab_size: int) -> list[int]:
+    """Drafted ids as the target is fed them: a draft vocabulary wider than the target's may propose an id the target
+    lacks; its target probability is 0, so it is always rejected, and the forward gets id 0 in its place (the rows
+    after it are never used)."""
+    return [t if t < vocab_size else 0 for t in tokens.tolist()]
+
+def common_width(probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                 tokens: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Target ``[n, V_t]`` and draft ``[k, V_d]`` distributions zero-padded to one width, at least every drafted id
+    + 1: vocabularies padded to other widths (Qwen2.5-0.5B's 151936 rows against 7B's 152064) then compare id by
+    id, an id beyond the target's vocabulary has target probability 0 (always rejected), and neither side is
+    renormalised (a cut would change q(x) and the residual)."""
+    width = max(probs.shape[-1], draft_probs.shape[-1] if draft_probs is not None else 0,
+                max(tokens, default=-1) + 1)
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        return x if x.shape[-1] == width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+
+    return pad(probs), None if draft_probs is None else pad(draft_probs)
