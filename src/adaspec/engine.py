@@ -23,27 +23,20 @@ from adaspec.drafters.base import Draft, Drafter, empty_draft
 from adaspec.drafters.forced import ForcedDrafter, request_drafter, unwrapped, without_forced
 from adaspec.drafters.multi import cached_prefixes, measure_drafters, route
 from adaspec.errors import ConfigError
-from adaspec.logprobs import prompt_logprobs, score_rows, token_logprobs, top_margins  # noqa: F401 (re-exported)
-from adaspec.processors import LogitsControls, controlled
-from adaspec.request import (  # noqa: F401 (the request types are re-exported: adaspec.engine is where users import them)
-    MAX_LOGPROBS,
+from adaspec.logprobs import score_rows, token_logprobs
+from adaspec.request import (  # noqa: F401 (re-exported: adaspec.engine is where users import the request types)
     GenerationConfig,
     GenerationResult,
     StreamChunk,
     TokenLogprob,
-    check_logit_bias,
-    checked_prompt,
-    cut,
     default_eos_ids,
-    request_eos,
-    request_generator,
 )
-from adaspec.sampling import SamplingParams, logits_to_probs, pick_token
-from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
+from adaspec.request_state import RequestState
+from adaspec.sampling import logits_to_probs
+from adaspec.stats import StepRecord
 from adaspec.structured import Constraint, GrammarState, GrammarVocab
-from adaspec.text import TextStream
 from adaspec.tree import path_rows, verify_tree_greedy, verify_tree_sampling, would_emit
-from adaspec.verify import common_width, decide, in_vocab, parse_lossy  # noqa: F401 (re-exported)
+from adaspec.verify import common_width, in_vocab
 
 
 class SpeculativeEngine:
@@ -94,26 +87,18 @@ class SpeculativeEngine:
             ConfigError: invalid settings.
         """
         cfg = config or GenerationConfig()
-        params = cfg.sampling
-        prompt = checked_prompt(prompt_ids, self.target)
-        check_logit_bias(cfg, self.target)
-        eos, generator = request_eos(cfg, self.eos_token_ids), request_generator(cfg)
-        if cfg.stop and self.tokenizer is None:
-            raise ConfigError("stop strings need a tokenizer (pass tokenizer= to SpeculativeEngine)")
-        text = TextStream(self.tokenizer, cfg.stop) if self.tokenizer is not None else None
-        lossy = parse_lossy(cfg.lossy) if cfg.lossy is not None else None
-        stats = GenerationStats(prompt_tokens=len(prompt))
-        self.controller.reset()
-        stop_rule = self.controller.draft_stop()
+        req = RequestState.open(prompt_ids, cfg, self.target, self.eos_token_ids, self.tokenizer)
         if cfg.strict and not self.target.supports_batch_invariance:
             raise ConfigError(f"strict mode needs a batch-invariant backend; {self.target.name} "
                               f"({type(self.target).__name__}) has none")
-        grammar = self.start_grammar(cfg)
+        state = self.start_grammar(cfg)
+        req.grammar = RequestGrammar(state) if state is not None else None
+        self.controller.reset()
         was_invariant = self.target.batch_invariant
         if cfg.strict is not None:
             self.target.batch_invariant = cfg.strict
         try:
-            yield from self._stream(prompt, cfg, params, eos, generator, text, stats, stop_rule, lossy, grammar)
+            yield from self._stream(req)
         finally:
             self.target.batch_invariant = was_invariant
 
@@ -133,47 +118,35 @@ class SpeculativeEngine:
         constraint = cfg.constraint
         return None if constraint is None else self.compile(constraint).start()
 
-    def _stream(self, prompt: list[int], cfg: GenerationConfig, params: SamplingParams, eos: tuple[int, ...],
-                generator: torch.Generator, text: TextStream | None, stats: GenerationStats, stop_rule,
-                lossy: tuple[str, float] | None, state: GrammarState | None = None) -> Iterator[StreamChunk]:
+    def _stream(self, req: RequestState) -> Iterator[StreamChunk]:
         """The loop of :meth:`stream`, once the request is validated and the backend's mode is set."""
-        grammar = RequestGrammar(state) if state is not None else None
-        margins: list[float] | None = [] if cfg.return_margins else None
-        logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
-        controls = cfg.controls
-        drafter = request_drafter(self.drafter, grammar, cfg.forced_drafts)
-        tree_budget, stats.tree_fallback = self._tree_mode(cfg, params, lossy, controls, grammar)
+        cfg, stats = req.cfg, req.stats
+        stop_rule = self.controller.draft_stop()
+        drafter = request_drafter(self.drafter, req.grammar, cfg.forced_drafts)
+        tree_budget, stats.tree_fallback = self._tree_mode(req)
         chooser = self._tree_choice() if tree_budget and cfg.tree_choice == "goodput" else None
-        start = time.perf_counter()
+        req.start = time.perf_counter()
         self.target.reset()
-        logits, prompt_lp = scored_prefill(self.target, prompt, cfg)
-        last = controlled(logits[-1:], controls, prompt, len(prompt))
-        first = pick_token(last[0] if grammar is None else grammar.first(last)[0], params, generator)
-        self.target.synchronize()
-        stats.ttft_ms = stats.prefill_ms = (time.perf_counter() - start) * 1e3
-        new, finish = self._accept(prompt, [first], cfg, eos, text, 0, grammar)
-        if margins is not None:
-            margins += top_margins(last)[:len(new)]
-        lp = token_logprobs(last, new, cfg.logprobs)
-        if logprobs is not None:
-            logprobs += lp
-        ids = prompt + new
-        yield StreamChunk(new, text.delta() if text else "", logprobs=lp, prompt_logprobs=prompt_lp)
+        logits, req.prompt_logprobs = scored_prefill(self.target, req.prompt, cfg)
+        new, finish, lp = req.first(logits)
+        first = req.chunk(new, lp)
+        first.prompt_logprobs = req.prompt_logprobs
+        yield first
         if drafter is not None and finish is None:
             t = time.perf_counter()
             if cfg.cache_partition is not None:
                 drafter.set_partition(cfg.cache_partition)
-            drafter.prefill(prompt)
-            drafter.set_controls(controls, len(prompt))
+            drafter.prefill(req.prompt)
+            drafter.set_controls(req.controls, len(req.prompt))
             stats.prefill_ms += (time.perf_counter() - t) * 1e3
             # a draft cache kept from a request before
-            self.controller.set_synced(cached_prefixes(unwrapped(drafter), ids))
+            self.controller.set_synced(cached_prefixes(unwrapped(drafter), req.ids))
 
+        ids = req.ids
         while finish is None:
             step_start = time.perf_counter()
-            generated = len(ids) - len(prompt)
             n_forced = 0
-            room = min(cfg.max_new_tokens - generated, self.target.max_context - len(ids))
+            room = req.room()
             if room <= 0:
                 new, finish = [], "length"
                 break
@@ -185,32 +158,25 @@ class SpeculativeEngine:
             if as_tree:
                 if chooser is not None:
                     budget = chooser.width(k, budget)
-                draft = drafter.propose_tree(ids, k, budget, params, generator, cfg.tree_expand)
+                draft = drafter.propose_tree(ids, k, budget, req.params, req.generator, cfg.tree_expand)
             elif isinstance(drafter, ForcedDrafter):  # the grammar's forced tokens, then K of the wrapped drafter
-                draft, n_forced = drafter.propose_free(ids, k, room - 1, params, generator, stop_rule)
+                draft, n_forced = drafter.propose_free(ids, k, room - 1, req.params, req.generator, stop_rule)
             else:
-                draft = drafter.propose(ids, k, params, generator, stop_rule) if k > 0 else empty_draft()
-            if grammar is not None:  # drafts the grammar rejects are cut before verification
-                draft = grammar.cut(draft)
+                draft = drafter.propose(ids, k, req.params, req.generator, stop_rule) if k > 0 else empty_draft()
+            if req.grammar is not None:  # drafts the grammar rejects are cut before verification
+                draft = req.grammar.cut(draft)
             # the tree this chain step could have verified, to learn whether trees pay without running them
-            what_if = (drafter.propose_tree(ids, k, budget, params, generator, cfg.tree_expand)
+            what_if = (drafter.propose_tree(ids, k, budget, req.params, req.generator, cfg.tree_expand)
                        if chooser is not None and chooser.what_if and not as_tree and len(draft) and budget > 1
                        else None)
             draft_end = time.perf_counter()
 
-            accepted, token, logits, path = self._verify(ids, draft, params, generator, lossy, controls,
-                                                         len(prompt), grammar)
+            accepted, token, logits, path = self._verify(req, draft)
             n_accepted = len(accepted)
             self.target.synchronize()
             verify_end = time.perf_counter()
 
-            new, finish = self._accept(ids, accepted + [token], cfg, eos, text, generated, grammar)
-            if margins is not None:
-                margins += top_margins(logits[:len(new)])
-            lp = token_logprobs(logits[:len(new)], new, cfg.logprobs)
-            if logprobs is not None:
-                logprobs += lp
-            ids += new
+            new, finish, lp = req.emit(accepted + [token], logits)
             step = StepRecord(k=k, drafted=len(draft), accepted=n_accepted, emitted=len(new),
                               context_len=len(ids) - len(new),
                               draft_ms=(draft_end - step_start) * 1e3, verify_ms=(verify_end - draft_end) * 1e3,
@@ -226,20 +192,11 @@ class SpeculativeEngine:
                                         accepted + [token])
                     chooser.update_what_if(n_accepted + 1, step.total_ms, len(draft), k, bounds)
             if finish is None:
-                yield StreamChunk(new, text.delta() if text else "", logprobs=lp)
-            else:
-                break
+                yield req.chunk(new, lp)
 
         if self.drafter is not None and stats.steps and not self._warming:  # ended normally after the drafter's
             self.drafter.finish(ids)  # prefill (a warm-up's text is not a response: not kept)
-        stats.new_tokens = len(ids) - len(prompt)
-        stats.grammar_ms = grammar.ms if grammar is not None else 0.0
-        stats.total_ms = (time.perf_counter() - start) * 1e3
-        stats.peak_rss_bytes = peak_rss_bytes()
-        tail = text.delta(final=True) if text else ""
-        result = GenerationResult(ids[len(prompt):], text.text if text else "", finish or "length", stats, margins,
-                                  logprobs, prompt_lp)
-        yield StreamChunk(new if stats.steps else [], tail, result, logprobs=lp if stats.steps else None)
+        yield req.finished(finish, new if stats.steps else [], lp if stats.steps else None)
 
     # Pieces of a step ---------------------------------------------------------------------------------------
     def _tree_choice(self) -> TreeChoice:
@@ -254,59 +211,41 @@ class SpeculativeEngine:
             self.tree_choice = TreeChoice(what_if=what_if)
         return self.tree_choice
 
-    def _tree_mode(self, cfg: GenerationConfig, params: SamplingParams, lossy, controls,
-                   grammar: RequestGrammar | None = None) -> tuple[int, str]:
+    def _tree_mode(self, req: RequestState) -> tuple[int, str]:
         """``(tree budget, why chains instead)``: the request's tree budget where trees can be verified here, else
         0 and the reason (empty when the request asked for chains)."""
-        if not cfg.tree_budget or self.drafter is None:
+        if not req.cfg.tree_budget or self.drafter is None:
             return 0, ""
-        why = ("a grammar constraint (structured output verifies chains)" if grammar is not None
-               else "a lossy acceptance rule" if lossy is not None
-               else "logits controls (penalties, logit_bias)" if controls is not None
+        why = ("a grammar constraint (structured output verifies chains)" if req.grammar is not None
+               else "a lossy acceptance rule" if req.lossy is not None
+               else "logits controls (penalties, logit_bias)" if req.controls is not None
                else f"{self.target.name} cannot verify trees" if not self.target.supports_trees
                else f"{self.drafter.name} proposes chains only (trees need ngram-tree or a draft model)"
                if not getattr(self.drafter, "branches", True)
                else "strict mode" if self.target.batch_invariant
                else "")
-        return (0, f"chains: {why}") if why else (cfg.tree_budget, "")
+        return (0, f"chains: {why}") if why else (req.cfg.tree_budget, "")
 
-    def _verify(self, ids: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator,
-                lossy: tuple[str, float] | None = None, controls: LogitsControls | None = None,
-                prompt_len: int = 0, grammar: RequestGrammar | None = None
-                ) -> tuple[list[int], int, torch.Tensor, list[int]]:
+    def _verify(self, req: RequestState, draft: Draft) -> tuple[list[int], int, torch.Tensor, list[int]]:
         """One target forward over ``[pending] + draft`` (a chain, or a token tree), the accept/reject decision
         and the cache rollback: ``(accepted draft tokens, next token, the target's logits along them, the accepted
         nodes' indices in the draft)``, the logits ``[accepted + 1, V]`` (a tree's path) or ``[K + 1, V]`` (a chain),
-        after the request's controls (not the grammar's mask: logprobs and margins report the model's view). Under a
-        grammar (a chain cut to what it allows, :meth:`RequestGrammar.cut`) every row is masked before the decision
-        (:mod:`adaspec.constrained`)."""
-        fed = in_vocab(draft.tokens, self.target.vocab_size)
+        after the request's controls (:meth:`RequestState.verify`)."""
+        ids = req.ids
         if draft.is_tree:
-            tokens = draft.tokens.tolist()
+            fed, tokens = in_vocab(draft.tokens, self.target.vocab_size), draft.tokens.tolist()
             logits = self.target.forward_tree([ids[-1]] + fed, draft.parents)
-            if params.greedy:
+            if req.params.greedy:
                 path, token = verify_tree_greedy(tokens, draft.parents, logits)
             else:  # multi-candidate rejection sampling, one-hot q for a deterministic tree (prompt lookup)
-                probs, q = common_width(logits_to_probs(logits, params), draft.probs, tokens)
-                path, token = verify_tree_sampling(tokens, draft.parents, probs, generator, q)
+                probs, q = common_width(logits_to_probs(logits, req.params), draft.probs, tokens)
+                path, token = verify_tree_sampling(tokens, draft.parents, probs, req.generator, q)
             self.target.keep_tree_path(len(ids), path)
             return [tokens[i] for i in path], token, logits[path_rows(path)], path
-        logits = self.target.forward([ids[-1]] + fed, len(draft) + 1)
-        logits = controlled(logits, controls, ids, prompt_len, torch.tensor(fed, dtype=torch.long))
-        scored = logits if grammar is None else grammar.scored(logits, fed)
-        n_accepted, token = decide(scored, draft, params, generator, lossy)
-        if grammar is not None:
-            token = grammar.corrected(scored, n_accepted, len(draft), token, params, generator, lossy)
+        logits = self.target.forward([ids[-1]] + in_vocab(draft.tokens, self.target.vocab_size), len(draft) + 1)
+        n_accepted, token, logits = req.verify(logits, draft, self.target.vocab_size)
         self.target.truncate(len(ids) + n_accepted)
         return draft.tokens[:n_accepted].tolist(), token, logits, list(range(n_accepted))
-
-    def _accept(self, ids: list[int], new: list[int], cfg: GenerationConfig, eos: tuple[int, ...],
-                text: TextStream | None, generated: int,
-                grammar: RequestGrammar | None = None) -> tuple[list[int], str | None]:
-        def cut_here(tokens: list[int]) -> tuple[list[int], str | None]:
-            return cut(ids, tokens, cfg, eos, text, generated, self.target.max_context)
-
-        return cut_here(new) if grammar is None else grammar.accept(new, cut_here)
 
     def warmup(self, prompt_ids: Sequence[int] = tuple(range(100, 148)), steps: int = 3) -> None:
         """Run a short greedy generation so one-time allocation costs stay out of measurements; then let a controller
