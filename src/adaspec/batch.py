@@ -43,7 +43,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -56,59 +56,44 @@ from adaspec.controllers.fixed import FixedController
 from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
 from adaspec.drafters.forced import ForcedDrafter, request_drafter, unwrapped, without_forced
 from adaspec.drafters.multi import cached_prefixes, measure_drafters, model_drafters, route
-from adaspec.logprobs import score_rows, token_logprobs, top_margins
-from adaspec.request import (
-    GenerationConfig,
-    GenerationResult,
-    StreamChunk,
-    TokenLogprob,
-    check_logit_bias,
-    checked_prompt,
-    cut,
-    default_eos_ids,
-    request_eos,
-    request_generator,
-)
+from adaspec.logprobs import score_rows, token_logprobs
+from adaspec.request_state import RequestState
+from adaspec.request import GenerationConfig, GenerationResult, StreamChunk, TokenLogprob, default_eos_ids
 from adaspec.errors import ConfigError
-from adaspec.processors import LogitsControls, controlled
-from adaspec.sampling import SamplingParams, pick_token
-from adaspec.stats import GenerationStats, StepRecord, peak_rss_bytes
+from adaspec.stats import StepRecord
 from adaspec.structured import Constraint, GrammarVocab
-from adaspec.text import TextStream
-from adaspec.verify import decide, in_vocab, parse_lossy
+from adaspec.verify import in_vocab
 
 @dataclass
 class _Row:
-    """One request in the batch."""
+    """One request in the batch: its :class:`RequestState` and the slot it runs in."""
 
     rid: int
-    prompt: list[int]
-    cfg: GenerationConfig
-    params: SamplingParams
-    eos: tuple[int, ...]
-    generator: torch.Generator
-    text: TextStream | None
-    lossy: tuple[str, float] | None
+    req: RequestState
     arrival: float
     drafter_for: Callable[[int], Drafter | None] | None
     controller_factory: Callable[[], Controller]
     seq: int = -1
     drafter: Drafter | None = None  # the slot's drafter (the one its controller routes and prices)
-    grammar: RequestGrammar | None = None  # structured output (adaspec.constrained)
     proposer: Drafter | None = None  # what drafts: the drafter, behind the grammar's forced tokens where it has one
-    controls: LogitsControls | None = None  # cfg.controls, built once
-    ids: list[int] = field(default_factory=list)
     controller: Controller | None = None
     stop_rule: DraftStop | None = None  # the controller's early-stop rule for drafts, fixed per request
-    stats: GenerationStats = field(default_factory=GenerationStats)
-    margins: list[float] | None = None
-    logprobs: list[TokenLogprob] | None = None
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-    start: float = 0.0
     prefilled: bool = False
     prefill_pos: int = 0  # prompt tokens in the target's cache while prefilling (chunked prefill)
     alpha: float = 0.6  # acceptance estimate for the batch pricer (EMA)
     draft_ms: float | None = None  # ms per drafted token (EMA)
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.req.prompt
+
+    @property
+    def cfg(self) -> GenerationConfig:
+        return self.req.cfg
+
+    @property
+    def ids(self) -> list[int]:
+        return self.req.ids
 
 
 def _sequence_of(backend: Backend) -> tuple[Backend, int]:
@@ -236,8 +221,7 @@ class BatchEngine:
             ConfigError: invalid settings (nothing queued).
         """
         cfg = config or GenerationConfig()
-        prompt = checked_prompt(prompt_ids, self.target)
-        check_logit_bias(cfg, self.target)
+        req = RequestState.open(prompt_ids, cfg, self.target, self.eos_token_ids, self.tokenizer)
         if cfg.strict and self.max_batch > 1 and not self.target.rows_independent:
             raise ConfigError(f"strict mode in a batch needs a runtime whose rows do not mix; {self.target.name} "
                               f"({type(self.target).__name__}) changes a row's logits with the other rows: use "
@@ -245,24 +229,17 @@ class BatchEngine:
         if cfg.strict is not None and cfg.strict != self.target.batch_invariant:
             raise ConfigError(f"this batch runs strict={self.target.batch_invariant}; a request cannot change it "
                               f"(asked strict={cfg.strict})")
-        if cfg.stop and self.tokenizer is None:
-            raise ConfigError("stop strings need a tokenizer")
         constraint = cfg.constraint
-        grammar = RequestGrammar(self.compile(constraint).start()) if constraint is not None else None
+        req.grammar = RequestGrammar(self.compile(constraint).start()) if constraint is not None else None
         drafter_for = drafter_for or self._drafter_for
         controller_factory = controller_factory or self._controller_factory
         if drafter_for is None and controller_factory is not self._controller_factory \
                 and controller_factory().next_k() != 0:
             raise ConfigError("a draft length K > 0 needs a drafter")
-        row = _Row(self._next_id, prompt, cfg, cfg.sampling, request_eos(cfg, self.eos_token_ids),
-                   request_generator(cfg),
-                   TextStream(self.tokenizer, cfg.stop) if self.tokenizer is not None else None,
-                   parse_lossy(cfg.lossy) if cfg.lossy is not None else None, time.perf_counter(),
-                   drafter_for, controller_factory, controls=cfg.controls,
-                   stats=GenerationStats(prompt_tokens=len(prompt),
-                                         tree_fallback="chains: batched rows verify chains" if cfg.tree_budget else ""),
-                   margins=[] if cfg.return_margins else None, logprobs=[] if cfg.logprobs is not None else None,
-                   prompt_logprobs=[None] if cfg.prompt_logprobs is not None else None, grammar=grammar)
+        req.stats.tree_fallback = "chains: batched rows verify chains" if cfg.tree_budget else ""
+        if cfg.prompt_logprobs is not None:
+            req.prompt_logprobs = [None]
+        row = _Row(self._next_id, req, time.perf_counter(), drafter_for, controller_factory)
         self._next_id += 1
         self._waiting.append(row)
         return row.rid
@@ -315,7 +292,7 @@ class BatchEngine:
             try:
                 slot = self._drafter(row.drafter_for, row.seq)
                 row.drafter = unwrapped(slot)
-                row.proposer = request_drafter(slot, row.grammar, row.cfg.forced_drafts)
+                row.proposer = request_drafter(slot, row.req.grammar, row.cfg.forced_drafts)
                 row.controller = row.controller_factory()
                 row.controller.reset()
                 if self.pricer.curve:  # the batch's measured costs, so a goodput row does not start from priors
@@ -325,7 +302,7 @@ class BatchEngine:
                 if seeds:  # its draft model's first proposal (and the prompt it feeds) is priced, not tried blind
                     row.controller.seed_draft_costs(seeds)
                 row.stop_rule = row.controller.draft_stop()
-                row.start = time.perf_counter()
+                row.req.start = time.perf_counter()
                 self.target.truncate_seq(row.seq, 0)
             except Exception as e:
                 self._fail(row, e, out)
@@ -464,8 +441,8 @@ class BatchEngine:
         """After a prefill chunk ending at prompt position ``end``: score its positions (with ``prompt_logprobs``);
         after the last chunk, the first token (:meth:`_first`)."""
         start, row.prefill_pos = row.prefill_pos, end
-        if row.prompt_logprobs is not None:  # position i predicts prompt token i + 1
-            row.prompt_logprobs += token_logprobs(logits, row.prompt[start + 1:end + 1],
+        if row.req.prompt_logprobs is not None:  # position i predicts prompt token i + 1
+            row.req.prompt_logprobs += token_logprobs(logits, row.prompt[start + 1:end + 1],
                                                   row.cfg.prompt_logprobs) or []
         if end < len(row.prompt):
             return None
@@ -532,7 +509,7 @@ class BatchEngine:
                 draft = done.value
                 if isinstance(row.proposer, ForcedDrafter):
                     draft, forced[rid] = draft
-                drafts[rid] = draft if row.grammar is None else row.grammar.cut(draft)
+                drafts[rid] = draft if row.req.grammar is None else row.req.grammar.cut(draft)
             except Exception as e:
                 self._fail(rows[rid], e, out)
             draft_ms[rid] += (time.perf_counter() - t) * 1e3
@@ -540,11 +517,12 @@ class BatchEngine:
         for row in decoding:
             k = ks[row.rid]
             if isinstance(row.proposer, ForcedDrafter):  # forced tokens on top of K, within the row's room
-                proposals[row.rid] = row.proposer.free_proposal(row.ids, k, self._room(row) - 1, row.params,
-                                                                row.generator, row.stop_rule)
+                proposals[row.rid] = row.proposer.free_proposal(row.ids, k, row.req.room() - 1, row.req.params,
+                                                                row.req.generator, row.stop_rule)
                 advance(row.rid)
             elif k > 0 and row.proposer is not None:
-                proposals[row.rid] = row.proposer.proposal(row.ids, k, row.params, row.generator, row.stop_rule)
+                proposals[row.rid] = row.proposer.proposal(row.ids, k, row.req.params, row.req.generator,
+                                                           row.stop_rule)
                 advance(row.rid)
             else:
                 drafts[row.rid] = empty_draft()
@@ -586,7 +564,7 @@ class BatchEngine:
     def _choose_k(self, decoding: list[_Row], out: dict[int, StreamChunk]) -> dict[int, int]:
         ks = {}
         for row in decoding:
-            room = self._room(row)
+            room = row.req.room()
             try:
                 route(row.drafter, row.controller, row.ids)  # per-step drafter choice (MultiDrafter), as the engine
                 own = row.controller.next_k() if row.drafter is not None else 0
@@ -610,10 +588,6 @@ class BatchEngine:
         self.last_cap = cap
         return {rid: min(k, cap) for rid, k in ks.items()} if cap is not None else ks
 
-    def _room(self, row: _Row) -> int:
-        """Tokens the row may still emit: its token budget and the context window."""
-        return min(row.cfg.max_new_tokens - (len(row.ids) - len(row.prompt)), self.target.max_context - len(row.ids))
-
     def forget_drafters(self, drafter_for: Callable[[int], Drafter | None]) -> None:
         """Drop the per-slot drafters built by ``drafter_for`` (a row running with one keeps it until it ends)."""
         for key in [k for k in self._drafters if k[0] == drafter_for]:
@@ -631,63 +605,33 @@ class BatchEngine:
     def _first(self, row: _Row, logits: torch.Tensor) -> StreamChunk:
         """The prefill's token from the last prompt position's ``[1, V]`` logits: TTFT, then the drafter's
         prefill."""
-        last = controlled(logits[-1:], row.controls, row.prompt, len(row.prompt))
-        token = pick_token(last[0] if row.grammar is None else row.grammar.first(last)[0], row.params, row.generator)
-        row.stats.ttft_ms = row.stats.prefill_ms = (time.perf_counter() - row.start) * 1e3
-        new, finish = self._accept(row, [token])
-        if row.margins is not None:
-            row.margins += top_margins(last)[:len(new)]
-        lp = token_logprobs(last, new, row.cfg.logprobs)
-        if row.logprobs is not None:
-            row.logprobs += lp
-        row.ids = row.prompt + new
+        new, finish, lp = row.req.first(logits)
         row.prefilled = True
         drafter = row.drafter
         if drafter is not None and finish is None:
             if row.cfg.cache_partition is not None:
                 drafter.set_partition(row.cfg.cache_partition)
             drafter.prefill(row.prompt)
-            drafter.set_controls(row.controls, len(row.prompt))
+            drafter.set_controls(row.req.controls, len(row.prompt))
             row.controller.set_synced(cached_prefixes(drafter, row.ids))  # a draft cache kept from a request before
         chunk = self._chunk(row, new, finish, lp)
-        chunk.prompt_logprobs = row.prompt_logprobs
+        chunk.prompt_logprobs = row.req.prompt_logprobs
         return chunk
-
-    def _accept(self, row: _Row, new: list[int]) -> tuple[list[int], str | None]:
-        """The row's new tokens cut at EOS, its budget, the context or a stop string, and under a grammar up to the
-        token that completes it (the grammar kept where the cache is kept): ``(kept, finish reason)``."""
-        ids = row.ids if row.prefilled else row.prompt
-
-        def cut_here(tokens: list[int]) -> tuple[list[int], str | None]:
-            return cut(ids, tokens, row.cfg, row.eos, row.text, len(ids) - len(row.prompt), self.target.max_context)
-
-        return cut_here(new) if row.grammar is None else row.grammar.accept(new, cut_here)
 
     def _advance(self, row: _Row, k: int, draft: Draft, logits: torch.Tensor, draft_ms: float, forward_ms: float,
                  step_start: float, batch: int, behind: int = 0, n_forced: int = 0) -> StreamChunk:
         """Verify one row's drafts on its logits (masked by its grammar, if any), cut its cache back, record the
         step (its controller sees it without the grammar's forced drafts)."""
         t = time.perf_counter()
-        fed = in_vocab(draft.tokens, self.target.vocab_size)
-        logits = controlled(logits, row.controls, row.ids, len(row.prompt), torch.tensor(fed, dtype=torch.long))
-        scored = logits if row.grammar is None else row.grammar.scored(logits, fed)
-        n_accepted, token = decide(scored, draft, row.params, row.generator, row.lossy)
-        if row.grammar is not None:
-            token = row.grammar.corrected(scored, n_accepted, len(draft), token, row.params, row.generator, row.lossy)
+        n_accepted, token, logits = row.req.verify(logits, draft, self.target.vocab_size)
         self.target.truncate_seq(row.seq, len(row.ids) + n_accepted)
-        new, finish = self._accept(row, draft.tokens[:n_accepted].tolist() + [token])
-        if row.margins is not None:
-            row.margins += top_margins(logits[:len(new)])
-        lp = token_logprobs(logits[:len(new)], new, row.cfg.logprobs)
-        if row.logprobs is not None:
-            row.logprobs += lp
-        row.ids += new
+        new, finish, lp = row.req.emit(draft.tokens[:n_accepted].tolist() + [token], logits)
         verify_ms = forward_ms + (time.perf_counter() - t) * 1e3
         step = StepRecord(k=k, drafted=len(draft), accepted=n_accepted, emitted=len(new),
                           context_len=len(row.ids) - len(new), draft_ms=draft_ms, verify_ms=verify_ms,
                           total_ms=(time.perf_counter() - step_start) * 1e3, drafter=draft.source or (
                               row.proposer.name if len(draft) else ""), batch=batch)
-        row.stats.record(step)
+        row.req.stats.record(step)
         own = without_forced(step, n_forced)  # the wrapped drafter's step: what its controller and the pricer see
         row.controller.update(own)
         if own.drafted:
@@ -700,20 +644,13 @@ class BatchEngine:
     def _chunk(self, row: _Row, new: list[int], finish: str | None,
                logprobs: list[TokenLogprob] | None = None) -> StreamChunk:
         if finish is None:  # cut() sets a finish reason at max_new_tokens and at the context window
-            return StreamChunk(new, row.text.delta() if row.text else "", logprobs=logprobs)
-        s = row.stats
-        if row.drafter is not None and s.steps:  # ended normally after the drafter's prefill
+            return row.req.chunk(new, logprobs)
+        if row.drafter is not None and row.req.stats.steps:  # ended normally after the drafter's prefill
             row.drafter.finish(row.ids)
-        s.new_tokens = len(row.ids) - len(row.prompt)
-        s.grammar_ms = row.grammar.ms if row.grammar is not None else 0.0
-        s.total_ms = (time.perf_counter() - row.start) * 1e3
-        s.peak_rss_bytes = peak_rss_bytes()
-        tail = row.text.delta(final=True) if row.text else ""
-        result = GenerationResult(row.ids[len(row.prompt):], row.text.text if row.text else "", finish or "length",
-                                  s, row.margins, row.logprobs, row.prompt_logprobs)
+        chunk = row.req.finished(finish, new, logprobs)
         del self._running[row.rid]
         self._release(row)
-        return StreamChunk(new, tail, result, logprobs=logprobs)
+        return chunk
 
     def _seeds_for(self, drafter: Drafter | None) -> dict[str, tuple[float, float]]:
         """The measured costs of ``drafter``'s own draft models (only those: a controller prices every drafter it
