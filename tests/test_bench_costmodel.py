@@ -142,7 +142,8 @@ def test_context_slopes_do_not_cross():
 
 
 def test_a_cost_that_is_not_a_line_in_context_follows_its_measured_curve():
-    """llama.cpp's measured verify(5) at 256 … 16K (docs/data/boundary-cpu.jsonl): not a line in L. Within the
+    """llama.cpp's measured verify(5) at 256 … 16K (docs/results/boundary/epyc-avx2-2c/
+    2026-11-30-bench/boundary-cpu.jsonl): not a line in L. Within the
     measured contexts the model returns the measured medians (and interpolates between them); beyond, the last one
     plus the fitted slope; a width measured at one context keeps its line."""
     measured = {256: 285.0, 1024: 236.0, 2048: 227.0, 4096: 318.0, 8192: 296.0, 16384: 451.0}

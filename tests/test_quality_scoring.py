@@ -300,7 +300,8 @@ def test_t_quantiles_and_the_mean_interval_match_scipy():
     scipy_stats = pytest.importorskip("scipy.stats")
     for df in (1, 2, 3, 7, 30, 31, 60, 200):
         assert t975(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=5e-4)
-    values = [2.209, 2.288, 2.759]  # profile's confirmed HumanEval speedups (docs/results/issue17/profile)
+    # profile's confirmed HumanEval speedups (docs/results/hardware/epyc-avx2-2c/2026-12-01-profile-check)
+    values = [2.209, 2.288, 2.759]
     lo, hi = scipy_stats.t.interval(0.95, len(values) - 1, loc=sum(values) / 3, scale=scipy_stats.sem(values))
     assert mean_interval(values) == pytest.approx((lo, hi), abs=2e-3)
     assert mean_interval([1.3]) == (-math.inf, math.inf)

@@ -337,7 +337,7 @@ def test_echo_scoring_limits(served):
     served.check_clean()
 
 
-SOAK_S = 20.0  # the CI version of docs/results/server-hardening's 30-minute soak
+SOAK_S = 20.0  # the CI version of docs/results/server/xeon-avx512-2c/2026-12-03-hardening's 30-minute soak
 SOAK_BAD = [b'{"prompt": "a\\ud800", "max_tokens": 2}', b"{", b'{"prompt": "a", "n": 99}',
             b'{"prompt": [999999999]}', b'{"prompt": "a", "logit_bias": {"-1": 5}}',
             b'{"prompt": "a", "speculation": {"drafter": "../x"}}']

@@ -26,7 +26,7 @@ def _add_model_args(p: argparse.ArgumentParser, draft_default: str = DEFAULT_DRA
                         "real shape, for timing only (default: %(default)s)")
     p.add_argument("--draft", default=draft_default,
                    help="drafter: model spec (NAME@ik etc. pins a backend), 'ngram', 'suffix[:KEY=VALUE,...]' (suffix "
-                        "decoding, docs/suffix.md), 'layerskip:N', 'A+B', 'hybrid', 'hybrid-suffix' or 'none' "
+                        "decoding, docs/guide/suffix.md), 'layerskip:N', 'A+B', 'hybrid', 'hybrid-suffix' or 'none' "
                         "(default: %(default)s)")
     p.add_argument("--controller", default=DEFAULT_CONTROLLER,
                    help="draft-length controller: goodput, adaptive, heuristic, fixed, confidence, entropy or bandit "
@@ -84,7 +84,7 @@ def _sampling_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _add_structured_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("structured output (docs/structured.md)").add_mutually_exclusive_group()
+    g = p.add_argument_group("structured output (docs/guide/structured.md)").add_mutually_exclusive_group()
     g.add_argument("--json-schema", metavar="FILE", help="the output is JSON following this JSON schema (strict)")
     g.add_argument("--json-object", action="store_true", help="the output is a JSON object")
     g.add_argument("--regex", help="the output matches this regular expression")
@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated methods: plain, fixed:K, CONTROLLER[:K], DRAFTER/CONTROLLER[:K], "
                           "hybrid/CONTROLLER, hf:constant[:K], hf:heuristic, hf:dynamic, hf:pld; peers in their own "
                           "processes: llama-server:plain|draft[:K]|ngram[:N]|draft+ngram, llamacpp:pld[:N], "
-                          "openvino:plain|draft[:K]|lookup[:K], vllm@URL (docs/peers.md) "
+                          "openvino:plain|draft[:K]|lookup[:K], vllm@URL (docs/guide/peers.md) "
                           "(default: plain,hybrid/goodput,goodput,fixed:2,fixed:4)")
     cmp.add_argument("--workloads", default=None,
                      help="comma-separated: humaneval, gsm8k, specbench, specbench:<category>, rag, summarization, "
@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "per key, so no request drafts from text another key's requests wrote)")
     srv.add_argument("--suffix-cache-tokens", type=int, default=None, metavar="TOKENS",
                      help="size of the suffix cache over all keys (default: the --draft suffix spec's tokens, else "
-                          "100000; about 0.5 kB per token, docs/suffix.md)")
+                          "100000; about 0.5 kB per token, docs/guide/suffix.md)")
     srv.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                      help="model name(s) clients use, the first one reported (default: --target as given; the "
                           "runtime-qualified name, e.g. NAME@llamacpp, is always accepted too)")

@@ -104,7 +104,8 @@ class LogitsControls:
         repetition penalty the prompt), so they are computed on those m columns, ``[n, m]``, not on all V: the
         token lists become tensors once and ``torch.unique`` finds the columns, so the cost is one copy of the logits
         plus O(L log L + n·m) in C for L tokens of history, with no Python loop over the history
-        (docs/controls.md has the measured times). Equal to the full-vocabulary computation (tests/test_controls.py).
+        (docs/findings/controls.md has the measured times). Equal to the full-vocabulary computation
+        (tests/test_controls.py).
 
         Raises:
             ValueError: more rows than positions (``n > len(drafts) + 1``).

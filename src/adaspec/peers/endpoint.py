@@ -47,7 +47,7 @@ class EndpointPeer:
                 models = httpx.get(f"{self.spec.url}/v1/models", timeout=10).json()["data"]
             except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
                 raise PeerFailure(NOT_RUNNING, f"no OpenAI server answering at {self.spec.url} ({e}); start it "
-                                               "first (see docs/peers.md)") from None
+                                               "first (see docs/guide/peers.md)") from None
             if not models:
                 raise PeerFailure(FAILED, f"{self.spec.url}/v1/models lists no model")
             self.model = models[0]["id"]
@@ -104,7 +104,7 @@ class EndpointPeer:
                         finish = choice.get("finish_reason") or finish
         except httpx.ConnectError as e:
             raise PeerFailure(NOT_RUNNING, f"no OpenAI server answering at {self.spec.url} ({e}); start it first "
-                                           "(see docs/peers.md)") from None
+                                           "(see docs/guide/peers.md)") from None
         except httpx.TimeoutException:
             raise PeerFailure(TIMED_OUT, f"no answer within {self.ctx.timeout_s:g} s") from None
         except (httpx.HTTPError, ValueError) as e:

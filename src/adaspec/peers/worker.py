@@ -27,7 +27,7 @@ WORKERS = Path(__file__).parent / "workers"
 PLD_K = 10
 OPENVINO_K = {"draft": 4, "lookup": 4}
 OPENVINO_HOW = ("set ADASPEC_OPENVINO_PYTHON=/path/to/python (with openvino-genai) and export the models with "
-                "`make peers` (or optimum-cli export openvino --weight-format int4, see docs/peers.md)")
+                "`make peers` (or optimum-cli export openvino --weight-format int4, see docs/guide/peers.md)")
 
 
 def parse_llamacpp(text: str) -> PeerSpec:

@@ -8,7 +8,7 @@ requests with n-gram speculation (K = 3), only its ``vllm:`` series without hist
 process and HTTP metrics, ~40 KB); one ``/v1/completions`` answer, one streamed ``/v1/chat/completions`` (SSE
 lines); the server's "SpecDecoding metrics" log lines with the counters at that moment; llama-server's
 ``/completion`` answer with ``timings`` (n-gram lookup, K = 3; the draft-model server segfaulted at start on this
-machine, see docs/scaleout.md), a streamed ``/v1/chat/completions`` and its
+machine, see docs/guide/scaleout.md), a streamed ``/v1/chat/completions`` and its
 ``/metrics``. ``meta.json`` says which versions and settings produced them.
 """
 
@@ -60,7 +60,7 @@ def capture_vllm(a, meta: dict) -> None:
 
 
 def capture_llama(a, meta: dict) -> None:
-    cfg = EngineConfig("llamacpp", "ngram", 3)  # draft:4 segfaulted at start here (docs/scaleout.md)
+    cfg = EngineConfig("llamacpp", "ngram", 3)  # draft:4 segfaulted at start here (docs/guide/scaleout.md)
     setup = llama_server.LlamaServerSetup(Path(a.llama_server), Path(a.gguf_target), Path(a.gguf_draft), slots=2)
     argv, env = llama_server.command(setup, cfg, 8452)
     with EngineProcess(cfg.label, argv, "http://127.0.0.1:8452", HERE / "_llama.log", env=env,
