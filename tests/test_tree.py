@@ -259,7 +259,7 @@ def test_tree_choice_notices_when_chains_get_cheaper_and_probes_soon_after_trees
 
 def test_chain_emitted_is_the_main_paths_share():
     from adaspec.drafters.base import Draft
-    from adaspec.engine import chain_emitted
+    from adaspec.controllers.tree_choice import chain_emitted
 
     tokens, parents = [7, 9, 8, 1], [-1, 0, 0, 1]  # main path 7 -> 9 -> 1; 7 -> 8 is a side branch
     tree = Draft(torch.tensor(tokens), None, parents=parents)

@@ -17,7 +17,7 @@ import torch
 from adaspec.backends.base import Backend
 from adaspec.controllers.base import Controller
 from adaspec.controllers.fixed import FixedController
-from adaspec.controllers.tree_choice import TreeChoice
+from adaspec.controllers.tree_choice import AlwaysTrees, TreeChoice
 from adaspec.constrained import RequestGrammar
 from adaspec.drafters.base import Draft, Drafter, empty_draft
 from adaspec.drafters.forced import ForcedDrafter, request_drafter, unwrapped, without_forced
@@ -35,7 +35,7 @@ from adaspec.request_state import RequestState
 from adaspec.sampling import logits_to_probs
 from adaspec.stats import StepRecord
 from adaspec.structured import Constraint, GrammarState, GrammarVocab
-from adaspec.tree import path_rows, verify_tree_greedy, verify_tree_sampling, would_emit
+from adaspec.tree import path_rows, verify_tree_greedy, verify_tree_sampling
 from adaspec.verify import common_width, in_vocab
 
 
@@ -124,7 +124,7 @@ class SpeculativeEngine:
         stop_rule = self.controller.draft_stop()
         drafter = request_drafter(self.drafter, req.grammar, cfg.forced_drafts)
         tree_budget, stats.tree_fallback = self._tree_mode(req)
-        chooser = self._tree_choice() if tree_budget and cfg.tree_choice == "goodput" else None
+        trees = (None if not tree_budget else self._tree_choice() if cfg.tree_choice == "goodput" else AlwaysTrees())
         req.start = time.perf_counter()
         self.target.reset()
         logits, req.prompt_logprobs = scored_prefill(self.target, req.prompt, cfg)
@@ -145,7 +145,6 @@ class SpeculativeEngine:
         ids = req.ids
         while finish is None:
             step_start = time.perf_counter()
-            n_forced = 0
             room = req.room()
             if room <= 0:
                 new, finish = [], "length"
@@ -154,21 +153,11 @@ class SpeculativeEngine:
             k = min(self.controller.next_k(), room - 1) if drafter is not None else 0
             # a tree's nodes must fit the context (the depth k already does) and the target's tree capacity
             budget = min(tree_budget, self.target.max_context - len(ids), self.target.max_tree_nodes)
-            as_tree = bool(k > 0 and budget > 1 and (chooser is None or chooser.use_tree()))
-            if as_tree:
-                if chooser is not None:
-                    budget = chooser.width(k, budget)
-                draft = drafter.propose_tree(ids, k, budget, req.params, req.generator, cfg.tree_expand)
-            elif isinstance(drafter, ForcedDrafter):  # the grammar's forced tokens, then K of the wrapped drafter
-                draft, n_forced = drafter.propose_free(ids, k, room - 1, req.params, req.generator, stop_rule)
-            else:
-                draft = drafter.propose(ids, k, req.params, req.generator, stop_rule) if k > 0 else empty_draft()
-            if req.grammar is not None:  # drafts the grammar rejects are cut before verification
-                draft = req.grammar.cut(draft)
+            width = trees.plan(k, budget) if trees is not None else 0
+            draft, n_forced = self._propose(req, drafter, k, width, room, stop_rule)
             # the tree this chain step could have verified, to learn whether trees pay without running them
             what_if = (drafter.propose_tree(ids, k, budget, req.params, req.generator, cfg.tree_expand)
-                       if chooser is not None and chooser.what_if and not as_tree and len(draft) and budget > 1
-                       else None)
+                       if trees is not None and trees.what_if and not width and len(draft) and budget > 1 else None)
             draft_end = time.perf_counter()
 
             accepted, token, logits, path = self._verify(req, draft)
@@ -181,16 +170,11 @@ class SpeculativeEngine:
                               context_len=len(ids) - len(new),
                               draft_ms=(draft_end - step_start) * 1e3, verify_ms=(verify_end - draft_end) * 1e3,
                               total_ms=(time.perf_counter() - step_start) * 1e3,
-                              drafter=(draft.source or drafter.name) if len(draft) else "", tree=as_tree)
+                              drafter=(draft.source or drafter.name) if len(draft) else "", tree=bool(width))
             stats.record(step)
             self.controller.update(without_forced(step, n_forced))
-            if chooser is not None and k > 0:
-                chooser.update(as_tree, step.emitted, step.total_ms, chain_emitted(draft, accepted, len(new)), k,
-                               nodes=len(draft), path=path, verify_ms=step.verify_ms)
-                if what_if is not None and len(what_if):
-                    bounds = would_emit(what_if.tokens.tolist(), what_if.parents or list(range(-1, len(what_if) - 1)),
-                                        accepted + [token])
-                    chooser.update_what_if(n_accepted + 1, step.total_ms, len(draft), k, bounds)
+            if trees is not None:
+                trees.observe(step, draft, accepted, token, path, what_if)
             if finish is None:
                 yield req.chunk(new, lp)
 
@@ -225,6 +209,22 @@ class SpeculativeEngine:
                else "strict mode" if self.target.batch_invariant
                else "")
         return (0, f"chains: {why}") if why else (req.cfg.tree_budget, "")
+
+    def _propose(self, req: RequestState, drafter: Drafter | None, k: int, width: int, room: int,
+                 stop_rule) -> tuple[Draft, int]:
+        """The step's draft: a tree of ``width`` nodes and ``k`` levels, or a chain of ``k`` tokens (behind the
+        grammar's forced tokens, at most ``room - 1`` in all, under a grammar), cut to what the grammar allows:
+        ``(draft, forced tokens at its start)``."""
+        n_forced = 0
+        if width:
+            draft = drafter.propose_tree(req.ids, k, width, req.params, req.generator, req.cfg.tree_expand)
+        elif isinstance(drafter, ForcedDrafter):  # the grammar's forced tokens, then K of the wrapped drafter
+            draft, n_forced = drafter.propose_free(req.ids, k, room - 1, req.params, req.generator, stop_rule)
+        else:
+            draft = drafter.propose(req.ids, k, req.params, req.generator, stop_rule) if k > 0 else empty_draft()
+        if req.grammar is not None:  # drafts the grammar rejects are cut before verification
+            draft = req.grammar.cut(draft)
+        return draft, n_forced
 
     def _verify(self, req: RequestState, draft: Draft) -> tuple[list[int], int, torch.Tensor, list[int]]:
         """One target forward over ``[pending] + draft`` (a chain, or a token tree), the accept/reject decision
@@ -285,15 +285,3 @@ def scored_prefill(target: Backend, prompt: Sequence[int], cfg: GenerationConfig
         logits = target.forward(part, len(part))
         scored += token_logprobs(logits, list(prompt[start + 1:start + len(part) + 1]), cfg.prompt_logprobs) or []
     return logits[-1:], scored
-
-def chain_emitted(draft: Draft, accepted: list[int], emitted: int) -> int:
-    """What the chain inside a tree draft (its main path, :func:`adaspec.tree.main_path`) would have emitted on
-    this step: its common prefix with the accepted path, plus the bonus token, at most ``emitted``. For a chain
-    draft: ``emitted``."""
-    if not draft.is_tree:
-        return emitted
-    main = draft.as_chain().tokens.tolist()
-    n = 0
-    while n < min(len(main), len(accepted)) and main[n] == accepted[n]:
-        n += 1
-    return min(n + 1, emitted)

@@ -48,6 +48,24 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from adaspec.drafters.base import Draft
+from adaspec.stats import StepRecord
+from adaspec.tree import would_emit
+
+
+class AlwaysTrees:
+    """``tree_choice="always"``: a full-width tree on every speculative step where one fits; learns nothing."""
+
+    what_if = False
+
+    def plan(self, depth: int, budget: int) -> int:
+        """The next step's tree width in nodes (0: a chain) for a draft of ``depth`` levels within ``budget``."""
+        return budget if depth > 0 and budget > 1 else 0
+
+    def observe(self, step: StepRecord, draft: Draft, accepted: list[int], token: int, path: Sequence[int],
+                what_if: Draft | None = None) -> None:
+        """Record a step (nothing to learn here)."""
+
 
 class TreeChoice:
     """Chain/tree chooser (one per engine, kept across requests: :meth:`adaspec.engine.SpeculativeEngine.
@@ -163,6 +181,28 @@ class TreeChoice:
             self.what_ifs.append((emitted, step_ms, nodes, depth, tuple(bounds)))
             self._may_pay = None
 
+    def plan(self, depth: int, budget: int) -> int:
+        """The next step's tree width in nodes (0: a chain) for a draft of ``depth`` levels within ``budget``
+        nodes: :meth:`use_tree`, then :meth:`width`."""
+        if depth <= 0 or budget <= 1 or not self.use_tree():
+            return 0
+        return self.width(depth, budget)
+
+    def observe(self, step: StepRecord, draft: Draft, accepted: list[int], token: int, path: Sequence[int],
+                what_if: Draft | None = None) -> None:
+        """Learn from one step that ran ``draft`` (a chain, or a tree when ``step.tree``): ``accepted`` its accepted
+        draft tokens, ``token`` the target's next token, ``path`` the accepted nodes' indices, and ``what_if`` the
+        tree a chain step could have verified (``what_if`` choosers only; None otherwise). Plain steps teach
+        nothing."""
+        if step.k <= 0:
+            return
+        self.update(step.tree, step.emitted, step.total_ms, chain_emitted(draft, accepted, step.emitted), step.k,
+                    nodes=len(draft), path=path, verify_ms=step.verify_ms)
+        if what_if is not None and len(what_if):
+            parents = what_if.parents or list(range(-1, len(what_if) - 1))
+            bounds = would_emit(what_if.tokens.tolist(), parents, accepted + [token])
+            self.update_what_if(step.accepted + 1, step.total_ms, len(draft), step.k, bounds)
+
     def use_tree(self) -> bool:
         """True: propose a tree this step; False: a chain."""
         explore = False  # a tree step to learn whether trees pay (not one that trees have earned)
@@ -250,3 +290,16 @@ class TreeChoice:
             self.gap = self.probe_every
         elif tree and after is False:  # a probe that lost while trees were losing: wait longer before the next
             self.gap = min(2 * self.gap, self.max_probe_every)
+
+
+def chain_emitted(draft: Draft, accepted: list[int], emitted: int) -> int:
+    """What the chain inside a tree draft (its main path, :func:`adaspec.tree.main_path`) would have emitted on
+    this step: its common prefix with the accepted path, plus the bonus token, at most ``emitted``. For a chain
+    draft: ``emitted``."""
+    if not draft.is_tree:
+        return emitted
+    main = draft.as_chain().tokens.tolist()
+    n = 0
+    while n < min(len(main), len(accepted)) and main[n] == accepted[n]:
+        n += 1
+    return min(n + 1, emitted)
