@@ -678,9 +678,7 @@ class BatchEngine:
         if row.drafter is not None and row.drafter_for not in self.keep_draft_caches:
             for d in model_drafters(row.drafter).values():  # its draft KV goes with it
                 try:
-                    forget = getattr(d, "forget", None)
-                    if forget is not None:
-                        forget()
+                    d.forget()
                 except Exception:  # a broken draft runtime: its next _sync starts from an empty cache anyway
                     pass
         self._free.append(row.seq)

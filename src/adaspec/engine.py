@@ -29,7 +29,12 @@ from adaspec.request import (  # noqa: F401 (re-exported: adaspec.engine is wher
     GenerationResult,
     StreamChunk,
     TokenLogprob,
+    check_logit_bias,
+    checked_prompt,
+    cut,
     default_eos_ids,
+    request_eos,
+    request_generator,
 )
 from adaspec.request_state import RequestState
 from adaspec.sampling import logits_to_probs
@@ -190,7 +195,7 @@ class SpeculativeEngine:
         measured (on a CPU where trees lose it runs chains from its first step, probing at the backed-off gap)
         instead of paying the exploration tree steps again; the comparison keeps the last ``window`` steps, so it
         follows the text as it changes."""
-        what_if = getattr(self.drafter, "free_trees", False)
+        what_if = self.drafter.free_trees
         if self.tree_choice is None or self.tree_choice.what_if != what_if:
             self.tree_choice = TreeChoice(what_if=what_if)
         return self.tree_choice
@@ -205,7 +210,7 @@ class SpeculativeEngine:
                else "logits controls (penalties, logit_bias)" if req.controls is not None
                else f"{self.target.name} cannot verify trees" if not self.target.supports_trees
                else f"{self.drafter.name} proposes chains only (trees need ngram-tree or a draft model)"
-               if not getattr(self.drafter, "branches", True)
+               if not self.drafter.branches
                else "strict mode" if self.target.batch_invariant
                else "")
         return (0, f"chains: {why}") if why else (req.cfg.tree_budget, "")

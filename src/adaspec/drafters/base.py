@@ -73,6 +73,10 @@ class Drafter(ABC):
     #: lookup), so the engine may build trees it will not verify (:class:`~adaspec.controllers.tree_choice.TreeChoice`
     #: ``what_if``).
     free_trees: bool = False
+    #: runs no model and needs no feeding (prompt lookup, suffix decoding): it is in step with any sequence.
+    lookup: bool = False
+    #: the draft model's backend (drafters that run a model); None for the others.
+    backend: Backend | None = None
 
     def prefill(self, prompt_ids: list[int]) -> None:
         """Start a new sequence with ``prompt_ids`` (called once per request, before any ``propose``)."""
@@ -103,6 +107,16 @@ class Drafter(ABC):
             ValueError: ``seq`` out of the draft backend's range.
         """
         raise ConfigError(f"the {self.name} drafter cannot draft for batched rows")
+
+    def available(self, ids: list[int]) -> int | None:
+        """How many tokens it could propose after ``ids`` now (0: none), where a lookup can tell without drafting
+        (:meth:`~adaspec.drafters.multi.MultiDrafter.options`); None: it cannot tell (a draft model proposes up to
+        K). Default: None."""
+        return None
+
+    def forget(self) -> None:
+        """Drop what it caches of the current sequence (a draft model's KV cache; the batch engine calls it as a
+        row leaves). Default: nothing."""
 
     def cached_prefix(self, ids: list[int]) -> int:
         """How many leading tokens of ``ids`` this drafter already holds (e.g. a draft model's KV cache kept from an

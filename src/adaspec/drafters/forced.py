@@ -74,10 +74,8 @@ class ForcedDrafter(Drafter):
         return self.inner.cached_prefix(ids) if self.inner is not None else len(ids)
 
     @property
-    def match(self):  # a lookup drafter needs no feeding (adaspec.drafters.multi.cached_prefixes)
-        if self.inner is None:
-            return None
-        return getattr(self.inner, "match")
+    def lookup(self) -> bool:  # forced tokens alone need no feeding
+        return self.inner is None or self.inner.lookup
 
     # Proposing ---------------------------------------------------------------------------------------------------
     def forced(self, k: int) -> list[int]:

@@ -83,20 +83,11 @@ class MultiDrafter(Drafter):
         return drafter
 
     def options(self, ids: list[int]) -> dict[str, int | None]:
-        """``{name: tokens it can propose now}``: for a drafter with ``available(ids) -> int`` (like
-        :class:`~adaspec.drafters.suffix.SuffixDrafter`) what it says; for a lookup drafter (one with
-        ``match(ids) -> (n, start)``, like :class:`~adaspec.drafters.ngram.NgramDrafter`) the length of the
-        continuation after its match (0 = no match); None (no limit) for the others."""
-        out: dict[str, int | None] = {}
-        for name, drafter in self.drafters.items():
-            if hasattr(drafter, "available"):  # e.g. SuffixDrafter: the length of the chain it would propose
-                out[name] = self._ready(name).available(ids)
-            elif hasattr(drafter, "match"):
-                n, start = self._ready(name).match(ids)
-                out[name] = len(ids) - start if n else 0
-            else:
-                out[name] = None
-        return out
+        """``{name: tokens it can propose now}``: a lookup drafter's :meth:`Drafter.available` (suffix decoding: the
+        chain it would propose; n-gram lookup: the continuation after its match; 0 = nothing), None (no limit) for
+        the others."""
+        return {name: self._ready(name).available(ids) if drafter.lookup else None
+                for name, drafter in self.drafters.items()}
 
     def select(self, name: str | None) -> None:
         """Use drafter ``name`` for the next proposal only (None: nothing; the engine then runs a plain step)."""
@@ -147,23 +138,17 @@ def route(drafter: Drafter | None, controller, ids: list[int]) -> None:
 def cached_prefixes(drafter: Drafter, ids: list[int]) -> dict[str, int]:
     """``{name: leading tokens of ids it already holds}`` for ``drafter`` (per sub-drafter of a
     :class:`MultiDrafter`), named as :attr:`StepRecord.drafter <adaspec.stats.StepRecord>` names them. A lookup
-    drafter (one with ``match``, like :class:`~adaspec.drafters.ngram.NgramDrafter`) needs no feeding: all of
+    drafter (:attr:`Drafter.lookup`: n-gram lookup, suffix decoding) needs no feeding: all of
     ``ids``; any other: :meth:`Drafter.cached_prefix`."""
     parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
-    return {name: len(ids) if is_lookup(d) else d.cached_prefix(ids) for name, d in parts.items()}
+    return {name: len(ids) if d.lookup else d.cached_prefix(ids) for name, d in parts.items()}
 
 
 def model_drafters(drafter: Drafter) -> dict[str, Drafter]:
     """``{name: drafter}`` of the draft models in ``drafter`` (each sub-drafter of a :class:`MultiDrafter`, named
-    as :func:`cached_prefixes` names them) that have a backend to run: lookup drafters (with ``match``) left out."""
+    as :func:`cached_prefixes` names them) that have a backend to run: lookup drafters left out."""
     parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
-    return {name: d for name, d in parts.items() if not is_lookup(d) and getattr(d, "backend", None)}
-
-
-def is_lookup(drafter: Drafter) -> bool:
-    """A drafter that runs no model and needs no feeding: it answers ``match`` (n-gram lookup) or ``available``
-    (suffix decoding)."""
-    return hasattr(drafter, "match") or hasattr(drafter, "available")
+    return {name: d for name, d in parts.items() if not d.lookup and d.backend is not None}
 
 
 def measure_drafters(drafter: Drafter, feed_tokens: int = 64) -> dict[str, tuple[float, float]]:

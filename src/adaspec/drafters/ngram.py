@@ -26,6 +26,7 @@ class NgramDrafter(Drafter):
     """
 
     name = "ngram"
+    lookup = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -52,6 +53,11 @@ class NgramDrafter(Drafter):
     def _record(self, key: tuple[int, ...], end: int) -> None:
         """Index one occurrence of n-gram ``key`` whose continuation starts at ``end`` (the latest one wins)."""
         self._index[key] = end
+
+    def available(self, ids: list[int]) -> int:
+        """The length of the continuation after the longest match of ``ids``' suffix (0: no match)."""
+        n, start = self.match(ids)
+        return len(ids) - start if n else 0
 
     def match(self, ids: list[int]) -> tuple[int, int]:
         """Return ``(n, start)``: the longest matching suffix length and where its continuation starts, or (0, -1)."""

@@ -61,6 +61,7 @@ class SuffixDrafter(Drafter):
 
     name = "suffix"
     free_trees = True
+    lookup = True
 
     def __init__(self, cache: SuffixCache | None = None, *, partition: str = "", max_depth: int = 24,
                  max_tokens: int = 100_000, max_spec_factor: float = 1.0, min_token_prob: float = 0.1,
