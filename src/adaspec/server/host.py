@@ -29,12 +29,14 @@ from adaspec.defaults import DEFAULT_CONTROLLER
 from adaspec.drafters import Drafter
 from adaspec.drafters.suffix import is_suffix_spec
 from adaspec.engine import GenerationConfig, SpeculativeEngine
+from adaspec.request import check_logit_bias
 from adaspec.errors import ConfigError
 from adaspec.server.batch_runner import BatchRunner
 from adaspec.server.jobs import EngineHandle, Job, ObservedController
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.settings import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS, PLAIN, SpecSettings
 from adaspec.server.suffix_partitions import ServerSuffixCache
+from adaspec.structured import Constraint
 
 log = logging.getLogger("adaspec.server")
 
@@ -266,6 +268,41 @@ class ModelHost:
     @property
     def has_chat_template(self) -> bool:
         return self.encoder.has_chat_template
+
+    # Request checks and per-request state (event-loop or encode thread) ------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the target accepts (0 to ``vocab_size`` - 1)."""
+        return self.target.backend.vocab_size
+
+    def check_config(self, cfg: GenerationConfig) -> None:
+        """The engine's own checks of ``cfg`` that need no model run (the logit bias's token ids), so a request
+        fails before it takes a place in the queue.
+
+        Raises:
+            ConfigError: ``cfg.logit_bias`` names a token id outside the target's vocabulary.
+        """
+        check_logit_bias(cfg, self.target.backend)
+
+    def set_max_scored_rows(self, rows: int) -> None:
+        """Positions whose logits one batch step keeps for prompt scoring (``max_batch`` > 1; no-op otherwise)."""
+        if self.batch is not None:
+            self.batch.max_scored_rows = rows
+
+    def compile_constraint(self, handle: EngineHandle, constraint: Constraint) -> None:
+        """Compile ``constraint`` (cached by constraint; on the encode thread) and share the vocabulary and its
+        compiled grammars with the engine that will run it: ``handle``'s (``max_batch`` 1) or the batch engine
+        (``max_batch`` > 1, where each row keeps its own grammar state).
+
+        Raises:
+            ConfigError: the constraint does not compile.
+            TriggerUnavailable: a lazy constraint's trigger is not a special token of this vocabulary.
+        """
+        self.encoder.engine.compile(constraint)
+        vocab = self.encoder.engine.grammar_vocab  # one vocabulary and grammar cache per model
+        handle.engine.grammar_vocab = vocab
+        if self.batch is not None:
+            self.batch.grammar_vocab = vocab
 
     # Warm-up and the plain-step reference ------------------------------------------------------------------------
     def on_generation_thread(self, fn, *args):

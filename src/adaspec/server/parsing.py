@@ -1,6 +1,6 @@
 """From a validated request body to what a generation needs: the engine of its speculation setting, the prompt's
 token ids (encoded on the host's encode thread) and its :class:`~adaspec.engine.GenerationConfig`. Everything here
-answers a bad request with a 400 :class:`~adaspec.server.protocol.APIError` naming the field, before the request
+answers a bad request with a 4xx :class:`~adaspec.server.protocol.APIError` naming the field, before the request
 takes a place in the queue."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class RequestParser:
             elif isinstance(body.prompt, str):
                 ids = await loop.run_in_executor(host.encode_executor, host.encode_text, body.prompt)
             else:
-                vocab = host.target.backend.vocab_size
+                vocab = host.vocab_size
                 bad = [t for t in body.prompt if t >= vocab]
                 if bad:
                     raise APIError(400, f"prompt token id {bad[0]} is out of range: this model's vocabulary has "
@@ -113,28 +113,27 @@ class RequestParser:
         seed = body.seed % (1 << 64) if body.seed is not None else None
         # Like vLLM, temperatures this close to 0 mean greedy (dividing logits by them overflows to inf/NaN).
         temperature = body.temperature if body.temperature >= SAMPLING_EPS else 0.0
-        bias = body.token_bias
-        if bias:
-            vocab = host.target.backend.vocab_size
-            bad = [t for t in bias if t >= vocab]
-            if bad:
-                raise APIError(400, f"logit_bias: token id {bad[0]} is out of range: this model's vocabulary has "
-                                    f"{vocab} ids", param="logit_bias")
         want = body.want_logprobs
-        if body.echo and want is not None:
-            self.budget.check(prompt_len)
         try:
-            return GenerationConfig(max_new_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
-                                    top_k=max(0, body.top_k), seed=seed, stop=body.stop_list,
-                                    ignore_eos=body.ignore_eos,
-                                    strict=body.strict if body.strict is not None else (config.strict or None),
-                                    repetition_penalty=body.repetition_penalty,
-                                    presence_penalty=body.presence_penalty,
-                                    frequency_penalty=body.frequency_penalty, logit_bias=bias, min_p=body.min_p,
-                                    logprobs=want, prompt_logprobs=want if body.echo and want is not None else None,
-                                    prompt_logprobs_chunk=self.score_chunk)
+            cfg = GenerationConfig(max_new_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
+                                   top_k=max(0, body.top_k), seed=seed, stop=body.stop_list,
+                                   ignore_eos=body.ignore_eos,
+                                   strict=body.strict if body.strict is not None else (config.strict or None),
+                                   repetition_penalty=body.repetition_penalty,
+                                   presence_penalty=body.presence_penalty,
+                                   frequency_penalty=body.frequency_penalty, logit_bias=body.token_bias,
+                                   min_p=body.min_p, logprobs=want,
+                                   prompt_logprobs=want if body.echo and want is not None else None,
+                                   prompt_logprobs_chunk=self.score_chunk)
         except ConfigError as e:
             raise APIError(400, str(e)) from None
+        try:
+            host.check_config(cfg)  # what the engine would refuse once the request ran
+        except ConfigError as e:
+            raise APIError(400, str(e), param="logit_bias") from None
+        if body.echo and want is not None:
+            self.budget.check(prompt_len)
+        return cfg
 
     async def prepare(self, request: Request, body, chat: bool):
         """``(arrival, handle, ids, cfg)``: the arrival time (``time.monotonic()``), the engine, the prompt's ids

@@ -45,9 +45,8 @@ class CompletionService:
             per_client_waiting=config.max_queue_per_client)
         names = {served, host.name, *config.model_aliases}  # accepted as "model"
         budget = ScoringBudget(config.max_scored_tokens, config.max_scored_logits_mb << 20)
-        score_chunk = budget.rows(host.target.backend.vocab_size)
-        if host.batch is not None:
-            host.batch.max_scored_rows = score_chunk
+        score_chunk = budget.rows(host.vocab_size)
+        host.set_max_scored_rows(score_chunk)
         self.render = ThreadPoolExecutor(1, thread_name_prefix="adaspec-render")  # builds large responses off the loop
         if host.batch is not None:
             host.start_runner(metrics)
