@@ -1,25 +1,23 @@
-"""The loaded model pair and its engines: :class:`ModelHost` and the generation thread.
+"""The loaded model pair and its engines: :class:`ModelHost`.
 
 :class:`ModelHost` loads the target once, plus the draft models clients may choose, and keeps one
 :class:`~adaspec.engine.SpeculativeEngine` per speculation setting (drafter, controller, K), all sharing the
 target's backend. With ``max_batch`` 1 one generation runs at a time, on a dedicated thread
-(:class:`GenerationThread`); the engines never run concurrently. With ``max_batch`` > 1 the target (and every draft
-model) holds ``max_batch`` sequences and a :class:`~adaspec.server.batch_runner.BatchRunner` drives one
-:class:`~adaspec.batch.BatchEngine` on that thread.
+(:class:`~adaspec.server.generation_thread.GenerationThread`); the engines never run concurrently. With
+``max_batch`` > 1 the target (and every draft model) holds ``max_batch`` sequences and a
+:class:`~adaspec.server.batch_runner.BatchRunner` drives one :class:`~adaspec.batch.BatchEngine` on that thread.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 import os
-import queue
 import statistics
 import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future, Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 from adaspec.api import LoadedModel, SpeculativeLM, builtin_drafter, load_model, make_drafter, set_threads
 from adaspec.backends.select import resolve_device
@@ -32,13 +30,12 @@ from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.request import check_logit_bias
 from adaspec.errors import ConfigError
 from adaspec.server.batch_runner import BatchRunner
+from adaspec.server.generation_thread import GenerationThread
 from adaspec.server.jobs import EngineHandle, Job, ObservedController
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.settings import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS, PLAIN, SpecSettings
 from adaspec.server.suffix_partitions import ServerSuffixCache
 from adaspec.structured import Constraint
-
-log = logging.getLogger("adaspec.server")
 
 
 class ModelHost:
@@ -371,50 +368,3 @@ class ModelHost:
         if self.runner is not None:
             self.runner.stop()
         self.encode_executor.shutdown(wait=False, cancel_futures=True)
-
-
-class GenerationThread(Executor):
-    """The one thread that runs every forward of a server's models (see :meth:`ModelHost.on_generation_thread`):
-    an :class:`~concurrent.futures.Executor` over a single **daemon** thread, so a process that never shuts its
-    host down still exits, even while the batch loop holds the thread. Tasks run in submission order."""
-
-    def __init__(self, name: str = "adaspec-generate") -> None:
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self._closed = False
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
-
-    def submit(self, fn, /, *args, **kwargs) -> Future:
-        if self._closed:
-            raise RuntimeError("the generation thread is shut down")
-        future: Future = Future()
-        self._tasks.put((future, fn, args, kwargs))
-        return future
-
-    def _run(self) -> None:
-        while True:
-            item = self._tasks.get()
-            if item is None:
-                return
-            future, fn, args, kwargs = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as e:  # handed to whoever waits on the future
-                log.exception("a task on the generation thread failed")
-                future.set_exception(e)
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self._closed = True
-        if cancel_futures:
-            while True:
-                try:
-                    item = self._tasks.get_nowait()
-                except queue.Empty:
-                    break
-                if item is not None:
-                    item[0].cancel()
-        self._tasks.put(None)
-        if wait and threading.current_thread() is not self.thread:
-            self.thread.join()
