@@ -5,7 +5,9 @@ running slot (504 at the deadline), and the start of a :class:`~adaspec.server.j
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
+from dataclasses import dataclass
 
 from adaspec.engine import GenerationConfig
 from adaspec.server.admission import Place, QueueFull, Scheduler, SlotTimeout, reserve_places
@@ -13,6 +15,22 @@ from adaspec.server.host import ModelHost
 from adaspec.server.jobs import EngineHandle, Job
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.protocol import APIError
+
+
+@dataclass
+class Admitted:
+    """A request's ``n`` choices, admitted: one place in the queue and one generation config per choice, all on
+    one engine and prompt."""
+
+    handle: EngineHandle
+    ids: list[int]  # the prompt's token ids
+    cfgs: list[GenerationConfig]  # choice i's
+    places: list[Place]  # choice i's (reserved, maybe still queued)
+    arrival: float  # time.monotonic() at arrival
+    deadline: float  # time.monotonic() after which generation stops
+
+    def __len__(self) -> int:
+        return len(self.places)
 
 
 class Dispatcher:
@@ -29,6 +47,21 @@ class Dispatcher:
         """Seconds until a place is likely free (the ``Retry-After`` header of a 503), 1 to 3600."""
         per = (self.host.service_s or 10.0) / self.scheduler.slots
         return str(max(1, min(3600, math.ceil(per * (self.scheduler.waiting + 1)))))
+
+    def admit(self, handle: EngineHandle, ids: list[int], cfg: GenerationConfig, n: int, arrival: float,
+              deadline: float, client: str | None) -> Admitted:
+        """Places for ``n`` choices of one request, choice i sampling with ``cfg``'s seed + i (or its own random
+        seed), as vLLM does for n > 1; the prompt is scored once, by choice 0 (its prompt logprobs serve every
+        choice).
+
+        Raises:
+            APIError: as :meth:`reserve`.
+        """
+        places = self.reserve(n, client)
+        cfgs = [cfg if i == 0 else dataclasses.replace(
+                    cfg, seed=None if cfg.seed is None else (cfg.seed + i) % (1 << 64), prompt_logprobs=None)
+                for i in range(n)]
+        return Admitted(handle, ids, cfgs, places, arrival, deadline)
 
     def reserve(self, n: int, client: str | None) -> list[Place]:
         """One place per choice for a request of ``n`` choices from ``client`` (with ``--max-batch`` > 1 the
@@ -49,23 +82,24 @@ class Dispatcher:
             raise APIError(503, f"the server is busy: {e}; retry later",
                            type="server_busy", code="queue_full", headers={"retry-after": self.retry_after()}) from None
 
-    async def take_slot(self, place: Place, deadline: float) -> None:
-        """Wait for ``place``'s slot; 504 when the deadline passes first (the place is given back either way)."""
+    async def take_slot(self, admitted: Admitted, i: int) -> None:
+        """Wait for choice ``i``'s slot; 504 when the deadline passes first (the place is given back either way)."""
         try:
-            await place.acquire(deadline)
+            await admitted.places[i].acquire(admitted.deadline)
         except SlotTimeout:
             self.metrics.outcome("timeout")
             raise APIError(504, f"the request waited longer than this server's timeout of "
                                 f"{self.request_timeout:g} s for the model", type="timeout_error",
                            code="timeout") from None
 
-    def start_job(self, handle: EngineHandle, ids: list[int], cfg: GenerationConfig, arrival: float,
-                  deadline: float, place: Place) -> Job:
-        """Start generating on ``place``'s slot, which the job releases when the generation thread finishes. Must
-        follow ``take_slot`` with no ``await`` in between (so no cancellation can land while the slot is unowned)."""
-        host = self.host
+    def start_job(self, admitted: Admitted, i: int) -> Job:
+        """Start generating choice ``i`` on its place's slot, which the job releases when the generation thread
+        finishes. Must follow ``take_slot`` with no ``await`` in between (so no cancellation can land while the
+        slot is unowned)."""
+        host, place = self.host, admitted.places[i]
         loop = asyncio.get_running_loop()
-        job = Job(host, handle, ids, cfg, arrival, deadline, self.metrics, loop)
+        job = Job(host, admitted.handle, admitted.ids, admitted.cfgs[i], admitted.arrival, admitted.deadline,
+                  self.metrics, loop)
         if host.runner is not None:  # a row of the continuous batch
             job.on_end = lambda: loop.call_soon_threadsafe(place.release_slot)
             place.hand_over()

@@ -9,7 +9,6 @@ or as server-sent events (:mod:`.streaming`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -17,11 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import Request
 from fastapi.responses import Response
 
-from adaspec.engine import GenerationConfig
-from adaspec.server.admission import Place, Scheduler
-from adaspec.server.dispatch import Dispatcher
+from adaspec.server.admission import Scheduler
+from adaspec.server.dispatch import Admitted, Dispatcher
 from adaspec.server.host import ModelHost
-from adaspec.server.jobs import EngineHandle, Job
+from adaspec.server.jobs import Job
 from adaspec.server.limits import ScoringBudget, default_slots_per_request
 from adaspec.server.metrics import ServerMetrics
 from adaspec.server.parsing import RequestParser
@@ -95,34 +93,27 @@ class CompletionService:
         except APIError:
             self.metrics.outcome("invalid")
             raise
-        deadline = arrival + self.config.request_timeout
-        places = self.dispatcher.reserve(body.n, request.client.host if request.client else None)
+        admitted = self.dispatcher.admit(handle, ids, cfg, body.n, arrival, arrival + self.config.request_timeout,
+                                        request.client.host if request.client else None)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        # choice i samples with seed + i (or its own random seed), as vLLM does for n > 1; the prompt is scored
-        # once, by choice 0 (its prompt logprobs serve every choice)
-        cfgs = [cfg if i == 0 else dataclasses.replace(
-                    cfg, seed=None if cfg.seed is None else (cfg.seed + i) % (1 << 64), prompt_logprobs=None)
-                for i in range(body.n)]
         if body.stream:
-            return ChoiceStream(self.dispatcher, self.detok, self.render, self.served, body, chat, rid, places,
-                                handle, ids, cfgs, arrival, deadline).response()
-        return await self.complete(request, body, chat, rid, places, handle, ids, cfgs, arrival, deadline)
+            return ChoiceStream(self.dispatcher, self.detok, self.render, self.served, body, chat, rid,
+                                admitted).response()
+        return await self.complete(request, body, chat, rid, admitted)
 
-    async def complete(self, request: Request, body, chat: bool, rid: str, places: list[Place],
-                       handle: EngineHandle, ids: list[int], cfgs: list[GenerationConfig], arrival: float,
-                       deadline: float):
+    async def complete(self, request: Request, body, chat: bool, rid: str, admitted: Admitted):
         """A non-streamed answer: every choice generated, then one body (or 499 when the client left first)."""
         dispatcher = self.dispatcher
-        jobs: list[Job | None] = [None] * len(places)
+        jobs: list[Job | None] = [None] * len(admitted)
 
         async def one(i: int) -> None:
             """Choice i: wait for its place, generate, wait for its end."""
-            await dispatcher.take_slot(places[i], deadline)
-            job = jobs[i] = dispatcher.start_job(handle, ids, cfgs[i], arrival, deadline, places[i])
+            await dispatcher.take_slot(admitted, i)
+            job = jobs[i] = dispatcher.start_job(admitted, i)
             while (await job.events.get())[0] != "end":
                 pass
 
-        tasks = [asyncio.ensure_future(one(i)) for i in range(len(places))]
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(admitted))]
         watcher = asyncio.ensure_future(_disconnected(request))
         left = asyncio.Event()  # the client went away
         failed: BaseException | None = None
@@ -142,7 +133,7 @@ class CompletionService:
             for job in jobs:
                 if job is not None and job.finished is None:
                     job.cancel.set()  # its row stops after the current step; the job then releases its slot
-            for place in places:
+            for place in admitted.places:
                 place.give_back()  # a choice cancelled before it ran (or while queued) leaves no slot behind
         if failed is not None:
             raise failed
@@ -156,9 +147,9 @@ class CompletionService:
             if job.outcome == "timeout" or job.result is None:
                 raise timeout_error(self.config.request_timeout)
         scored = not chat and body.max_tokens == 0  # echo + max_tokens 0: the prompt only
-        choices = await asyncio.get_running_loop().run_in_executor(self.render, completion_choices, jobs, body,
-                                                                   chat, ids, self.detok)
-        return completion_body(rid, chat, self.served, choices, jobs, scored)
+        rendered = await asyncio.get_running_loop().run_in_executor(self.render, completion_choices, jobs, body,
+                                                                    chat, admitted.ids, self.detok)
+        return completion_body(rid, chat, self.served, rendered, jobs, scored)
 
 
 async def _disconnected(request: Request) -> None:

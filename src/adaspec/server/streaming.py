@@ -9,10 +9,8 @@ import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 
-from adaspec.engine import GenerationConfig
-from adaspec.server.admission import Place
-from adaspec.server.dispatch import Dispatcher
-from adaspec.server.jobs import EngineHandle, Job
+from adaspec.server.dispatch import Admitted, Dispatcher
+from adaspec.server.jobs import Job
 from adaspec.server.protocol import APIError
 from adaspec.server.responses import ChunkBuilder, Detokenizer, SSEResponse, job_error, sse, timeout_error, usage
 from adaspec.server.structured import StreamedChoice
@@ -31,19 +29,16 @@ class ChoiceStream:
         model: the served model's name (the chunks' ``model``).
         body, chat: the request and whether it is a chat completion.
         rid: the response id.
-        places: one place per choice (reserved, maybe still queued).
-        handle, ids, cfgs: the engine, the prompt's ids, and each choice's generation config.
-        arrival, deadline: ``time.monotonic()`` at arrival and after which generation stops.
+        admitted: the request's choices, with their places.
     """
 
     def __init__(self, dispatcher: Dispatcher, detok: Detokenizer, render: Executor, model: str, body, chat: bool,
-                 rid: str, places: list[Place], handle: EngineHandle, ids: list[int],
-                 cfgs: list[GenerationConfig], arrival: float, deadline: float) -> None:
+                 rid: str, admitted: Admitted) -> None:
         self.dispatcher, self.detok, self.render = dispatcher, detok, render
         self.metrics = dispatcher.metrics
-        self.body, self.chat, self.places = body, chat, places
-        self.handle, self.ids, self.cfgs, self.arrival, self.deadline = handle, ids, cfgs, arrival, deadline
-        n = len(places)
+        self.body, self.chat, self.admitted = body, chat, admitted
+        self.places, self.ids, self.cfgs = admitted.places, admitted.ids, admitted.cfgs
+        n = len(admitted)
         self.jobs: list[Job | None] = [None] * n
         self.closed = False  # the response ended (or never started): no pump may start a generation after it
         self.chunk = ChunkBuilder(rid, model, chat, detok)
@@ -58,7 +53,7 @@ class ChoiceStream:
         """Choice i's events into ``merged`` as (i, kind, item); always ends with (i, "end", None)."""
         place = self.places[i]
         try:
-            await self.dispatcher.take_slot(place, self.deadline)
+            await self.dispatcher.take_slot(self.admitted, i)
         except APIError as e:  # timed out in the queue
             await merged.put((i, "queue_error", e))
             await merged.put((i, "end", None))
@@ -70,8 +65,7 @@ class ChoiceStream:
             place.give_back()
             return
         try:
-            job = self.jobs[i] = self.dispatcher.start_job(self.handle, self.ids, self.cfgs[i], self.arrival,
-                                                           self.deadline, place)
+            job = self.jobs[i] = self.dispatcher.start_job(self.admitted, i)
         except Exception as e:
             place.give_back()
             log.exception("could not start a generation")
