@@ -896,3 +896,22 @@ def test_observed_controller_is_the_inner_controller_to_the_engine():
     SpeculativeEngine(MarkovBackend(table, "target"), ModelDrafter(never), fixed).generate(
         [1, 2, 3], GenerationConfig(max_new_tokens=10, ignore_eos=True))
     assert [k for _, k in reported] == [4] * len(reported) and reported[-1][0] < 4  # ran clamped, reported as 4
+
+
+def test_server_names_stay_importable_from_runtime_and_app():
+    """runtime.py and app.py were split by job (settings, host, jobs, batch_runner, service, ...); the names scripts
+    and users import from them are the same objects as where they live now."""
+    from adaspec.server import app, batch_runner, generation_thread, host, jobs, runtime, settings
+
+    assert runtime.ModelHost is host.ModelHost
+    assert runtime.Job is jobs.Job and runtime.EngineHandle is jobs.EngineHandle
+    assert runtime.ObservedController is jobs.ObservedController
+    assert runtime.BatchRunner is batch_runner.BatchRunner
+    assert runtime.GenerationThread is generation_thread.GenerationThread
+    assert runtime.PLAIN is settings.PLAIN and runtime.SpecSettings is settings.SpecSettings
+    assert runtime.DEFAULT_PREFILL_CHUNK == settings.DEFAULT_PREFILL_CHUNK
+    assert app.ServerConfig is settings.ServerConfig
+    import adaspec.server
+
+    assert adaspec.server.ServerConfig is settings.ServerConfig and adaspec.server.ModelHost is host.ModelHost
+    assert adaspec.server.create_app is app.create_app

@@ -10,12 +10,16 @@ __all__ = ["ModelHost", "ServerConfig", "create_app"]
 
 
 def __getattr__(name: str):  # lazy: importing adaspec.server must not need the extra
-    if name in ("ServerConfig", "create_app"):
-        from adaspec.server import app
+    if name == "create_app":
+        from adaspec.server.app import create_app
 
-        return getattr(app, name)
+        return create_app
+    if name == "ServerConfig":
+        from adaspec.server.settings import ServerConfig
+
+        return ServerConfig
     if name == "ModelHost":
-        from adaspec.server.runtime import ModelHost
+        from adaspec.server.host import ModelHost
 
         return ModelHost
     raise AttributeError(name)

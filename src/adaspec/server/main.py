@@ -27,10 +27,11 @@ def serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from adaspec.server.app import ServerConfig, create_app
+        from adaspec.server.app import create_app
         from adaspec.server.auth import keys_from_cli
         from adaspec.server.hostcheck import parse_allowed_hosts
-        from adaspec.server.runtime import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS, ModelHost
+        from adaspec.server.host import ModelHost
+        from adaspec.server.settings import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS, ServerConfig
     except ImportError as e:
         raise AdaspecError(f"adaspec serve needs the 'serve' extra ({e.name} is missing): "
                            "pip install 'adaspec[serve]'") from None

@@ -77,16 +77,11 @@ def compile_request(host, handle, plan: StructuredPlan) -> None:
                                                                            plan.tools.lazy_constraint())
              else "response_format")
     try:
-        host.encoder.engine.compile(plan.constraint)
+        host.compile_constraint(handle, plan.constraint)
     except TriggerUnavailable:
         plan.constraint = None
-        return
     except ConfigError as e:
         raise APIError(400, f"{param}: {e}", param=param) from None
-    vocab = host.encoder.engine.grammar_vocab  # one vocabulary and grammar cache per model
-    handle.engine.grammar_vocab = vocab
-    if getattr(host, "batch", None) is not None:
-        host.batch.grammar_vocab = vocab
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
