@@ -62,8 +62,9 @@ def test_options_select_and_route():
     with pytest.raises(ConfigError):
         multi.select("bogus")
 
-    class Chooser:
+    class Chooser(FixedController):  # a controller that routes: it overrides choose_drafter
         def __init__(self):
+            super().__init__(2)
             self.seen = None
 
         def choose_drafter(self, options):

@@ -575,7 +575,7 @@ class BatchEngine:
         estimates = []
         for r in decoding:
             if r.rid in ks:  # the row's controller's plan: its drafter's cost per token and any catch-up first
-                planned = getattr(r.controller, "planned", (0.0, 0.0)) if ks[r.rid] else (0.0, 0.0)
+                planned = r.controller.planned if ks[r.rid] else (0.0, 0.0)
                 estimates.append(RowEstimate(ks[r.rid], r.alpha, r.draft_ms if r.draft_ms is not None else planned[0],
                                              planned[1]))
         # One decoding row is the single-request case: its own controller already prices its forward; the batch
@@ -664,11 +664,10 @@ class BatchEngine:
         self.draft_costs.update({name: (float(d), float(f)) for name, (d, f) in costs.items() if d > 0 and f >= 0})
 
     def _release(self, row: _Row) -> None:
-        learned = getattr(row.controller, "draft_costs", None)
-        if learned is not None and row.drafter is not None:  # its draft models' measured costs price the next
-            try:  # rows' first proposals
+        if row.drafter is not None and row.controller is not None:  # its draft models' measured costs price the
+            try:  # next rows' first proposals
                 own = model_drafters(row.drafter)
-                self._learn({name: c for name, c in learned().items() if name in own})
+                self._learn({name: c for name, c in row.controller.draft_costs().items() if name in own})
             except Exception:  # bookkeeping only: never fail a release
                 pass
         try:

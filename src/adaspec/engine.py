@@ -270,9 +270,9 @@ class SpeculativeEngine:
             self.generate(ids, GenerationConfig(max_new_tokens=steps, ignore_eos=True, seed=0))
         finally:
             self._warming = False
-        calibrate = getattr(self.controller, "calibrate", None)
-        if calibrate is not None:
-            self.verify_curve = dict(calibrate(self.target) or {})
+        curve = self.controller.calibrate(self.target)
+        if curve is not None:
+            self.verify_curve = dict(curve)
         if self.drafter is not None and type(self.controller).seed_draft_costs is not Controller.seed_draft_costs:
             self.controller.seed_draft_costs(measure_drafters(self.drafter))
 

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from adaspec.drafters.base import DraftStop
 from adaspec.stats import StepRecord
+
+if TYPE_CHECKING:
+    from adaspec.backends.base import Backend
 
 
 class Controller(ABC):
     """Chooses K each step. Subclasses hold their own (small) state; ``reset`` starts a new request."""
 
     name: str = "controller"
+    #: ``(draft ms, catch-up ms)`` the controller expects the step it just chose to cost (controllers that price
+    #: steps: goodput); the batch pricer reads it. Default: nothing planned.
+    planned: tuple[float, float] = (0.0, 0.0)
 
     @abstractmethod
     def next_k(self) -> int:
@@ -48,3 +55,25 @@ class Controller(ABC):
         """Per drafter name, ``(draft_ms, feed_ms)``: a drafter's measured ms per drafted token and per token fed in
         a catch-up (:func:`~adaspec.controllers.costcurve.measure_draft_costs`), for controllers that price steps
         (goodput), so a draft model's first proposal is priced before it is paid. Default: ignored."""
+
+    @property
+    def routes_drafters(self) -> bool:
+        """It picks the sub-drafter of a :class:`~adaspec.drafters.multi.MultiDrafter` before each step (it overrides
+        :meth:`choose_drafter`)."""
+        return type(self).choose_drafter is not Controller.choose_drafter
+
+    def choose_drafter(self, options: Mapping[str, int | None]) -> str | None:
+        """The sub-drafter for the next step from ``options`` (name → tokens it can propose now, None = no limit;
+        :meth:`MultiDrafter.options <adaspec.drafters.multi.MultiDrafter.options>`), or None for a plain step.
+        Only called where :attr:`routes_drafters`. Default: the first name."""
+        return next(iter(options), None)
+
+    def calibrate(self, backend: Backend) -> Mapping[int, float] | None:
+        """Measure ``backend``'s verification cost curve (``{tokens in the forward: ms}``) for controllers that
+        price steps (goodput; the engine's warm-up calls it). Default: nothing measured (None)."""
+        return None
+
+    def draft_costs(self) -> dict[str, tuple[float, float]]:
+        """Per drafter name, the ``(draft_ms, feed_ms)`` per token this controller has measured (goodput), so the
+        next request's controller starts from them. Default: none."""
+        return {}

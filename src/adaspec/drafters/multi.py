@@ -130,9 +130,8 @@ class MultiDrafter(Drafter):
 def route(drafter: Drafter | None, controller, ids: list[int]) -> None:
     """Before a step: let a controller with ``choose_drafter(options) -> name | None`` pick the sub-drafter of a
     :class:`MultiDrafter`. A no-op for any other drafter or controller."""
-    choose = getattr(controller, "choose_drafter", None)
-    if choose is not None and isinstance(drafter, MultiDrafter):
-        drafter.select(choose(drafter.options(ids)))
+    if isinstance(drafter, MultiDrafter) and controller.routes_drafters:
+        drafter.select(controller.choose_drafter(drafter.options(ids)))
 
 
 def cached_prefixes(drafter: Drafter, ids: list[int]) -> dict[str, int]:

@@ -77,6 +77,23 @@ class ObservedController(Controller):
     def seed_draft_costs(self, costs) -> None:
         self.inner.seed_draft_costs(costs)
 
+    @property
+    def planned(self) -> tuple[float, float]:
+        return self.inner.planned
+
+    @property
+    def routes_drafters(self) -> bool:
+        return self.inner.routes_drafters
+
+    def choose_drafter(self, options):
+        return self.inner.choose_drafter(options)
+
+    def calibrate(self, backend):
+        return self.inner.calibrate(backend)
+
+    def draft_costs(self):
+        return self.inner.draft_costs()
+
 
 @dataclass
 class EngineHandle:
