@@ -858,7 +858,8 @@ def test_observed_controller_is_the_inner_controller_to_the_engine():
     from adaspec.engine import GenerationConfig, SpeculativeEngine
     from adaspec.server.runtime import ObservedController
 
-    assert not hasattr(ObservedController(FixedController(2)), "choose_drafter")  # optional hooks stay optional
+    assert not ObservedController(FixedController(2)).routes_drafters  # the inner controller's capabilities
+    assert ObservedController(GoodputController()).routes_drafters
     table = markov_table(16, seed=3, scale=3.0)
     inner = GoodputController()
     calls = {"decide": 0, "set_synced": 0}
