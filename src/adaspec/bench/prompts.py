@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from functools import lru_cache
 
-from adaspec.workloads import FILES, data_dir
+from adaspec.workload_data import FILES, data_dir
 
 MARKER = "\u0000PADDING\u0000"
 INTRO = "Background material (you may ignore it):\n\n"

@@ -98,7 +98,7 @@ def humaneval_completion(text: str, problem: dict) -> str:
 
 
 def _problems(task: str) -> dict[str, dict]:
-    from adaspec.workloads import FILES, _rows, data_dir
+    from adaspec.workload_data import FILES, data_dir, read_rows as _rows
 
     rows = list(_rows(data_dir() / FILES["gsm8k" if task in GSM8K_TASKS else task]))
     if task == "humaneval":
