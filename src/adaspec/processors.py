@@ -105,7 +105,7 @@ class LogitsControls:
         token lists become tensors once and ``torch.unique`` finds the columns, so the cost is one copy of the logits
         plus O(L log L + n·m) in C for L tokens of history, with no Python loop over the history
         (docs/findings/controls.md has the measured times). Equal to the full-vocabulary computation
-        (tests/test_controls.py).
+        (tests/engine/test_controls.py).
 
         Raises:
             ValueError: more rows than positions (``n > len(drafts) + 1``).

@@ -10,7 +10,7 @@
   is token-for-token identical to plain greedy output.
 * ``ik`` / ``ik-invariant``: the same GGUF on ik_llama.cpp (ik-llama-cpp-python, repacked tensors), with the same
   claims as llama.cpp. (ik_llama.cpp 0.1.5 computes SmolLM2 differently from llama.cpp -- see
-  tests/test_runtime_select.py -- but consistently with itself, which is what these checks are about.)
+  tests/backends/test_runtime_select.py -- but consistently with itself, which is what these checks are about.)
 
 For all: logits after truncating the KV cache equal a fresh evaluation of the kept prefix; greedy speculative
 decoding reproduces the same backend's plain greedy decoding (as precisely as stated above); mixed-backend pairs

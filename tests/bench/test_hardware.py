@@ -18,7 +18,7 @@ from adaspec.errors import ConfigError
 from adaspec.models.synthetic import (SHAPES, SyntheticTokenizer, build_synthetic, is_synthetic, parse_synthetic,
                                       shape, synthetic_config)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Parameter counts from the Qwen2.5 model cards ("Number of Parameters"), in billions.
 QWEN_CARD_PARAMS = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61,

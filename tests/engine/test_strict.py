@@ -3,7 +3,7 @@
 Strict mode's claim is bit-exactness: with ``batch_invariant`` every decoded position's logits are the same whatever
 the width of the forward that computed it, so greedy speculative decoding reproduces plain (strict) decoding token
 for token and a request repeats exactly whatever the controller did. The GGUF runtimes are covered by
-tests/test_backend_conformance.py (``*-invariant``); PyTorch here, in fp32 and bf16, where the default path is
+tests/backends/test_backend_conformance.py (``*-invariant``); PyTorch here, in fp32 and bf16, where the default path is
 measurably not invariant (so these tests can fail).
 """
 

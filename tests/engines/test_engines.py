@@ -23,7 +23,7 @@ from adaspec.engines.process import EngineError, EngineProcess  # noqa: E402
 from adaspec.engines.results import Results  # noqa: E402
 from adaspec.errors import ConfigError  # noqa: E402
 
-FAKE = Path(__file__).with_name("fake_engine.py")
+FAKE = Path(__file__).resolve().parents[1] / "fake_engine.py"
 
 
 def free_port() -> int:

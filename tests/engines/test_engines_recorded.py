@@ -23,7 +23,7 @@ from adaspec.bench.endpoint import RequestResult, _json, _read_object, summarise
 from adaspec.engines.acceptance import check_vllm, llama_server_tau, vllm_log_totals  # noqa: E402
 from adaspec.engines.config import EngineConfig  # noqa: E402
 
-DATA = Path(__file__).parent / "data" / "engines"
+DATA = Path(__file__).resolve().parents[1] / "data" / "engines"
 # llama-server's responses are recorded by capture.py --llama-server; the peer build on the machine where the vLLM
 # ones were recorded crashed at start (SIGSEGV after "llama threadpool init", plain decoding included), so they are
 # not in the repository yet and these tests wait for them.

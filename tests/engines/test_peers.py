@@ -20,7 +20,7 @@ from adaspec.errors import ConfigError
 from adaspec.peers import PeerContext, PeerSpec, first_difference, make_peer, parse_peer
 from adaspec.peers.report import difference_lines, failure_lines
 
-FAKES = Path(__file__).parent / "fakes"
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
 FAKE_SERVER = FAKES / "fake_llama_server.py"
 
 

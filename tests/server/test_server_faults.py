@@ -100,7 +100,7 @@ class Served:
 def served(tmp_path_factory) -> Served:
     port = _free_port()
     log = tmp_path_factory.mktemp("faults") / "serve.log"
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = Path(__file__).resolve().parents[2] / "src"
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.pop("ADASPEC_API_KEY", None)
     with open(log, "w") as out:

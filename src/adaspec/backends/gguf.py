@@ -119,7 +119,7 @@ class GgufBackend(Backend):
     #: Compact a multi-sequence cache after every truncation, so that the cells rows give back (rejected drafts,
     #: released rows) leave no holes between the others'. ik_llama.cpp needs it: with holes, its attention returned
     #: NaN logits for a newly admitted row, and the NaN written into the cells then reached every row
-    #: (tests/test_gguf_shared_cache.py; docs/guide/server.md, "NaN logits").
+    #: (tests/backends/test_gguf_shared_cache.py; docs/guide/server.md, "NaN logits").
     compacts_holes = False
 
     # Subclass hooks ---------------------------------------------------------------------------------------
@@ -408,7 +408,7 @@ class GgufBackend(Backend):
         if list(path) != order[:len(path)]:
             # a side branch was kept: rejected nodes left holes between the kept cells. ik_llama.cpp's attention
             # depends on the cells' layout (with holes left in, SmolLM2-135M's logits drifted 4-9 logits from a
-            # chain fed the same tokens within 7-24 steps; tests/test_tree_gguf.py), so the cache is compacted at
+            # chain fed the same tokens within 7-24 steps; tests/backends/test_tree_gguf.py), so the cache is compacted at
             # once (about 1 ms). The first path's nodes come first in the batch, so keeping a prefix of it leaves no
             # hole, as a chain's rejection does.
             self._compact()

@@ -198,7 +198,7 @@ class TorchBackend(Backend):
     padding's cache entries are dropped at once, and attention runs :func:`invariant_attention` (each query row over
     exactly its visible keys). Models whose attention that function does not implement (sliding windows, logit
     soft-capping, sinks) are refused with a ConfigError. Every decoded position then sees the same kernels on the same shapes, and its logits
-    are bit-identical whatever K was (fp32 and bf16, tests/test_strict.py). Cost: a plain decoding step runs a
+    are bit-identical whatever K was (fp32 and bf16, tests/engine/test_strict.py). Cost: a plain decoding step runs a
     W-token forward, and attention runs row by row.
     """
 

@@ -12,7 +12,7 @@ probability SuffixDecoding speculates with.
   ``max_depth - 1`` suffixes are kept); inserting or removing a sequence of n tokens costs O(n · max_depth).
 * Removal decrements the same counts insertion added and frees nodes whose count reaches 0, so after any series of
   inserts and removals the trie is exactly the trie of the sequences still held (tested against a brute-force
-  matcher in ``tests/test_suffix_tree.py``).
+  matcher in ``tests/drafters/test_suffix_tree.py``).
 * Layout: nodes are indices into flat arrays (count, depth, first child's token and index); a node with more than
   one child keeps the others in a small dict. A node costs about 33 bytes plus ~100 per extra child
   (:meth:`SuffixTrie.memory_bytes`); text never seen before adds up to ``max_depth`` nodes per token, repeated

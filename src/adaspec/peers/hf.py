@@ -23,7 +23,7 @@ to time decoding as for adaspec's methods). α and τ are not exposed by transfo
 
 transformers 5.24's assisted generation and prompt lookup return wrong tokens when ``generate`` starts from a
 pre-filled cache (``past_key_values``/``cache`` holding the prompt prefix: the output drifts from greedy decoding
-after a few steps, while plain ``generate`` from the same cache is right; see tests/test_compare_peers.py), so
+after a few steps, while plain ``generate`` from the same cache is right; see tests/bench/test_compare_peers.py), so
 peers always prefill the prompt themselves (compare leaves prefills out of its decoding times).
 """
 

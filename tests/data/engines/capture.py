@@ -1,4 +1,4 @@
-"""Record real vLLM and llama-server responses into this folder, for tests/test_engines_recorded.py.
+"""Record real vLLM and llama-server responses into this folder, for tests/engines/test_engines_recorded.py.
 
     PYTHONPATH=src python tests/data/engines/capture.py --vllm-venv VENV --vllm-target HF_DIR \
         --llama-server BIN --gguf-target GGUF --gguf-draft GGUF
