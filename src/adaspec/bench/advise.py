@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 from adaspec.backends.gguf import GgufBackend
 from adaspec.backends.prefix_cache import PrefixCacheBackend
-from adaspec.bench.costmodel import CostModel, leviathan_alpha
+from adaspec.bench.costmodel import FittedCostModel, leviathan_alpha
 from adaspec.bench.micro import measure_backend, measure_overhead
 from adaspec.bench.prompts import hf_builder
 from adaspec.bench.sweep import decode_tpot_ms, prefill_draft
@@ -113,7 +113,8 @@ def profile_workload(workload: str, *, target: str, drafts: list[str], sample: i
     plain = SpeculativeEngine(target_backend, None, None, tokenizer=tok)
     plain.warmup()
     overhead = measure_overhead(plain, encoded[0])
-    model = CostModel.fit([(r["n"], r["context"], r["ms"]) for r in micro if r["measure"] == "forward"], draft_rows,
+    model = FittedCostModel.fit([(r["n"], r["context"], r["ms"]) for r in micro if r["measure"] == "forward"],
+                                draft_rows,
                           overhead)
 
     # 2. Probe runs, interleaved with plain decoding.
@@ -240,7 +241,7 @@ def decide(best_k: int, ci95: Sequence[float]) -> str:
     return "yes" if lo > 1.0 + MARGIN else "marginal"
 
 
-def _why_not(model: CostModel, c: dict, context: int, category: str, plain_ms: float) -> str:
+def _why_not(model: FittedCostModel, c: dict, context: int, category: str, plain_ms: float) -> str:
     """Why candidate ``c`` does not pay: its acceptance is below what K = 1 needs, or no acceptance would do."""
     cost = c["drafter"] if c["drafter"] in model.draft else (None if c["drafter"] == "ngram" else 0.0)
     need = model.min_alpha(1, context, cost)
@@ -267,7 +268,7 @@ def _pool(runs: list[dict]) -> tuple[float, float, float]:
     return alpha, k_eff, 1 - spec / steps if steps else 1.0
 
 
-def _best(model: CostModel, alpha: float, context: int, cost, p_plain: float, k_eff: float) -> tuple[int, float]:
+def _best(model: FittedCostModel, alpha: float, context: int, cost, p_plain: float, k_eff: float) -> tuple[int, float]:
     """Best K in 1..8 (n-gram drafts are capped by how much the lookup found: K_eff at the probe K)."""
     best = (0, 1.0)
     for k in K_RANGE:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from adaspec.bench.endpoint import read_rows
 from adaspec.bench.endpoint_report import levels
-from adaspec.bench.costmodel import alpha_for_tau, expected_tokens
+from adaspec.bench.costmodel import alpha_for_tau
+from adaspec.controllers.costmodel import expected_tokens
 from adaspec.errors import AdaspecError
 from adaspec.quality.stats import mean_interval
 

@@ -1,7 +1,7 @@
 """Predicted boundary maps for a model shape on a hardware profile (``adaspec map --hardware NAME --shape S``).
 
 Everything here is a prediction of the roofline model (:mod:`adaspec.bench.hardware`) put through the measured
-study's closed form (:class:`~adaspec.bench.costmodel.CostModel`): no point is measured, and every title, table and
+study's closed form (:mod:`adaspec.controllers.costmodel`): no point is measured, and every title, table and
 file name says so. The report holds
 
 * speedup over α × K at a short context, one panel per drafter (draft models and prompt lookup);

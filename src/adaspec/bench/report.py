@@ -29,7 +29,7 @@ import numpy as np
 
 from adaspec.bench.plots import pyplot as _plt
 from adaspec.bench.plots import save as _save
-from adaspec.bench.costmodel import CostModel, relative_errors
+from adaspec.bench.costmodel import FittedCostModel, relative_errors
 from adaspec.bench.sweep import apply_baseline, fit_cost_model, predict_point, tag_runs
 from adaspec.compare import read_results
 from adaspec.errors import AdaspecError
@@ -45,7 +45,7 @@ class SettingAnalysis:
     """Everything the report says about one hardware setting."""
 
     setting: dict
-    model: CostModel
+    model: FittedCostModel
     points: list[dict]
     plains: list[dict]
     micro: list[dict]
@@ -53,7 +53,7 @@ class SettingAnalysis:
     errors: list[float] = field(default_factory=list)
     reference_alpha: float = 0.8
     reference_alpha_source: str = "a typical value"
-    draft_cost: object = None  # what CostModel.draft_ms takes for the maps' drafter
+    draft_cost: object = None  # what FittedCostModel.draft_ms takes for the maps' drafter
     draft_label: str = ""
     map_context: int = 256
     context_alpha: float = 0.8
@@ -438,7 +438,7 @@ def findings(a: SettingAnalysis) -> dict:
             "max_measured_context": max((r["context"] for r in a.micro if r.get("measure") == "forward"), default=0)}
 
 
-def paying_range(model: CostModel, alpha: float, k: int, drafter, lo: float = 128, hi: float = 131072):
+def paying_range(model: FittedCostModel, alpha: float, k: int, drafter, lo: float = 128, hi: float = 131072):
     """``(first, last)`` context lengths (on a log grid from ``lo`` to ``hi``) between which speedup ≥ 1, or None
     when it never pays there."""
     grid = np.geomspace(lo, hi, 97)

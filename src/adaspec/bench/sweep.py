@@ -39,7 +39,7 @@ import torch
 
 from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.backends.select import resolve_device
-from adaspec.bench.costmodel import CostModel, leviathan_alpha
+from adaspec.bench.costmodel import FittedCostModel, leviathan_alpha
 from adaspec.bench.grid import Point, Setting, expand, point_key
 from adaspec.bench.measure import Meter, rss_bytes
 from adaspec.bench.micro import measure_backend, prefill_ms_at, verify_samples
@@ -336,7 +336,7 @@ class SweepRunner:
         self._write(f, {"kind": "batch_curve", "key": f"bc-{_hash([setting.__dict__, time.time()])}",
                         **setting.__dict__, "curve": {str(n): ms for n, ms in curve.items()}})
 
-    def _micro(self, setting: Setting, models: _Models, f, micro_done: set, rows: list[dict]) -> CostModel:
+    def _micro(self, setting: Setting, models: _Models, f, micro_done: set, rows: list[dict]) -> FittedCostModel:
         """Take (or reuse) the micro-measurements for ``setting`` and fit the cost model.
 
         The context ids are the prefix every prompt of the first task shares (chat header + real padding), and
@@ -397,7 +397,7 @@ class SweepRunner:
                       self.bench["workload"], max_new, self.bench["seed"]])
         return cfg, gkey
 
-    def _group(self, pts: list[Point], models: _Models, cost: CostModel, f, rows: list[dict], bar,
+    def _group(self, pts: list[Point], models: _Models, cost: FittedCostModel, f, rows: list[dict], bar,
                start: float) -> tuple[int, int]:
         from adaspec.controllers import make_controller
         from adaspec.drafters.calibrated import CalibratedDrafter
@@ -509,7 +509,7 @@ class SweepRunner:
         return n_run, 0
 
 
-    def _group_batched(self, pts: list[Point], models: _Models, cost: CostModel, f, rows: list[dict], bar,
+    def _group_batched(self, pts: list[Point], models: _Models, cost: FittedCostModel, f, rows: list[dict], bar,
                        start: float) -> tuple[int, int]:
         """A group at batch size B > 1: B requests (prompts ``prompt_index .. prompt_index + B - 1`` of the workload
         at the group's context) run together through a :class:`~adaspec.batch.BatchEngine`, plain (K = 0) first,
@@ -823,7 +823,7 @@ def _loadavg() -> float | None:
         return None
 
 
-def resolve_cost(cost: str | None, model: CostModel, context: float) -> float:
+def resolve_cost(cost: str | None, model: FittedCostModel, context: float) -> float:
     """The calibrated drafter's per-token cost in ms: a number, ``ratio:C`` (C × a plain target step at this
     context), or a draft model's fitted per-token time at this context."""
     if cost is None:
@@ -835,9 +835,9 @@ def resolve_cost(cost: str | None, model: CostModel, context: float) -> float:
     return model.draft_ms(cost, context)
 
 
-def fit_cost_model(micro_rows: list[dict], plain_rows: Sequence[dict] = ()) -> CostModel:
-    """Fit a :class:`CostModel` to one setting's micro rows (target and draft forwards). The per-step overhead is
-    the median non-forward time of the setting's plain runs (``step_other_ms``), else an ``overhead`` micro row,
+def fit_cost_model(micro_rows: list[dict], plain_rows: Sequence[dict] = ()) -> FittedCostModel:
+    """Fit a :class:`FittedCostModel` to one setting's micro rows (target and draft forwards). The per-step overhead
+    is the median non-forward time of the setting's plain runs (``step_other_ms``), else an ``overhead`` micro row,
     else 0."""
     target_rows = [r for r in micro_rows if r.get("role") == "target"]
     verify = verify_samples(target_rows)
@@ -845,12 +845,12 @@ def fit_cost_model(micro_rows: list[dict], plain_rows: Sequence[dict] = ()) -> C
              if r.get("role") == "draft" and r.get("measure") == "forward"]
     overhead = [r["step_other_ms"] for r in plain_rows if r.get("step_other_ms") is not None]
     overhead = overhead or [r["ms"] for r in target_rows if r.get("measure") == "overhead"]
-    return CostModel.fit(verify, draft, statistics.median(overhead) if overhead else 0.0)
+    return FittedCostModel.fit(verify, draft, statistics.median(overhead) if overhead else 0.0)
 
 
 def drafter_cost_key(row: dict):
-    """What :meth:`CostModel.draft_ms` needs for a point: ms for calibrated, None for n-gram lookup (``ngram``,
-    ``ngram-tree``), else the spec."""
+    """What :meth:`FittedCostModel.draft_ms` needs for a point: ms for calibrated, None for n-gram lookup
+    (``ngram``, ``ngram-tree``), else the spec."""
     if row["drafter"] == "calibrated":
         return float(row["cost_ms"] or 0.0)
     if row["drafter"] in ("ngram", "ngram-tree"):
@@ -858,7 +858,7 @@ def drafter_cost_key(row: dict):
     return row["drafter"]
 
 
-def predict_point(model: CostModel, row: dict) -> float:
+def predict_point(model: FittedCostModel, row: dict) -> float:
     """Cost-model speedup for a measured point, from its measured α (per position), mean draft length, share of
     non-drafting steps and mean context; NaN for a point that verified token trees (the closed form is a chain's:
     :func:`adaspec.bench.predicted.replay_steps` prices trees step by step)."""

@@ -1,9 +1,23 @@
-"""The step cost model of speculative decoding, and its costs as measured while decoding.
+"""The cost model of speculative decoding: what a step yields and costs, shared by the goodput controller and the
+study (``adaspec bench``, ``adaspec map``, ``adaspec profile``).
 
-A step that drafts K tokens emits E(K) = 1 + Σ_{j=1..K} Π_{i<j} α[i] tokens (:func:`expected_tokens`) and costs
-K t_d + t_v(K + 1) + o milliseconds: per-token drafting time, the target's verification of K + 1 tokens, and the
-engine's overhead per step. :class:`CostModel` holds those costs measured on this machine, per context-length bucket
-(see :mod:`adaspec.controllers.goodput` for how the goodput controller fills and uses them).
+Source: Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding"), Theorem 3.8 and §3.3,
+generalised to measured costs (all in milliseconds, at a context position ``at``):
+
+    t_v(n)   target forward over n tokens (n = K + 1 verifies K drafts; + argmax + cache rollback);
+    t_d      one drafted token of a drafter (0 for an n-gram lookup);
+    o        engine overhead per step outside drafting and verification.
+
+    E(K)     = 1 + Σ_{j=1..K} Π_{i<j} α[i]       expected tokens a step drafting K emits (:func:`expected_tokens`);
+             = (1 − α^(K+1)) / (1 − α)            for i.i.d. acceptance α (K + 1 when α = 1)
+    T(K)     = K t_d + t_v(K + 1) + o            a speculative step (:meth:`CostModel.spec_step_ms`)
+    T(plain) = t_v(1) + o                        a plain step (:meth:`CostModel.plain_step_ms`)
+    speedup  = E(K) / T(K) × T(plain)            (:meth:`CostModel.speedup`)
+
+Where the costs come from is a subclass's business: :class:`MeasuredCosts` (here) learns them per context bucket
+from the engine's own steps (the goodput controller); :class:`adaspec.bench.costmodel.FittedCostModel` fits curves
+in the context length to micro-measurements (the study); :class:`adaspec.bench.hardware.RooflineCostModel`
+predicts them from a hardware profile.
 """
 
 from __future__ import annotations
@@ -12,10 +26,104 @@ import bisect
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from adaspec.controllers.costcurve import interpolate
 from adaspec.stats import StepRecord
+
+
+def expected_tokens(alpha: float | Sequence[float], k: float) -> float:
+    """E[tokens emitted] by a step drafting ``k`` tokens: with conditional per-position acceptances ``alpha`` (a
+    sequence; 1 + Σ_{j=1..k} Π_{i<j} α[i]), or with i.i.d. acceptance ``alpha`` (a number;
+    (1 − α^(k+1)) / (1 − α), also for a fractional mean ``k``; 1 when ``k`` <= 0)."""
+    if isinstance(alpha, Sequence):
+        total, reach = 1.0, 1.0
+        for a in alpha[:k]:
+            reach *= a
+            total += reach
+        return total
+    if k <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+class CostModel:
+    """The step costs of one setting and the speedups they predict (see the module docstring). A subclass gives
+    the costs at ``at`` (a context length, or a context bucket for :class:`MeasuredCosts`): :meth:`verify_ms`,
+    :meth:`draft_ms` and :meth:`step_overhead_ms`."""
+
+    def verify_ms(self, n: float, at: float) -> float:
+        """t_v(n) at ``at``, ms."""
+        raise NotImplementedError
+
+    def draft_ms(self, drafter, at: float) -> float | None:
+        """t_d of ``drafter`` at ``at``, ms per token (None: not known)."""
+        raise NotImplementedError
+
+    def step_overhead_ms(self) -> float:
+        """o, ms per step."""
+        raise NotImplementedError
+
+    def plain_step_ms(self, at: float) -> float:
+        return self.verify_ms(1, at) + self.step_overhead_ms()
+
+    def spec_step_ms(self, k: float, at: float, drafter, catch_up_ms: float = 0.0) -> float:
+        """T(K) at ``at``, plus ``catch_up_ms`` (a drafter's share of feeding the tokens it missed). ``drafter``
+        needs a known draft time."""
+        return k * self.draft_ms(drafter, at) + self.verify_ms(k + 1, at) + self.step_overhead_ms() + catch_up_ms
+
+    # Predictions (i.i.d. acceptance α) ---------------------------------------------------------------------
+    def speedup(self, alpha: float, k: float, at: float, drafter, plain_fraction: float = 0.0) -> float:
+        """Predicted decode speedup over plain decoding.
+
+        ``plain_fraction`` is the share of steps that draft nothing (an n-gram miss, an adaptive fallback):
+        they emit one token at plain-step cost.
+        """
+        t_plain = self.plain_step_ms(at)
+        if k <= 0:
+            return 1.0
+        p = min(max(plain_fraction, 0.0), 1.0)
+        tokens = (1 - p) * expected_tokens(alpha, k) + p
+        time = (1 - p) * self.spec_step_ms(k, at, drafter) + p * t_plain
+        return tokens / time * t_plain
+
+    def min_alpha(self, k: int, at: float, drafter) -> float:
+        """The smallest α with speedup ≥ 1 (bisection; speedup grows with α). 0.0 if it always pays, nan if
+        never."""
+        if self.speedup(0.0, k, at, drafter) >= 1.0:
+            return 0.0
+        if self.speedup(1.0, k, at, drafter) < 1.0:
+            return math.nan
+        lo, hi = 0.0, 1.0
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.speedup(mid, k, at, drafter) < 1.0 else (lo, mid)
+        return hi
+
+    def best_k(self, alpha: float, at: float, drafter, ks: Iterable[int] = range(1, 17)) -> tuple[int, float]:
+        """``(K, speedup)`` maximising predicted speedup over ``ks`` (K = 0, plain decoding, if nothing beats 1)."""
+        best = (0, 1.0)
+        for k in ks:
+            s = self.speedup(alpha, k, at, drafter)
+            if s > best[1]:
+                best = (k, s)
+        return best
+
+    def break_even_context(self, alpha: float, k: int, drafter, max_context: float = 131072) -> float:
+        """The context length beyond which speedup(α, K, L) < 1 (bisection over L); 0 if it never pays, inf if
+        it pays up to ``max_context``."""
+        if self.speedup(alpha, k, 0, drafter) < 1.0:
+            return 0.0
+        if self.speedup(alpha, k, max_context, drafter) >= 1.0:
+            return math.inf
+        lo, hi = 0.0, float(max_context)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.speedup(alpha, k, mid, drafter) >= 1.0 else (lo, mid)
+        return lo
+
 
 BUCKET_EDGES = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 """Context-length bucket boundaries (tokens): bucket b holds contexts in [edge[b-1], edge[b])."""
@@ -43,10 +151,10 @@ class Recent:
         return bool(self.samples)
 
 
-class CostModel:
-    """Measured step costs in milliseconds: per-token draft time and per-token catch-up time per drafter, and
-    verification time per number of verified tokens, by context bucket, plus the per-step overhead. See the module
-    docstring."""
+class MeasuredCosts(CostModel):
+    """Step costs in milliseconds measured while decoding: per-token draft time and per-token catch-up time per
+    drafter, and verification time per number of verified tokens, by context bucket ``b`` (:func:`bucket_of`; the
+    ``at`` of :class:`CostModel`), plus the per-step overhead. See :mod:`adaspec.controllers.goodput`."""
 
     STEADY = 2  # a drafter that drafted the step before has at most 2 tokens to feed (last draft + correction)
     NEGLIGIBLE = 0.05  # a step with catch-up whose whole draft time is below this share of its verification is
@@ -130,6 +238,9 @@ class CostModel:
     def overhead_ms(self) -> float:
         return self.overhead.value if self.overhead else 0.0
 
+    def step_overhead_ms(self) -> float:
+        return self.overhead_ms()
+
     def draft_ms(self, drafter: str, b: int) -> float | None:
         """Per-token draft time of ``drafter`` at bucket ``b`` (nearest measured bucket); until a step without
         catch-up was measured (a step with catch-up mixes feeding the missed tokens into the draft time), its seed
@@ -207,12 +318,3 @@ def _non_decreasing(curve: Mapping[int, float]) -> dict[int, float]:
             blocks[-1][1] += count
     values = [total / count for total, count in blocks for _ in range(int(count))]
     return dict(zip(xs, values))
-
-
-def expected_tokens(alphas: list[float], k: int) -> float:
-    """E[tokens emitted] by a step drafting ``k`` tokens with conditional acceptances ``alphas``."""
-    total, reach = 1.0, 1.0
-    for a in alphas[:k]:
-        reach *= a
-        total += reach
-    return total

@@ -18,11 +18,11 @@ machine, per context-length bucket, while decoding:
                model keeps its cache across requests that share a prefix), so c counts only the tokens it lacks.
     t_v(n, L)  target verification time of n = K + 1 tokens at context bucket L: median of recent verify_ms per
                measured n; for an n not yet run in that bucket, a value seeded from a measured curve
-               (:meth:`CostModel.seed_verify`, which :meth:`GoodputController.calibrate` fills in the engine's
+               (:meth:`MeasuredCosts.seed_verify`, which :meth:`GoodputController.calibrate` fills in the engine's
                warm-up with :func:`~adaspec.controllers.costcurve.measure_verify_curve`, made non-decreasing):
                real observations win, and once a bucket has any, their median ratio to the seed sets its level
                there (the seed gives only the shape: a curve measured while the machine ran slow must not make the
-               widths not yet run look dear; batched rows excepted, see :meth:`CostModel.seed_verify`). A
+               widths not yet run look dear; batched rows excepted, see :meth:`MeasuredCosts.seed_verify`). A
                bucket lacking some n takes it from its nearest known n scaled by the curve's shape: the seeded
                curve (of the nearest seeded bucket) when there is one, else all buckets' observations pooled. The
                shape is piecewise linear between its points and extended with the slope of its last segment beyond
@@ -79,12 +79,14 @@ import torch
 from adaspec.backends.base import Backend
 from adaspec.controllers.base import Controller
 from adaspec.controllers.costcurve import DEFAULT_WIDTHS, measure_verify_curve
-from adaspec.controllers.costmodel import (BUCKET_EDGES, CostModel, Recent, _nearest,  # noqa: F401 (re-exported)
+from adaspec.controllers.costmodel import (BUCKET_EDGES, MeasuredCosts, Recent, _nearest,  # noqa: F401 (re-exported)
                                            bucket_of, expected_tokens)
 from adaspec.controllers.threshold import Calibration
 from adaspec.drafters.base import DraftStop
 from adaspec.errors import ConfigError
 from adaspec.stats import StepRecord
+
+CostModel = MeasuredCosts  # its name here before issue 40 (docs/results/issue15/seed_drift.py imports it)
 
 
 class Acceptance:
@@ -164,7 +166,7 @@ class GoodputController(Controller):
     def __init__(self, config: GoodputConfig | None = None, **overrides) -> None:
         base = config or GoodputConfig()
         self.config = GoodputConfig(**{**base.__dict__, **overrides}) if overrides else base
-        self.costs = CostModel(self.config.window)
+        self.costs = MeasuredCosts(self.config.window)
         self.acceptance: dict[str, Acceptance] = {}
         self.calibration = Calibration()  # P(accept | draft probability q), for the stop within a step
         self.stoppable: set[str] = set()  # drafters that consult the stop rule (model drafters do, lookups not)
@@ -198,15 +200,16 @@ class GoodputController(Controller):
         self.costs.seed_verify(dict(curve), context_len, level_from_steps=level_from_steps)
 
     def seed_draft_costs(self, costs: Mapping[str, tuple[float, float]]) -> None:
-        """Per drafter name, ``(draft_ms, feed_ms)`` per token measured elsewhere (see :meth:`CostModel.seed_draft`):
-        a drafter seeded so is priced from its first proposal on, instead of tried once blind at ``k_init``."""
+        """Per drafter name, ``(draft_ms, feed_ms)`` per token measured elsewhere (see
+        :meth:`MeasuredCosts.seed_draft`): a drafter seeded so is priced from its first proposal on, instead of tried
+        once blind at ``k_init``."""
         for name, (draft_ms, feed_ms) in costs.items():
             self.costs.seed_draft(name, draft_ms, feed_ms)
 
     def draft_costs(self) -> dict[str, tuple[float, float]]:
         """``{drafter: (draft_ms, feed_ms)}`` per token for the drafters whose costs this controller has measured
         (a draft time per token from its own steps, and a catch-up time measured or seeded; never the guess
-        :meth:`CostModel.feed_ms` falls back on), at the last step's context bucket: what
+        :meth:`MeasuredCosts.feed_ms` falls back on), at the last step's context bucket: what
         :meth:`seed_draft_costs` of a new request's controller takes."""
         b = bucket_of(self.context_len)
         out = {}
@@ -254,8 +257,7 @@ class GoodputController(Controller):
             options = {name: None for name in {*self.costs.draft, *self.costs.unsteady, *self.costs.draft_seed}} \
                 or {"": None}
         b = bucket_of(self.context_len)
-        overhead = self.costs.overhead_ms()
-        plain_ms = self.costs.verify_ms(1, b) + overhead
+        plain_ms = self.costs.plain_step_ms(b)
         best: tuple[float, str | None, int, float] = (0.0, None, 0, 0.0)
         candidates: dict[str, tuple[float, int, float]] = {}  # name -> its best (gain, K, catch-up)
         optimistic: dict[str, tuple[float, int]] = {}  # name -> its best (gain, K) were every draft accepted
@@ -267,10 +269,10 @@ class GoodputController(Controller):
             if per_token is None:  # never measured without catch-up: try it (the try after a first one is steady)
                 return name, min(c.k_init, k_top)
             behind = self.context_len - self.synced.get(name, 0)
-            catch_up = self.costs.feed_ms(name, b) * max(behind - CostModel.STEADY, 0)
+            catch_up = self.costs.feed_ms(name, b) * max(behind - MeasuredCosts.STEADY, 0)
             alphas = self._acceptance(name).rates()
             for k in range(1, k_top + 1):
-                step_ms = k * per_token + self.costs.verify_ms(k + 1, b) + overhead + catch_up / c.horizon
+                step_ms = self.costs.spec_step_ms(k, b, name, catch_up / c.horizon)
                 gain = expected_tokens(alphas, k) / step_ms
                 if gain > candidates.get(name, (0.0,))[0]:
                     candidates[name] = (gain, k, catch_up)
