@@ -153,7 +153,7 @@ def test_html_conversion():
 def test_profile_advice_on_tiny_models(tmp_path, monkeypatch):
     from bench_tiny import tiny_loader
 
-    from adaspec.bench.advise import format_advice, profile_workload
+    from adaspec.bench.profile import format_advice, profile_workload
 
     monkeypatch.setattr("adaspec.bench.prompts.corpus_text",
                         lambda max_chars=600_000: "Some real background text, sentence after sentence. " * 200)
@@ -186,7 +186,7 @@ def test_profile_with_the_suffix_drafter_confirms_on_a_fresh_cache(tmp_path, mon
     confirmation's prompts."""
     from bench_tiny import tiny_loader
 
-    import adaspec.bench.advise as advise
+    import adaspec.bench.profile as advise
 
     monkeypatch.setattr("adaspec.bench.prompts.corpus_text",
                         lambda max_chars=600_000: "Some real background text, sentence after sentence. " * 200)
@@ -212,7 +212,7 @@ def test_profile_with_the_suffix_drafter_confirms_on_a_fresh_cache(tmp_path, mon
 
 
 def test_profile_decision_and_reasons():
-    from adaspec.bench.advise import MARGIN, _why_not, decide
+    from adaspec.bench.profile import MARGIN, _why_not, decide
 
     assert decide(0, [1.2, 1.3]) == "no"  # no K beats plain decoding
     assert decide(3, [0.8, 0.95]) == "no"

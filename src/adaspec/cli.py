@@ -682,7 +682,7 @@ def cmd_map(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from adaspec.bench.advise import format_advice, profile_workload
+    from adaspec.bench.profile import format_advice, profile_workload
 
     if args.endpoint:
         from pathlib import Path

@@ -10,5 +10,5 @@ and deployment advice (``adaspec profile``). One module per job:
 | ``costmodel.py`` | fit the cost curves; closed-form speedup(α, K, context); boundaries |
 | ``sweep.py`` | run the grid against interleaved plain baselines; JSONL records; resume |
 | ``report.py`` | maps (PNG) and the Markdown/HTML report |
-| ``advise.py`` | sample a workload and recommend whether and how to speculate |
+| ``profile.py`` | ``adaspec profile``: sample a workload and recommend whether and how to speculate |
 """

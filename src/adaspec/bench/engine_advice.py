@@ -212,12 +212,12 @@ def profile_endpoint(rows: list[dict]) -> dict:
     """``adaspec profile --endpoint``: enable speculation on this endpoint for this workload? The mean of the
     per-prompt paired speedups with a Student's t 95 % interval over prompts
     (:func:`adaspec.quality.stats.mean_interval`), decided as
-    :func:`adaspec.bench.advise.decide` does (yes when the interval clears 1 + its margin).
+    :func:`adaspec.bench.profile.decide` does (yes when the interval clears 1 + its margin).
 
     Raises:
         AdaspecError: no prompt was completed by both arms.
     """
-    from adaspec.bench.advise import decide
+    from adaspec.bench.profile import decide
 
     ratios = paired_speedups(rows)
     if not ratios:
