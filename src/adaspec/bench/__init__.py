@@ -11,4 +11,5 @@ and deployment advice (``adaspec profile``). One module per job:
 | ``sweep.py`` | run the grid against interleaved plain baselines; JSONL records; resume |
 | ``report.py`` | maps (PNG) and the Markdown/HTML report |
 | ``profile.py`` | ``adaspec profile``: sample a workload and recommend whether and how to speculate |
+| ``advise.py`` | ``adaspec advise``: a speculative configuration for a serving engine from endpoint measurements |
 """
