@@ -6,9 +6,13 @@ and deployment advice (``adaspec profile``). One module per job:
 | ``grid.py`` | presets, TOML/YAML configs, overrides, the grid of points and their resume keys |
 | ``prompts.py`` | prompts of an exact token length, padded with real text |
 | ``micro.py`` | micro-measurements: verify time vs (tokens, context), draft time per token, overhead |
-| ``measure.py`` | energy (RAPL), CPU time, RSS and model bytes |
-| ``costmodel.py`` | fit the cost curves; closed-form speedup(α, K, context); boundaries |
-| ``sweep.py`` | run the grid against interleaved plain baselines; JSONL records; resume |
+| ``measure.py`` | energy (RAPL), CPU time, RSS and model bytes; the machine's facts for a results file |
+| ``costmodel.py`` | fit the cost curves of :mod:`adaspec.controllers.costmodel` to micro-measurements |
+| ``loading.py`` | the models a sweep loads for one hardware setting |
+| ``sweep.py`` | run the grid against interleaved plain baselines; resume |
+| ``metrics.py`` | one run's metrics (decode time per token, acceptance, time split, memory, energy) |
+| ``results.py`` | the JSONL results file: reading it, invocations, speedups against plain baselines |
+| ``predict.py`` | the fitted cost model applied to records: predicted speedup of a measured point |
 | ``report.py`` | maps (PNG) and the Markdown/HTML report |
 | ``profile.py`` | ``adaspec profile``: sample a workload and recommend whether and how to speculate |
 | ``advise.py`` | ``adaspec advise``: a speculative configuration for a serving engine from endpoint measurements |

@@ -31,7 +31,8 @@ from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.bench.costmodel import FittedCostModel, leviathan_alpha
 from adaspec.bench.micro import measure_backend, measure_overhead
 from adaspec.bench.prompts import hf_builder
-from adaspec.bench.sweep import decode_tpot_ms, prefill_draft
+from adaspec.bench.loading import prefill_draft
+from adaspec.bench.metrics import decode_tpot_ms
 from adaspec.errors import AdaspecError
 from adaspec.quality.stats import mean_interval
 

@@ -2,7 +2,7 @@
 
 For each hardware setting (target, dtype, threads, backend, batch) in the results:
 
-1. fit the cost model to the setting's micro-measurements (:func:`adaspec.bench.sweep.fit_cost_model`) and score
+1. fit the cost model to the setting's micro-measurements (:func:`adaspec.bench.predict.fit_cost_model`) and score
    its prediction of every measured point (median relative error of the decode speedup);
 2. draw the maps: speedup over α × K and over context × K (the predicted surface, measured points on top, the
    speedup = 1 contour as the boundary), speedup vs α per K (measured points over predicted lines), the time split
@@ -30,8 +30,8 @@ import numpy as np
 from adaspec.bench.plots import pyplot as _plt
 from adaspec.bench.plots import save as _save
 from adaspec.bench.costmodel import FittedCostModel, relative_errors
-from adaspec.bench.sweep import apply_baseline, fit_cost_model, predict_point, tag_runs
-from adaspec.compare import read_results
+from adaspec.bench.predict import fit_cost_model, predict_point
+from adaspec.bench.results import apply_baseline, read_results, tag_runs
 from adaspec.errors import AdaspecError
 
 SETTING_KEYS = ("target", "dtype", "threads", "backend", "batch")

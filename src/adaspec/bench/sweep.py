@@ -24,133 +24,32 @@ from __future__ import annotations
 
 import functools
 import gc
-import hashlib
 import json
 import math
 import os
-import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-
-import torch
 
 from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.backends.select import resolve_device
-from adaspec.bench.costmodel import FittedCostModel, leviathan_alpha
+from adaspec.bench.costmodel import FittedCostModel
 from adaspec.bench.grid import Point, Setting, expand, point_key
-from adaspec.bench.measure import Meter, rss_bytes
-from adaspec.bench.micro import measure_backend, prefill_ms_at, verify_samples
+from adaspec.bench.loading import (Models, context_needed, default_loader, on_backend,  # noqa: F401 (re-exported)
+                                   prefill_draft, tokenizer_of)
+from adaspec.bench.measure import Meter, machine_info, rss_bytes  # noqa: F401 (machine_info: re-exported)
+from adaspec.bench.metrics import batch_metrics, decode_tpot_ms, run_metrics  # noqa: F401 (re-exported)
+from adaspec.bench.micro import measure_backend, prefill_ms_at
+from adaspec.bench.predict import (drafter_cost_key, fit_cost_model, is_number, predict_point,  # noqa: F401
+                                   resolve_cost)
 from adaspec.bench.prompts import hf_builder
-from adaspec.compare import read_results
-from adaspec.drafters.suffix import CachePerMethod, remember, suffixes_in
+from adaspec.bench.results import apply_baseline, read_results, record_hash, same_setting, tag_runs
+from adaspec.drafters.suffix import remember, suffixes_in
 from adaspec.errors import ConfigError
 
 Loader = Callable[[str, str], "object"]  # (spec, dtype) -> adaspec.api.LoadedModel
-
-
-def _hash(obj) -> str:
-    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def machine_info() -> dict:
-    """CPU model, core count, torch version and thread count, for the report."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    flags = ""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        flags = " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in text)
-    except OSError:
-        pass
-    mem = 0
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        pass
-    try:
-        capability = torch.backends.cpu.get_cpu_capability()
-    except AttributeError:
-        capability = ""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def installed(dist: str) -> str | None:
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            return None
-
-    return {"cpu": cpu, "cores": os.cpu_count(), "cpu_flags": flags, "torch_cpu_capability": capability,
-            "llama_cpp_python": installed("llama-cpp-python"),
-            "ik_llama_cpp_python": installed("ik-llama-cpp-python"),
-            "memory_bytes": mem,
-            "torch": torch.__version__, "platform": platform.platform(), "python": platform.python_version()}
-
-
-@dataclass
-class _Models:
-    """Everything loaded for one (target, dtype, backend); the thread counts of a setting share it."""
-
-    target: object  # LoadedModel
-    backend: PrefixCacheBackend
-    drafts: dict[str, object] = field(default_factory=dict)  # spec -> Drafter with a wrapped backend
-    draft_bytes: dict[str, dict] = field(default_factory=dict)
-    pricer: object = None  # BatchPricer calibrated for the setting's batch size (batch > 1)
-    own: CachePerMethod = field(default_factory=CachePerMethod)  # each method's suffix caches, across its prompts
-
-    def drafter_for(self, p: Point):
-        """The drafter ``p`` runs with: the loaded one, or its method's copy when it holds a suffix drafter (the
-        points of one method share a suffix cache across prompts, never with another method)."""
-        return self.own.get((p.setting, p.temperature, p.drafter, p.k, p.controller, p.tree, p.tree_choice),
-                            self.drafts.get(p.drafter))
-
-
-def _default_loader(spec: str, dtype: str, *, max_context: int | None = None, device: str = "auto",
-                    max_sequences: int = 1):
-    """Load ``spec`` (``NAME`` on PyTorch in ``dtype``, or ``NAME@llamacpp`` / ``NAME@ik`` with a KV cache of
-    ``max_context`` tokens: GGUF runtimes allocate it up front), holding ``max_sequences`` sequences (batch axis)."""
-    from adaspec.api import load_model, split_backend
-    from adaspec.backends.select import GGUF_RUNTIMES
-
-    if split_backend(spec)[1] in GGUF_RUNTIMES:
-        return load_model(spec, max_context=max_context, max_sequences=max_sequences)
-    return load_model(spec, dtype=dtype, device=device, max_sequences=max_sequences)
-
-
-def on_backend(spec: str, setting: Setting) -> str:
-    """The model spec to load for ``setting``: ``NAME@llamacpp`` / ``NAME@ik`` for a model on a GGUF-runtime
-    setting, else as is.
-
-    Raises:
-        ConfigError: ``spec`` names another backend than the setting's (the backend is a bench axis).
-    """
-    from adaspec.api import builtin_drafter, split_backend
-
-    if spec == "calibrated" or builtin_drafter(spec):
-        return spec
-    name, backend = split_backend(spec)
-    if backend is not None and backend != setting.backend:
-        raise ConfigError(f"{spec}: adaspec bench puts every model of a setting on the setting's backend "
-                          f"({setting.backend}); write {name} and list the backends in bench.backend")
-    return name if setting.backend == "torch" else f"{name}@{setting.backend}"
-
-
-def context_needed(cfg: dict) -> int:
-    """Tokens of context the largest run of ``cfg`` needs: the micro-measurements' longest context plus its widest
-    verify, or a sweep's longest prompt plus its new tokens and draft, with room for the chat template."""
-    micro = cfg["micro"]
-    need = max(micro["contexts"]) + max(micro["verify_tokens"]) + 1
-    for s in cfg["sweep"]:
-        need = max(need, max(s["context"]) + int(cfg["bench"]["max_new_tokens"]) + max(s["k"]) + 1)
-    return need + 64
 
 
 class SweepRunner:
@@ -163,7 +62,7 @@ class SweepRunner:
         self.cfg = cfg
         self.bench = cfg["bench"]
         self.out = Path(out)
-        self.loader = loader or functools.partial(_default_loader, max_context=context_needed(cfg),
+        self.loader = loader or functools.partial(default_loader, max_context=context_needed(cfg),
                                                   device=self.bench["device"])
         self._tasks = tasks
         self.progress = progress
@@ -189,7 +88,7 @@ class SweepRunner:
                 continue
             for c in s["cost"]:
                 c = str(c)
-                if c.startswith("ratio:") or _is_number(c) or c in drafts:
+                if c.startswith("ratio:") or is_number(c) or c in drafts:
                     continue
                 raise ConfigError(f"sweep {s['name']!r}: calibrated cost {c!r} is neither ms, ratio:C, nor a draft "
                                   f"model listed in micro.drafts ({sorted(drafts) or 'none'})")
@@ -236,7 +135,7 @@ class SweepRunner:
             by_setting: dict[Setting, list[Point]] = {}
             for p in todo:
                 by_setting.setdefault(p.setting, []).append(p)
-            models: _Models | None = None
+            models: Models | None = None
             loaded = None
             for setting, pts in by_setting.items():
                 if models is None or loaded != (setting.dtype, setting.backend, setting.batch):
@@ -277,7 +176,7 @@ class SweepRunner:
         bar.close()
         return result
 
-    def _load(self, setting: Setting, pts: list[Point], f) -> _Models:
+    def _load(self, setting: Setting, pts: list[Point], f) -> Models:
         from adaspec.api import builtin_drafter, make_drafter
         from adaspec.drafters.model import ModelDrafter
 
@@ -286,7 +185,7 @@ class SweepRunner:
         before = rss_bytes()
         target = self._load_model(on_backend(setting.target, setting), setting)
         wrapped = PrefixCacheBackend(target.backend)
-        models = _Models(target, wrapped)
+        models = Models(target, wrapped)
         target_rss = rss_bytes() - before
         specs = {p.drafter for p in pts if p.drafter != "calibrated"} | set(self.cfg["micro"]["drafts"])
         for spec in sorted(specs):
@@ -312,7 +211,7 @@ class SweepRunner:
                 models.draft_bytes[spec] = {"param_bytes": 0, "rss_delta_bytes": rss_bytes() - before,
                                             "kv_bytes_per_token": 0}
             models.drafts[spec] = drafter
-        self._write(f, {"kind": "memory", "key": f"mem-{_hash([setting.__dict__, time.time()])}",
+        self._write(f, {"kind": "memory", "key": f"mem-{record_hash([setting.__dict__, time.time()])}",
                         **setting.__dict__, "target_param_bytes": target.backend.weight_bytes(),
                         "target_rss_delta_bytes": target_rss,
                         "target_kv_bytes_per_token": target.backend.kv_bytes_per_token(),
@@ -324,7 +223,7 @@ class SweepRunner:
             return self.loader(spec, setting.dtype)
         return self.loader(spec, setting.dtype, max_sequences=setting.batch)
 
-    def _calibrate_batch(self, setting: Setting, models: _Models, pts: list[Point], f) -> None:
+    def _calibrate_batch(self, setting: Setting, models: Models, pts: list[Point], f) -> None:
         """The batch pricer's cost curve for ``setting`` (goodput points cap K by it), recorded as a
         ``batch_curve`` record."""
         from adaspec.controllers.batch import BatchPricer
@@ -333,10 +232,10 @@ class SweepRunner:
         models.pricer = BatchPricer(k_max=max(8, max(p.k for p in pts)))
         self.log(f"batch cost curve: {setting.batch} rows x up to {models.pricer.k_max + 1} tokens")
         curve = models.pricer.calibrate(models.target.backend, setting.batch)
-        self._write(f, {"kind": "batch_curve", "key": f"bc-{_hash([setting.__dict__, time.time()])}",
+        self._write(f, {"kind": "batch_curve", "key": f"bc-{record_hash([setting.__dict__, time.time()])}",
                         **setting.__dict__, "curve": {str(n): ms for n, ms in curve.items()}})
 
-    def _micro(self, setting: Setting, models: _Models, f, micro_done: set, rows: list[dict]) -> FittedCostModel:
+    def _micro(self, setting: Setting, models: Models, f, micro_done: set, rows: list[dict]) -> FittedCostModel:
         """Take (or reuse) the micro-measurements for ``setting`` and fit the cost model.
 
         The context ids are the prefix every prompt of the first task shares (chat header + real padding), and
@@ -355,11 +254,11 @@ class SweepRunner:
         jobs = [(setting.target, "target", models.backend, micro["verify_tokens"])]
         jobs += [(d, "draft", models.drafts[d].backend, [1]) for d in micro["drafts"]]
         for model_name, role, backend, widths in jobs:
-            mkey = "m-" + _hash({**base, "model": model_name, "widths": widths})  # widths tell target from draft
+            mkey = "m-" + record_hash({**base, "model": model_name, "widths": widths})  # widths tell target from draft
             if mkey in micro_done:
                 continue
             if backend is models.backend:
-                SpeculativeEngine(models.backend, None, None, tokenizer=_tok(models.target)).warmup()
+                SpeculativeEngine(models.backend, None, None, tokenizer=tokenizer_of(models.target)).warmup()
             self.log(f"micro-measurements: {model_name} at contexts {contexts}")
             backend.drop()
             self.meter.start()
@@ -373,14 +272,14 @@ class SweepRunner:
                 new_rows.append(row)
             micro_done.add(mkey)
         rows.extend(new_rows)
-        return fit_cost_model([r for r in rows if r.get("kind") == "micro" and _same_setting(r, setting)],
-                              [r for r in rows if r.get("kind") == "plain" and _same_setting(r, setting)])
+        return fit_cost_model([r for r in rows if r.get("kind") == "micro" and same_setting(r, setting)],
+                              [r for r in rows if r.get("kind") == "plain" and same_setting(r, setting)])
 
-    def _builder(self, models: _Models):
+    def _builder(self, models: Models):
         tok = models.target.tokenizer
         return hf_builder(tok, chat=self.bench["chat"])
 
-    def _group_start(self, pts: list[Point], models: _Models, bar, longest_prompt: int):
+    def _group_start(self, pts: list[Point], models: Models, bar, longest_prompt: int):
         """What every group starts with: ``(generation config, group key)``, or None (its points counted as
         skipped) when the longest prompt plus the run and the widest draft does not fit the target's window."""
         from adaspec.engine import GenerationConfig
@@ -393,11 +292,11 @@ class SweepRunner:
             return None
         cfg = GenerationConfig(max_new_tokens=max_new, temperature=first.temperature, seed=int(self.bench["seed"]),
                                ignore_eos=True)
-        gkey = _hash([first.setting.__dict__, first.context, first.prompt_index, first.temperature,
-                      self.bench["workload"], max_new, self.bench["seed"]])
+        gkey = record_hash([first.setting.__dict__, first.context, first.prompt_index, first.temperature,
+                            self.bench["workload"], max_new, self.bench["seed"]])
         return cfg, gkey
 
-    def _group(self, pts: list[Point], models: _Models, cost: FittedCostModel, f, rows: list[dict], bar,
+    def _group(self, pts: list[Point], models: Models, cost: FittedCostModel, f, rows: list[dict], bar,
                start: float) -> tuple[int, int]:
         from adaspec.controllers import make_controller
         from adaspec.drafters.calibrated import CalibratedDrafter
@@ -414,7 +313,7 @@ class SweepRunner:
             return 0, len(pts)
         cfg, gkey = started
         max_new = cfg.max_new_tokens
-        tok = _tok(models.target)
+        tok = tokenizer_of(models.target)
         plain_engine = SpeculativeEngine(models.backend, None, None, tokenizer=tok)
         plain_index = sum(1 for r in rows if r.get("kind") == "plain" and r.get("group") == gkey)
         group_info = {"sweep": None, **setting.__dict__, "context": first.context, "prompt_tokens": len(prompt),
@@ -423,7 +322,7 @@ class SweepRunner:
                       "group": gkey}
 
         cold_start = not self.bench["prefix_cache"]
-        micro_rows = [r for r in rows if r.get("kind") == "micro" and _same_setting(r, setting)]
+        micro_rows = [r for r in rows if r.get("kind") == "micro" and same_setting(r, setting)]
         ttft_est = prefill_ms_at([r for r in micro_rows if r["model"] == setting.target], len(prompt))
 
         def run_plain(cold: bool) -> dict:
@@ -436,7 +335,7 @@ class SweepRunner:
             reading = self.meter.stop()
             top2 = models.backend.record_top2 or []
             models.backend.record_top2 = None
-            metrics = _run_metrics(r, reading, self.meter)
+            metrics = run_metrics(r, reading, self.meter)
             row = {"kind": "plain", "key": f"g-{gkey}-{plain_index}", **group_info, "cold": cold,
                    "drafter": None, "k": 0, "controller": "fixed", **metrics,
                    "ttft_ms": metrics["ttft_ms"] if cold or ttft_est is None else ttft_est,
@@ -452,7 +351,7 @@ class SweepRunner:
         bar.set_postfix_str(f"ctx {first.context} plain", refresh=True)
         reference = run_plain(cold=cold_start)
         cost.overhead_ms = statistics.median(r["step_other_ms"] for r in rows
-                                             if r.get("kind") == "plain" and _same_setting(r, setting))
+                                             if r.get("kind") == "plain" and same_setting(r, setting))
         draft_prefill: dict[str, float] = {}
         for spec in sorted({p.drafter for p in pts} & set(models.drafts)):
             d = models.drafts[spec]
@@ -490,7 +389,7 @@ class SweepRunner:
             self.meter.start()
             r = engine.generate(prompt, replace(cfg, tree_budget=p.tree, tree_choice=p.tree_choice) if p.tree else cfg)
             reading = self.meter.stop()
-            metrics = _run_metrics(r, reading, self.meter)
+            metrics = run_metrics(r, reading, self.meter)
             mem = models.draft_bytes.get(p.drafter, {"param_bytes": 0, "rss_delta_bytes": 0, "kv_bytes_per_token": 0})
             row = {"kind": "point", "key": point_key(p, self.bench), **group_info, **p.fields(), "group": gkey,
                    "prompt_tokens": len(prompt), "cost_ms": cost_ms, "alpha_dial": p.alpha,
@@ -509,7 +408,7 @@ class SweepRunner:
         return n_run, 0
 
 
-    def _group_batched(self, pts: list[Point], models: _Models, cost: FittedCostModel, f, rows: list[dict], bar,
+    def _group_batched(self, pts: list[Point], models: Models, cost: FittedCostModel, f, rows: list[dict], bar,
                        start: float) -> tuple[int, int]:
         """A group at batch size B > 1: B requests (prompts ``prompt_index .. prompt_index + B - 1`` of the workload
         at the group's context) run together through a :class:`~adaspec.batch.BatchEngine`, plain (K = 0) first,
@@ -537,7 +436,7 @@ class SweepRunner:
         cfg, gkey = started
         max_new = cfg.max_new_tokens
         target = models.target.backend
-        tok = _tok(models.target)
+        tok = tokenizer_of(models.target)
         plain_index = sum(1 for r in rows if r.get("kind") == "plain" and r.get("group") == gkey)
         group_info = {"sweep": None, **setting.__dict__, "context": first.context,
                       "prompt_tokens": round(statistics.fmean(map(len, prompts))),
@@ -568,7 +467,7 @@ class SweepRunner:
             wall_ms = (time.perf_counter() - t0) * 1e3
             reading = self.meter.stop()
             out = [results[i] for i in sorted(results)]
-            return out, _batch_metrics(out, reading, self.meter, wall_ms, prefill_ms or 0.0)
+            return out, batch_metrics(out, reading, self.meter, wall_ms, prefill_ms or 0.0)
 
         def run_plain() -> dict:
             nonlocal plain_index
@@ -616,14 +515,14 @@ class SweepRunner:
             bar.update(1)
         return n_run, 0
 
-    def _prompts(self, first: Point, models: _Models) -> list[list[int]]:
+    def _prompts(self, first: Point, models: Models) -> list[list[int]]:
         """The prompt ids of ``first``'s group: one, or one per row of a batch."""
         tasks = self.tasks()
         builder = self._builder(models)
         return [builder.build(tasks[(first.prompt_index + i) % len(tasks)], first.context)
                 for i in range(first.setting.batch)]
 
-    def _remember(self, pts: list[Point], models: _Models, rows: list[dict]) -> None:
+    def _remember(self, pts: list[Point], models: Models, rows: list[dict]) -> None:
         """Put the answers of ``pts`` already in the results back into their methods' suffix caches
         (:func:`~adaspec.drafters.suffix.remember`): a resumed run's later prompts see what they would have seen in
         one go. A no-op for points without a suffix drafter."""
@@ -662,216 +561,6 @@ class SweepRunner:
         row["predicted_speedup"] = predicted
         self._write(f, row)
         rows.append(row)
-
-
-def _batch_metrics(results: list, reading, meter: Meter, wall_ms: float, prefill_ms: float) -> dict:
-    """Metrics of one batched run (see :meth:`SweepRunner._group_batched`): the batch's decode throughput and
-    per-row latency, acceptance over every row."""
-    steps = [st for r in results for st in r.stats.steps]
-    decode_ms = max(wall_ms - prefill_ms, 1e-9)
-    decoded = sum(max(len(r.token_ids) - 1, 0) for r in results)
-    new_tokens = sum(len(r.token_ids) for r in results)
-    spec = [st for st in steps if st.drafted > 0]
-    draft_tokens = sum(r.stats.draft_tokens for r in results)
-    accepted = sum(r.stats.accepted_tokens for r in results)
-    rejections = sum(1 for st in spec if st.accepted < st.drafted)
-    batch_steps = max((len(r.stats.steps) for r in results), default=0)
-    n = max(len(steps), 1)
-    positions = max((len(r.stats.accepted_per_position) for r in results), default=0)
-    return {
-        "new_tokens": new_tokens, "steps": batch_steps, "speculation_steps": len(spec),
-        "draft_tokens": draft_tokens, "accepted_tokens": accepted,
-        "alpha": accepted / draft_tokens if draft_tokens else 0.0,
-        "rejections": rejections, "alpha_l": leviathan_alpha(accepted, rejections),
-        "tau": (accepted + len(spec)) / len(spec) if spec else 1.0,
-        "mean_drafted": draft_tokens / len(spec) if spec else 0.0,
-        "plain_fraction": 1 - len(spec) / n if steps else 1.0,
-        "accepted_per_position": [sum(r.stats.accepted_per_position[i] for r in results
-                                      if i < len(r.stats.accepted_per_position)) for i in range(positions)],
-        "mean_context": statistics.fmean(st.context_len for st in steps) if steps else 0.0,
-        "decode_ms": decode_ms,
-        "tpot_ms": decode_ms / decoded if decoded else 0.0,
-        "row_tpot_ms": statistics.fmean(decode_ms / max(len(r.token_ids) - 1, 1) for r in results),
-        "decode_tokens_per_s": decoded / (decode_ms / 1e3),
-        "batch_tokens_per_s": new_tokens / (wall_ms / 1e3),
-        "step_draft_ms": sum(st.draft_ms for st in steps) / n,
-        "step_verify_ms": sum(st.verify_ms for st in steps) / n,
-        "step_other_ms": sum(st.total_ms - st.draft_ms - st.verify_ms for st in steps) / n,
-        "step_total_ms": decode_ms / max(batch_steps - 1, 1),
-        "ttft_ms": prefill_ms, "prefill_ms_run": prefill_ms, "total_ms": wall_ms,
-        "rss_bytes": rss_bytes(), "peak_rss_bytes": max(r.stats.peak_rss_bytes for r in results),
-        "cpu_s_per_token": reading.cpu_s / max(new_tokens, 1),
-        "energy_j_per_token": reading.energy_j / max(new_tokens, 1) if reading.energy_j is not None else None,
-        "energy_source": meter.energy_source,
-        "k_trace": results[0].stats.k_trace if results else [],
-        "loadavg_1m": _loadavg(),
-        "other_cpu": reading.other_cpu,
-    }
-
-
-def prefill_draft(drafter, prompt: Sequence[int]) -> float:
-    """Feed ``prompt`` (all but its last token) to a draft model whose backend is a :class:`PrefixCacheBackend`,
-    before a timed run: the drafter's lazy prefill then finds it cached, so the run's decode time holds drafting
-    and verification only. Returns the time it took, ms (a cold prefill when the cache was empty)."""
-    backend = drafter.backend
-    backend.reset()
-    start = time.perf_counter()
-    if 1 < len(prompt) < backend.max_context:  # beyond the draft's own window it never drafts (ModelDrafter)
-        backend.forward(list(prompt[:-1]), 1)
-        backend.synchronize()
-    return (time.perf_counter() - start) * 1e3
-
-
-def _tok(loaded):
-    tok = loaded.tokenizer
-    return tok if hasattr(tok, "decode") else None
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _same_setting(row: dict, setting: Setting) -> bool:
-    return all(row.get(k) == v for k, v in setting.__dict__.items())
-
-
-def tag_runs(rows: list[dict]) -> list[dict]:
-    """Give each record (in file order) the key of the ``meta`` record before it, i.e. the ``adaspec bench``
-    invocation that measured it, unless it has a ``run`` already. Returns ``rows``."""
-    run = None
-    for r in rows:
-        if r.get("kind") == "meta":
-            run = r.get("key")
-        else:
-            r.setdefault("run", run)
-    return rows
-
-
-def apply_baseline(row: dict, plains: Sequence[dict]) -> dict:
-    """Set a point's speedups from its group's plain runs *of the same invocation* (a machine's speed drifts
-    between sessions: only runs minutes apart compare): the median of them, so one plain run slowed by another
-    program does not skew the points measured after it. ``speedup`` is the decode speedup (TPOT ratio);
-    ``speedup_e2e`` adds the cold prefill (target, and draft model) for the run's length."""
-    tpot = statistics.median(p["tpot_ms"] for p in plains)
-    decode = statistics.median(p["decode_ms"] for p in plains)
-    row["plain_tpot_ms"] = tpot
-    row["plain_tokens_per_s"] = 1e3 / tpot if tpot > 0 else 0.0
-    row["plain_runs"] = len(plains)
-    row["speedup"] = tpot / row["tpot_ms"] if row["tpot_ms"] > 0 else math.nan
-    spec_e2e = row["ttft_ms"] + row["draft_prefill_ms"] + row["decode_ms"]
-    row["speedup_e2e"] = (row["ttft_ms"] + decode) / spec_e2e if spec_e2e > 0 else math.nan
-    row["tokens_per_s"] = row["new_tokens"] / (spec_e2e / 1e3) if spec_e2e > 0 else 0.0
-    return row
-
-
-def decode_tpot_ms(stats) -> float:
-    """Decode-phase time per output token: step time / tokens the steps emitted (the prefill excluded)."""
-    emitted = sum(st.emitted for st in stats.steps)
-    return sum(st.total_ms for st in stats.steps) / emitted if emitted else 0.0
-
-
-def _run_metrics(result, reading, meter: Meter) -> dict:
-    """Decode-phase metrics of one generation (steps only; the prefill is measured cold per group)."""
-    s = result.stats
-    steps = s.steps
-    decode_ms = sum(st.total_ms for st in steps)
-    emitted = sum(st.emitted for st in steps)
-    spec = [st for st in steps if st.drafted > 0]
-    rejections = sum(1 for st in spec if st.accepted < st.drafted)
-    n = max(len(steps), 1)
-    return {
-        "new_tokens": s.new_tokens, "steps": len(steps), "speculation_steps": len(spec),
-        "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
-        "alpha": s.acceptance_rate,
-        "rejections": rejections,
-        "alpha_l": leviathan_alpha(s.accepted_tokens, rejections),
-        "tau": s.mean_accepted_tokens,
-        "mean_drafted": (s.draft_tokens / len(spec)) if spec else 0.0,
-        "plain_fraction": 1 - len(spec) / n if steps else 1.0,
-        "accepted_per_position": s.accepted_per_position,
-        "mean_context": statistics.fmean(st.context_len for st in steps) if steps else s.prompt_tokens,
-        "decode_ms": decode_ms,
-        "tpot_ms": decode_tpot_ms(s),
-        "decode_tokens_per_s": emitted / (decode_ms / 1e3) if decode_ms > 0 else 0.0,
-        "step_draft_ms": sum(st.draft_ms for st in steps) / n,
-        "step_verify_ms": sum(st.verify_ms for st in steps) / n,
-        "step_other_ms": sum(st.total_ms - st.draft_ms - st.verify_ms for st in steps) / n,
-        "step_total_ms": decode_ms / n,
-        "ttft_ms": s.ttft_ms, "prefill_ms_run": s.prefill_ms, "total_ms": s.total_ms,
-        "rss_bytes": rss_bytes(), "peak_rss_bytes": s.peak_rss_bytes,
-        "cpu_s_per_token": reading.cpu_s / max(s.new_tokens, 1),
-        "energy_j_per_token": reading.energy_j / max(s.new_tokens, 1) if reading.energy_j is not None else None,
-        "energy_source": meter.energy_source,
-        "k_trace": s.k_trace,
-        "tree_steps": sum(1 for st in spec if st.tree),
-        "tree_fallback": s.tree_fallback,
-        "loadavg_1m": _loadavg(),
-        "other_cpu": reading.other_cpu,
-    }
-
-
-def _loadavg() -> float | None:
-    """The 1-minute load average after a run (runnable processes; above the core count means another program
-    competed for the CPU during the measurement)."""
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
-
-
-def resolve_cost(cost: str | None, model: FittedCostModel, context: float) -> float:
-    """The calibrated drafter's per-token cost in ms: a number, ``ratio:C`` (C × a plain target step at this
-    context), or a draft model's fitted per-token time at this context."""
-    if cost is None:
-        return 0.0
-    if _is_number(cost):
-        return float(cost)
-    if cost.startswith("ratio:"):
-        return float(cost.split(":", 1)[1]) * model.verify_ms(1, context)
-    return model.draft_ms(cost, context)
-
-
-def fit_cost_model(micro_rows: list[dict], plain_rows: Sequence[dict] = ()) -> FittedCostModel:
-    """Fit a :class:`FittedCostModel` to one setting's micro rows (target and draft forwards). The per-step overhead
-    is the median non-forward time of the setting's plain runs (``step_other_ms``), else an ``overhead`` micro row,
-    else 0."""
-    target_rows = [r for r in micro_rows if r.get("role") == "target"]
-    verify = verify_samples(target_rows)
-    draft = [(r["model"], r["context"], r["ms"]) for r in micro_rows
-             if r.get("role") == "draft" and r.get("measure") == "forward"]
-    overhead = [r["step_other_ms"] for r in plain_rows if r.get("step_other_ms") is not None]
-    overhead = overhead or [r["ms"] for r in target_rows if r.get("measure") == "overhead"]
-    return FittedCostModel.fit(verify, draft, statistics.median(overhead) if overhead else 0.0)
-
-
-def drafter_cost_key(row: dict):
-    """What :meth:`FittedCostModel.draft_ms` needs for a point: ms for calibrated, None for n-gram lookup
-    (``ngram``, ``ngram-tree``), else the spec."""
-    if row["drafter"] == "calibrated":
-        return float(row["cost_ms"] or 0.0)
-    if row["drafter"] in ("ngram", "ngram-tree"):
-        return None
-    return row["drafter"]
-
-
-def predict_point(model: FittedCostModel, row: dict) -> float:
-    """Cost-model speedup for a measured point, from its measured α (per position), mean draft length, share of
-    non-drafting steps and mean context; NaN for a point that verified token trees (the closed form is a chain's:
-    :func:`adaspec.bench.predicted.replay_steps` prices trees step by step)."""
-    if row.get("tree_steps"):
-        return math.nan
-    try:
-        d = drafter_cost_key(row)
-        if d is not None and not isinstance(d, float) and d not in model.draft:
-            return math.nan
-        k = row["mean_drafted"] if row["speculation_steps"] else row["k"]
-        return model.speedup(row["alpha_l"], k, row["mean_context"], d, row["plain_fraction"])
-    except (KeyError, ConfigError):
-        return math.nan
 
 
 def run_bench(cfg: dict, out: Path, **kwargs) -> dict:
