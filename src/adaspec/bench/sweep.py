@@ -9,9 +9,9 @@ with another plain run before every ``plain_every`` of them, so each point is co
 minutes apart at most, on the same prompt, with the same settings.
 
 Within a group every run reuses the prompt's KV cache (:class:`~adaspec.backends.prefix_cache.PrefixCacheBackend`),
-so a 4K-token prompt is prefilled once per model instead of once per point; the draft model is fed the prompt before the timed runs. Decode-
-phase numbers (TPOT, speedup) are unaffected; TTFT and the draft model's prefill are the cold measurements of the
-group (or the micro-measurements' prefill times), stored in every record of the group, and the
+so a 4K-token prompt is prefilled once per model instead of once per point; the draft model is fed the prompt before
+the timed runs. Decode-phase numbers (TPOT, speedup) are unaffected; TTFT and the draft model's prefill are the cold
+measurements of the group (or the micro-measurements' prefill times), stored in every record of the group, and the
 end-to-end speedup for the run's length is computed from them.
 
 Record kinds in the results file: ``meta`` (machine and config), ``memory`` (bytes per model), ``micro`` (cost
@@ -30,7 +30,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from adaspec.backends.prefix_cache import PrefixCacheBackend
@@ -50,6 +50,24 @@ from adaspec.drafters.suffix import remember, suffixes_in
 from adaspec.errors import ConfigError
 
 Loader = Callable[[str, str], "object"]  # (spec, dtype) -> adaspec.api.LoadedModel
+
+
+@dataclass
+class _Group:
+    """One group's run: its generation config, key, prompt ids (one per batch row), the fields every record of the
+    group carries, and how many plain runs of it the results hold (the next plain record's index)."""
+
+    cfg: object  # adaspec.engine.GenerationConfig
+    key: str
+    prompts: list[list[int]]
+    info: dict
+    plains: int
+
+
+def _label(p: Point) -> str:
+    """A point in the progress bar."""
+    batch = f"B={p.setting.batch} " if p.setting.batch > 1 else ""
+    return f"{batch}ctx {p.context} {p.drafter}{'' if p.alpha is None else f' a={p.alpha:g}'} K={p.k} {p.controller}"
 
 
 class SweepRunner:
@@ -279,14 +297,15 @@ class SweepRunner:
         tok = models.target.tokenizer
         return hf_builder(tok, chat=self.bench["chat"])
 
-    def _group_start(self, pts: list[Point], models: Models, bar, longest_prompt: int):
-        """What every group starts with: ``(generation config, group key)``, or None (its points counted as
-        skipped) when the longest prompt plus the run and the widest draft does not fit the target's window."""
+    def _group_start(self, pts: list[Point], models: Models, rows: list[dict], bar) -> _Group | None:
+        """What every group starts with (see :class:`_Group`), or None (its points counted as skipped) when the
+        longest prompt plus the run and the widest draft does not fit the target's window."""
         from adaspec.engine import GenerationConfig
 
         first = pts[0]
         max_new = int(self.bench["max_new_tokens"])
-        if longest_prompt + max_new + max(p.k for p in pts) + 1 > models.target.backend.max_context:
+        prompts = self._prompts(first, models)
+        if max(map(len, prompts)) + max_new + max(p.k for p in pts) + 1 > models.target.backend.max_context:
             self.log(f"skipping context {first.context}: beyond {first.setting.target}'s window")
             bar.update(len(pts))
             return None
@@ -294,39 +313,48 @@ class SweepRunner:
                                ignore_eos=True)
         gkey = record_hash([first.setting.__dict__, first.context, first.prompt_index, first.temperature,
                             self.bench["workload"], max_new, self.bench["seed"]])
-        return cfg, gkey
+        info = {"sweep": None, **first.setting.__dict__, "context": first.context,
+                "prompt_tokens": round(statistics.fmean(map(len, prompts))), "prompt_index": first.prompt_index,
+                "temperature": first.temperature, "workload": self.bench["workload"], "max_new_tokens": max_new,
+                "seed": self.bench["seed"], "group": gkey}
+        plains = sum(1 for r in rows if r.get("kind") == "plain" and r.get("group") == gkey)
+        return _Group(cfg, gkey, prompts, info, plains)
 
     def _group(self, pts: list[Point], models: Models, cost: FittedCostModel, f, rows: list[dict], bar,
                start: float) -> tuple[int, int]:
+        """Run a group's points not yet in the results (see the module docstring); returns (run, skipped)."""
+        group = self._group_start(pts, models, rows, bar)
+        if group is None:
+            return 0, len(pts)
+        runs = self._single_runs if pts[0].setting.batch == 1 else self._batched_runs
+        plain, point = runs(group, pts, models, cost, f, rows, bar)
+        n_run = 0
+        for p in self._points_due(pts, rows, bar, start, plain):
+            bar.set_postfix_str(_label(p) + (f" tree {p.tree_choice}:{p.tree}" if p.tree else ""), refresh=True)
+            row, predicted = point(p)
+            self._record_point(f, rows, row, predicted)
+            n_run += 1
+            bar.update(1)
+        return n_run, 0
+
+    def _single_runs(self, group: _Group, pts: list[Point], models: Models, cost: FittedCostModel, f,
+                     rows: list[dict], bar):
+        """A group at batch size 1: its greedy reference (a plain run, cold unless the prefix cache is on; TTFT
+        measured when cold, else from the micro prefill) and the draft models' prompt prefill, run now; returns
+        ``(plain, point)``: a new plain baseline, and one point's ``(record, predicted speedup)``."""
         from adaspec.controllers import make_controller
         from adaspec.drafters.calibrated import CalibratedDrafter
         from adaspec.drafters.model import ModelDrafter
         from adaspec.engine import SpeculativeEngine
 
-        first = pts[0]
-        setting = first.setting
-        if setting.batch > 1:
-            return self._group_batched(pts, models, cost, f, rows, bar, start)
-        prompt = self._prompts(first, models)[0]
-        started = self._group_start(pts, models, bar, len(prompt))
-        if started is None:
-            return 0, len(pts)
-        cfg, gkey = started
-        max_new = cfg.max_new_tokens
+        first, setting, (prompt,), cfg = pts[0], pts[0].setting, group.prompts, group.cfg
         tok = tokenizer_of(models.target)
         plain_engine = SpeculativeEngine(models.backend, None, None, tokenizer=tok)
-        plain_index = sum(1 for r in rows if r.get("kind") == "plain" and r.get("group") == gkey)
-        group_info = {"sweep": None, **setting.__dict__, "context": first.context, "prompt_tokens": len(prompt),
-                      "prompt_index": first.prompt_index, "temperature": first.temperature,
-                      "workload": self.bench["workload"], "max_new_tokens": max_new, "seed": self.bench["seed"],
-                      "group": gkey}
-
         cold_start = not self.bench["prefix_cache"]
         micro_rows = [r for r in rows if r.get("kind") == "micro" and same_setting(r, setting)]
         ttft_est = prefill_ms_at([r for r in micro_rows if r["model"] == setting.target], len(prompt))
 
         def run_plain(cold: bool) -> dict:
-            nonlocal plain_index
             if cold:
                 models.backend.drop()
             models.backend.record_top2 = [] if first.temperature == 0 else None
@@ -336,18 +364,13 @@ class SweepRunner:
             top2 = models.backend.record_top2 or []
             models.backend.record_top2 = None
             metrics = run_metrics(r, reading, self.meter)
-            row = {"kind": "plain", "key": f"g-{gkey}-{plain_index}", **group_info, "cold": cold,
-                   "drafter": None, "k": 0, "controller": "fixed", **metrics,
-                   "ttft_ms": metrics["ttft_ms"] if cold or ttft_est is None else ttft_est,
-                   "ttft_source": "measured cold prefill" if cold or ttft_est is None else "micro prefill",
-                   "ttft_run_ms": metrics["ttft_ms"], "token_ids": r.token_ids,
-                   "alternatives": [b for _, b in top2]}
-            plain_index += 1
-            self._write(f, row)
-            rows.append(row)
-            return row
+            return self._write_plain(f, rows, group, cold, metrics,
+                                     ttft_ms=metrics["ttft_ms"] if cold or ttft_est is None else ttft_est,
+                                     ttft_source="measured cold prefill" if cold or ttft_est is None
+                                     else "micro prefill",
+                                     ttft_run_ms=metrics["ttft_ms"], token_ids=r.token_ids,
+                                     alternatives=[b for _, b in top2])
 
-        # Start of the group: the greedy reference (and TTFT: measured when cold, else from the micro prefill).
         bar.set_postfix_str(f"ctx {first.context} plain", refresh=True)
         reference = run_plain(cold=cold_start)
         cost.overhead_ms = statistics.median(r["step_other_ms"] for r in rows
@@ -373,10 +396,9 @@ class SweepRunner:
             bar.set_postfix_str(f"ctx {first.context} plain", refresh=True)
             baseline = run_plain(cold=False)
 
-        n_run = 0
-        for p in self._points_due(pts, rows, bar, start, new_baseline):
+        def point(p: Point) -> tuple[dict, float]:
             if p.drafter == "calibrated":
-                cost_ms = resolve_cost(p.cost, cost, len(prompt) + max_new / 2)
+                cost_ms = self._calibrated_cost(p, cost, group)
                 drafter = CalibratedDrafter(reference["token_ids"], p.alpha, cost_ms=cost_ms,
                                             alternatives=reference["alternatives"], seed=int(self.bench["seed"]),
                                             vocab_size=models.target.backend.vocab_size)
@@ -384,35 +406,25 @@ class SweepRunner:
                 cost_ms = None
                 drafter = models.drafter_for(p)
             engine = SpeculativeEngine(models.backend, drafter, make_controller(p.controller, p.k), tokenizer=tok)
-            label = f"ctx {p.context} {p.drafter}{'' if p.alpha is None else f' a={p.alpha:g}'} K={p.k} {p.controller}"
-            bar.set_postfix_str(label + (f" tree {p.tree_choice}:{p.tree}" if p.tree else ""), refresh=True)
             self.meter.start()
             r = engine.generate(prompt, replace(cfg, tree_budget=p.tree, tree_choice=p.tree_choice) if p.tree else cfg)
             reading = self.meter.stop()
-            metrics = run_metrics(r, reading, self.meter)
-            mem = models.draft_bytes.get(p.drafter, {"param_bytes": 0, "rss_delta_bytes": 0, "kv_bytes_per_token": 0})
-            row = {"kind": "point", "key": point_key(p, self.bench), **group_info, **p.fields(), "group": gkey,
-                   "prompt_tokens": len(prompt), "cost_ms": cost_ms, "alpha_dial": p.alpha,
-                   **metrics,
-                   "ttft_ms": reference["ttft_ms"], "ttft_source": reference["ttft_source"],
-                   "draft_prefill_ms": draft_prefill.get(p.drafter, 0.0),
-                   "draft_param_bytes": mem["param_bytes"], "draft_rss_delta_bytes": mem["rss_delta_bytes"],
-                   "draft_kv_bytes": mem["kv_bytes_per_token"] * (len(prompt) + max_new),
-                   "plain_key": baseline["key"],
-                   "identical_to_plain": (r.token_ids == reference["token_ids"]) if p.temperature == 0 else None,
-                   "offpath_positions": getattr(drafter, "offpath", None),
-                   "token_ids": r.token_ids}
-            self._record_point(f, rows, row, predict_point(cost, row))
-            n_run += 1
-            bar.update(1)
-        return n_run, 0
+            row = self._point_row(p, group, models, run_metrics(r, reading, self.meter), cost_ms=cost_ms,
+                                  timing={"ttft_ms": reference["ttft_ms"], "ttft_source": reference["ttft_source"],
+                                          "draft_prefill_ms": draft_prefill.get(p.drafter, 0.0)},
+                                  kv_tokens=len(prompt) + cfg.max_new_tokens, plain_key=baseline["key"],
+                                  identical=r.token_ids == reference["token_ids"],
+                                  offpath=getattr(drafter, "offpath", None), token_ids=r.token_ids)
+            return row, predict_point(cost, row)
 
+        return new_baseline, point
 
-    def _group_batched(self, pts: list[Point], models: Models, cost: FittedCostModel, f, rows: list[dict], bar,
-                       start: float) -> tuple[int, int]:
+    def _batched_runs(self, group: _Group, pts: list[Point], models: Models, cost: FittedCostModel, f,
+                      rows: list[dict], bar):
         """A group at batch size B > 1: B requests (prompts ``prompt_index .. prompt_index + B - 1`` of the workload
-        at the group's context) run together through a :class:`~adaspec.batch.BatchEngine`, plain (K = 0) first,
-        then each point with every row drafting, a plain batch again before every ``plain_every`` points.
+        at the group's context) run together through a :class:`~adaspec.batch.BatchEngine`, plain (K = 0) first
+        (run now), then each point with every row drafting, a plain batch again before every ``plain_every``
+        points. Returns ``(plain, point)`` as :meth:`_single_runs` does.
 
         Metrics are the batch's: ``tpot_ms`` is decode time over every row's decoded tokens (the inverse of the
         batch's decode throughput, so ``speedup`` is a throughput ratio against plain batched decoding at the same
@@ -426,23 +438,9 @@ class SweepRunner:
         from adaspec.controllers import make_controller
         from adaspec.drafters.calibrated import CalibratedDrafter
 
-        first = pts[0]
-        setting = first.setting
-        b = setting.batch
-        prompts = self._prompts(first, models)
-        started = self._group_start(pts, models, bar, max(map(len, prompts)))
-        if started is None:
-            return 0, len(pts)
-        cfg, gkey = started
-        max_new = cfg.max_new_tokens
+        first, b, prompts, cfg = pts[0], pts[0].setting.batch, group.prompts, group.cfg
         target = models.target.backend
         tok = tokenizer_of(models.target)
-        plain_index = sum(1 for r in rows if r.get("kind") == "plain" and r.get("group") == gkey)
-        group_info = {"sweep": None, **setting.__dict__, "context": first.context,
-                      "prompt_tokens": round(statistics.fmean(map(len, prompts))),
-                      "prompt_index": first.prompt_index, "temperature": first.temperature,
-                      "workload": self.bench["workload"], "max_new_tokens": max_new, "seed": self.bench["seed"],
-                      "group": gkey}
         models.backend.drop()  # the micro-measurements' prefix cache is not used by batched runs
 
         def run_batch(drafters: list | None, controller: str, k: int) -> tuple[list, dict]:
@@ -470,23 +468,17 @@ class SweepRunner:
             return out, batch_metrics(out, reading, self.meter, wall_ms, prefill_ms or 0.0)
 
         def run_plain() -> dict:
-            nonlocal plain_index
             results, metrics = run_batch(None, "fixed", 0)
-            row = {"kind": "plain", "key": f"g-{gkey}-{plain_index}", **group_info, "cold": True, "drafter": None,
-                   "k": 0, "controller": "fixed", **metrics, "ttft_source": "measured batch prefill",
-                   "ttft_run_ms": metrics["ttft_ms"], "token_ids": [r.token_ids for r in results]}
-            plain_index += 1
-            self._write(f, row)
-            rows.append(row)
-            return row
+            return self._write_plain(f, rows, group, True, metrics, ttft_source="measured batch prefill",
+                                     ttft_run_ms=metrics["ttft_ms"], token_ids=[r.token_ids for r in results])
 
         bar.set_postfix_str(f"B={b} ctx {first.context} plain", refresh=True)
         reference = run_plain()
-        n_run = 0
-        for p in self._points_due(pts, rows, bar, start, run_plain):
+
+        def point(p: Point) -> tuple[dict, float]:
             cost_ms = None
             if p.drafter == "calibrated":
-                cost_ms = resolve_cost(p.cost, cost, statistics.fmean(map(len, prompts)) + max_new / 2)
+                cost_ms = self._calibrated_cost(p, cost, group)
                 drafters = [CalibratedDrafter(ref, p.alpha, cost_ms=cost_ms, seed=int(self.bench["seed"]) + i,
                                               vocab_size=target.vocab_size)
                             for i, ref in enumerate(reference["token_ids"])]
@@ -495,25 +487,42 @@ class SweepRunner:
                 if isinstance(getattr(template, "backend", None), PrefixCacheBackend):
                     template = type(template)(template.backend.inner)
                 drafters = [template.for_sequence(i) for i in range(b)]
-            bar.set_postfix_str(f"B={b} ctx {p.context} {p.drafter}"
-                                f"{'' if p.alpha is None else f' a={p.alpha:g}'} K={p.k} {p.controller}", refresh=True)
             results, metrics = run_batch(drafters, p.controller, p.k)
-            mem = models.draft_bytes.get(p.drafter, {"param_bytes": 0, "rss_delta_bytes": 0, "kv_bytes_per_token": 0})
-            row = {"kind": "point", "key": point_key(p, self.bench), **group_info, **p.fields(), "group": gkey,
-                   "cost_ms": cost_ms,
-                   "alpha_dial": p.alpha, **metrics, "ttft_source": "measured batch prefill", "draft_prefill_ms": 0.0,
-                   "draft_param_bytes": mem["param_bytes"], "draft_rss_delta_bytes": mem["rss_delta_bytes"],
-                   "draft_kv_bytes": mem["kv_bytes_per_token"] * b * (group_info["prompt_tokens"] + max_new),
-                   "plain_key": reference["key"],
-                   "identical_to_plain": ([r.token_ids for r in results] == reference["token_ids"])
-                   if p.temperature == 0 else None,
-                   "offpath_positions": sum(getattr(d, "offpath", 0) for d in drafters)
-                   if p.drafter == "calibrated" else None,
-                   "token_ids": [r.token_ids for r in results]}
-            self._record_point(f, rows, row, math.nan)  # the cost model is a batch-1 model: no prediction
-            n_run += 1
-            bar.update(1)
-        return n_run, 0
+            token_ids = [r.token_ids for r in results]
+            row = self._point_row(p, group, models, metrics, cost_ms=cost_ms,
+                                  timing={"ttft_source": "measured batch prefill", "draft_prefill_ms": 0.0},
+                                  kv_tokens=b * (group.info["prompt_tokens"] + cfg.max_new_tokens),
+                                  plain_key=reference["key"], identical=token_ids == reference["token_ids"],
+                                  offpath=sum(getattr(d, "offpath", 0) for d in drafters)
+                                  if p.drafter == "calibrated" else None, token_ids=token_ids)
+            return row, math.nan  # the cost model is a batch-1 model: no prediction
+
+        return run_plain, point
+
+    def _calibrated_cost(self, p: Point, cost: FittedCostModel, group: _Group) -> float:
+        """The calibrated drafter's ms per token for ``p``, at the group's mean context over the run."""
+        return resolve_cost(p.cost, cost, statistics.fmean(map(len, group.prompts)) + group.cfg.max_new_tokens / 2)
+
+    def _write_plain(self, f, rows: list[dict], group: _Group, cold: bool, metrics: dict, **fields) -> dict:
+        """Write (and return) the group's next plain record: its metrics, then ``fields``."""
+        row = {"kind": "plain", "key": f"g-{group.key}-{group.plains}", **group.info, "cold": cold,
+               "drafter": None, "k": 0, "controller": "fixed", **metrics, **fields}
+        group.plains += 1
+        self._write(f, row)
+        rows.append(row)
+        return row
+
+    def _point_row(self, p: Point, group: _Group, models: Models, metrics: dict, *, cost_ms: float | None,
+                   timing: dict, kv_tokens: int, plain_key: str, identical: bool, offpath, token_ids) -> dict:
+        """A point's record: the group's fields, the point's, its metrics, then ``timing`` (TTFT, draft prefill),
+        the draft model's memory (its KV cache for ``kv_tokens`` tokens) and its comparison with the plain run."""
+        mem = models.draft_bytes.get(p.drafter, {"param_bytes": 0, "rss_delta_bytes": 0, "kv_bytes_per_token": 0})
+        return {"kind": "point", "key": point_key(p, self.bench), **group.info, **p.fields(), "group": group.key,
+                "cost_ms": cost_ms, "alpha_dial": p.alpha, **metrics, **timing,
+                "draft_param_bytes": mem["param_bytes"], "draft_rss_delta_bytes": mem["rss_delta_bytes"],
+                "draft_kv_bytes": mem["kv_bytes_per_token"] * kv_tokens, "plain_key": plain_key,
+                "identical_to_plain": identical if p.temperature == 0 else None,
+                "offpath_positions": offpath, "token_ids": token_ids}
 
     def _prompts(self, first: Point, models: Models) -> list[list[int]]:
         """The prompt ids of ``first``'s group: one, or one per row of a batch."""
