@@ -13,7 +13,9 @@ and deployment advice (``adaspec profile``). One module per job:
 | ``metrics.py`` | one run's metrics (decode time per token, acceptance, time split, memory, energy) |
 | ``results.py`` | the JSONL results file: reading it, invocations, speedups against plain baselines |
 | ``predict.py`` | the fitted cost model applied to records: predicted speedup of a measured point |
-| ``report.py`` | maps (PNG) and the Markdown/HTML report |
+| ``analysis.py`` | ``adaspec map``'s conclusions per setting: cost model scored, operating points, boundaries |
+| ``maps.py`` | the boundary maps (PNG) of one setting |
+| ``report.py`` | the Markdown/HTML report |
 | ``profile.py`` | ``adaspec profile``: sample a workload and recommend whether and how to speculate |
 | ``advise.py`` | ``adaspec advise``: a speculative configuration for a serving engine from endpoint measurements |
 """
