@@ -143,13 +143,6 @@ def _choose_operating_points(a: SettingAnalysis) -> None:
     a.context_alpha = ck[0]["alpha_dial"] if ck else a.reference_alpha
 
 
-def map_cost(a: SettingAnalysis, p: dict | None = None):
-    """The drafter cost to predict with: a calibrated point's own cost, else the maps' drafter."""
-    if p is not None and p["drafter"] == "calibrated":
-        return float(p["cost_ms"])
-    return a.draft_cost
-
-
 def point_label(p: dict) -> str:
     if p["drafter"] == "calibrated":
         return f"calibrated α={p['alpha_dial']:g} K={p['k']}"
