@@ -28,6 +28,20 @@ def _colour(norm, value: float):
     return [matplotlib.colormaps["RdBu"](norm(value))]
 
 
+def _surface(ax, xs, ks, z, points: list[dict], x_key: str):
+    """The predicted speedup ``z`` over (``xs``, ``ks``) with its speedup = 1 contour, and the measured ``points``
+    (at ``p[x_key]``, ``p["k"]``) on the same colour scale; returns the mesh, for a colour bar."""
+    norm = _norm(np.concatenate([z.ravel(), [p["speedup"] for p in points]]))
+    mesh = ax.pcolormesh(xs, ks, z, cmap="RdBu", norm=norm, shading="nearest")
+    if np.nanmin(z) < 1 < np.nanmax(z):
+        cs = ax.contour(xs, ks, z, levels=[1.0], colors="black", linewidths=1.5)
+        ax.clabel(cs, fmt={1.0: "speedup = 1"}, fontsize=8)
+    for p in points:
+        ax.scatter(p[x_key], p["k"], color=_colour(norm, p["speedup"]), edgecolors="black", s=60, zorder=3)
+        ax.annotate(f"{p['speedup']:.2f}", (p[x_key], p["k"]), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    return mesh
+
+
 def fig_alpha_k(a: SettingAnalysis, path: Path) -> Path:
     plt = _plt()
     cal = [p for p in a.points if p["drafter"] == "calibrated" and p["context"] == a.map_context]
@@ -35,15 +49,7 @@ def fig_alpha_k(a: SettingAnalysis, path: Path) -> Path:
     alphas = np.linspace(0, 1, 101)
     z = np.array([[a.model.speedup(al, k, a.map_context + 16, cost) for al in alphas] for k in a.k_range])
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    norm = _norm(np.concatenate([z.ravel(), [p["speedup"] for p in cal]]))
-    mesh = ax.pcolormesh(alphas, a.k_range, z, cmap="RdBu", norm=norm, shading="nearest")
-    if np.nanmin(z) < 1 < np.nanmax(z):
-        cs = ax.contour(alphas, a.k_range, z, levels=[1.0], colors="black", linewidths=1.5)
-        ax.clabel(cs, fmt={1.0: "speedup = 1"}, fontsize=8)
-    for p in cal:
-        ax.scatter(p["alpha_l"], p["k"], color=_colour(norm, p["speedup"]), edgecolors="black", s=60, zorder=3)
-        ax.annotate(f"{p['speedup']:.2f}", (p["alpha_l"], p["k"]), textcoords="offset points", xytext=(5, 4),
-                    fontsize=7)
+    mesh = _surface(ax, alphas, a.k_range, z, cal, "alpha_l")
     fig.colorbar(mesh, ax=ax, label="decode speedup vs plain")
     ax.set_xlabel("acceptance α (per position)")
     ax.set_ylabel("draft length K")
@@ -60,15 +66,7 @@ def fig_context_k(a: SettingAnalysis, path: Path) -> Path:
     pts = [p for p in a.points if p["drafter"] == "calibrated" and p["alpha_dial"] == a.context_alpha]
     z = np.array([[a.model.speedup(a.context_alpha, k, x, a.draft_cost) for x in xs] for k in a.k_range])
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    norm = _norm(np.concatenate([z.ravel(), [p["speedup"] for p in pts]]))
-    mesh = ax.pcolormesh(xs, a.k_range, z, cmap="RdBu", norm=norm, shading="nearest")
-    if np.nanmin(z) < 1 < np.nanmax(z):
-        cs = ax.contour(xs, a.k_range, z, levels=[1.0], colors="black", linewidths=1.5)
-        ax.clabel(cs, fmt={1.0: "speedup = 1"}, fontsize=8)
-    for p in pts:
-        ax.scatter(p["mean_context"], p["k"], color=_colour(norm, p["speedup"]), edgecolors="black", s=60, zorder=3)
-        ax.annotate(f"{p['speedup']:.2f}", (p["mean_context"], p["k"]), textcoords="offset points", xytext=(5, 4),
-                    fontsize=7)
+    mesh = _surface(ax, xs, a.k_range, z, pts, "mean_context")
     ax.axvline(max(contexts), color="gray", ls=":", lw=1)
     ax.text(max(contexts), 0.6, " measured | extrapolated →", fontsize=7, va="bottom", color="dimgray")
     ax.set_xscale("log", base=2)
