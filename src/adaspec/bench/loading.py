@@ -3,12 +3,15 @@ window, and the loaded target and drafters with their prompt caches."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.bench.grid import Point, Setting
+from adaspec.bench.measure import rss_bytes
+from adaspec.bench.results import record_hash
 from adaspec.drafters.suffix import CachePerMethod
 from adaspec.errors import ConfigError
 
@@ -87,3 +90,56 @@ def prefill_draft(drafter, prompt: Sequence[int]) -> float:
 def tokenizer_of(loaded):
     tok = loaded.tokenizer
     return tok if hasattr(tok, "decode") else None
+
+
+def load_setting(loader, setting: Setting, specs: Iterable[str], log: Callable[[str], None]) -> tuple[Models, dict]:
+    """Load ``setting``'s target with ``loader`` (see :class:`adaspec.bench.sweep.SweepRunner`) and the drafters
+    ``specs`` (builtin drafters, or draft models on the setting's backend, their tokenizers checked against the
+    target's), each model's cache behind a :class:`PrefixCacheBackend`. Returns the models and the ``memory``
+    record (bytes of weights, resident memory and KV cache per token of each model)."""
+    from adaspec.api import builtin_drafter, make_drafter
+    from adaspec.drafters.model import ModelDrafter
+
+    log(f"loading {setting.target} ({setting.dtype}, {setting.backend}"
+        + (f", {setting.batch} sequences)" if setting.batch > 1 else ")"))
+    before = rss_bytes()
+    target = load_on(loader, on_backend(setting.target, setting), setting)
+    wrapped = PrefixCacheBackend(target.backend)
+    models = Models(target, wrapped)
+    target_rss = rss_bytes() - before
+    for spec in sorted(specs):
+        before = rss_bytes()
+        if builtin_drafter(spec):
+            drafter = make_drafter(spec, target, max_sequences=setting.batch)
+        else:
+            draft = load_on(loader, on_backend(spec, setting), setting)
+            from adaspec.models import check_tokenizers_compatible
+
+            if hasattr(target.tokenizer, "get_vocab") and hasattr(draft.tokenizer, "get_vocab"):
+                check_tokenizers_compatible(target.tokenizer, draft.tokenizer, target_name=target.name,
+                                            draft_name=draft.name)
+            drafter = ModelDrafter(draft.backend)
+        if isinstance(drafter, ModelDrafter):
+            shares = spec.startswith("layerskip:")
+            models.draft_bytes[spec] = {
+                "param_bytes": 0 if shares else drafter.backend.weight_bytes(),
+                "rss_delta_bytes": rss_bytes() - before,
+                "kv_bytes_per_token": drafter.backend.kv_bytes_per_token()}
+            drafter.backend = PrefixCacheBackend(drafter.backend)
+        else:
+            models.draft_bytes[spec] = {"param_bytes": 0, "rss_delta_bytes": rss_bytes() - before,
+                                        "kv_bytes_per_token": 0}
+        models.drafts[spec] = drafter
+    memory = {"kind": "memory", "key": f"mem-{record_hash([setting.__dict__, time.time()])}",
+              **setting.__dict__, "target_param_bytes": target.backend.weight_bytes(),
+              "target_rss_delta_bytes": target_rss,
+              "target_kv_bytes_per_token": target.backend.kv_bytes_per_token(),
+              "drafts": models.draft_bytes, "rss_bytes": rss_bytes(), "cores": os.cpu_count()}
+    return models, memory
+
+
+def load_on(loader, spec: str, setting: Setting):
+    """``loader(spec, dtype)``, holding ``setting.batch`` sequences when it is more than one."""
+    if setting.batch == 1:
+        return loader(spec, setting.dtype)
+    return loader(spec, setting.dtype, max_sequences=setting.batch)

@@ -26,7 +26,6 @@ import functools
 import gc
 import json
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -37,9 +36,9 @@ from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.backends.select import resolve_device
 from adaspec.bench.costmodel import FittedCostModel
 from adaspec.bench.grid import Point, Setting, expand, point_key
-from adaspec.bench.loading import (Models, context_needed, default_loader, on_backend,  # noqa: F401 (re-exported)
-                                   prefill_draft, tokenizer_of)
-from adaspec.bench.measure import Meter, machine_info, rss_bytes  # noqa: F401 (machine_info: re-exported)
+from adaspec.bench.loading import (Models, context_needed, default_loader, load_setting,  # noqa: F401 (re-exported)
+                                   on_backend, prefill_draft, tokenizer_of)
+from adaspec.bench.measure import Meter, machine_info  # noqa: F401 (machine_info: re-exported)
 from adaspec.bench.metrics import batch_metrics, decode_tpot_ms, run_metrics  # noqa: F401 (re-exported)
 from adaspec.bench.micro import measure_backend, prefill_ms_at
 from adaspec.bench.predict import (drafter_cost_key, fit_cost_model, is_number, predict_point,  # noqa: F401
@@ -195,51 +194,12 @@ class SweepRunner:
         return result
 
     def _load(self, setting: Setting, pts: list[Point], f) -> Models:
-        from adaspec.api import builtin_drafter, make_drafter
-        from adaspec.drafters.model import ModelDrafter
-
-        self.log(f"loading {setting.target} ({setting.dtype}, {setting.backend}"
-                 + (f", {setting.batch} sequences)" if setting.batch > 1 else ")"))
-        before = rss_bytes()
-        target = self._load_model(on_backend(setting.target, setting), setting)
-        wrapped = PrefixCacheBackend(target.backend)
-        models = Models(target, wrapped)
-        target_rss = rss_bytes() - before
+        """Load ``setting``'s target and every drafter its points (and the micro-measurements) use; writes the
+        ``memory`` record."""
         specs = {p.drafter for p in pts if p.drafter != "calibrated"} | set(self.cfg["micro"]["drafts"])
-        for spec in sorted(specs):
-            before = rss_bytes()
-            if builtin_drafter(spec):
-                drafter = make_drafter(spec, target, max_sequences=setting.batch)
-            else:
-                draft = self._load_model(on_backend(spec, setting), setting)
-                from adaspec.models import check_tokenizers_compatible
-
-                if hasattr(target.tokenizer, "get_vocab") and hasattr(draft.tokenizer, "get_vocab"):
-                    check_tokenizers_compatible(target.tokenizer, draft.tokenizer, target_name=target.name,
-                                                draft_name=draft.name)
-                drafter = ModelDrafter(draft.backend)
-            if isinstance(drafter, ModelDrafter):
-                shares = spec.startswith("layerskip:")
-                models.draft_bytes[spec] = {
-                    "param_bytes": 0 if shares else drafter.backend.weight_bytes(),
-                    "rss_delta_bytes": rss_bytes() - before,
-                    "kv_bytes_per_token": drafter.backend.kv_bytes_per_token()}
-                drafter.backend = PrefixCacheBackend(drafter.backend)
-            else:
-                models.draft_bytes[spec] = {"param_bytes": 0, "rss_delta_bytes": rss_bytes() - before,
-                                            "kv_bytes_per_token": 0}
-            models.drafts[spec] = drafter
-        self._write(f, {"kind": "memory", "key": f"mem-{record_hash([setting.__dict__, time.time()])}",
-                        **setting.__dict__, "target_param_bytes": target.backend.weight_bytes(),
-                        "target_rss_delta_bytes": target_rss,
-                        "target_kv_bytes_per_token": target.backend.kv_bytes_per_token(),
-                        "drafts": models.draft_bytes, "rss_bytes": rss_bytes(), "cores": os.cpu_count()})
+        models, memory = load_setting(self.loader, setting, specs, self.log)
+        self._write(f, memory)
         return models
-
-    def _load_model(self, spec: str, setting: Setting):
-        if setting.batch == 1:
-            return self.loader(spec, setting.dtype)
-        return self.loader(spec, setting.dtype, max_sequences=setting.batch)
 
     def _calibrate_batch(self, setting: Setting, models: Models, pts: list[Point], f) -> None:
         """The batch pricer's cost curve for ``setting`` (goodput points cap K by it), recorded as a
