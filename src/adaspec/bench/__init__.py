@@ -9,7 +9,8 @@ and deployment advice (``adaspec profile``). One module per job:
 | ``measure.py`` | energy (RAPL), CPU time, RSS and model bytes; the machine's facts for a results file |
 | ``costmodel.py`` | fit the cost curves of :mod:`adaspec.controllers.costmodel` to micro-measurements |
 | ``loading.py`` | the models a sweep loads for one hardware setting |
-| ``sweep.py`` | run the grid against interleaved plain baselines; resume |
+| ``sweep.py`` | run the grid setting by setting (load, micro-measurements, groups); resume |
+| ``groups.py`` | one group: its plain reference, its points, plain baselines interleaved (batch 1 or B) |
 | ``metrics.py`` | one run's metrics (decode time per token, acceptance, time split, memory, energy) |
 | ``results.py`` | the JSONL results file: reading it, invocations, speedups against plain baselines |
 | ``predict.py`` | the fitted cost model applied to records: predicted speedup of a measured point |

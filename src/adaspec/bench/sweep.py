@@ -25,48 +25,30 @@ from __future__ import annotations
 import functools
 import gc
 import json
-import math
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.backends.select import resolve_device
 from adaspec.bench.costmodel import FittedCostModel
 from adaspec.bench.grid import Point, Setting, expand, point_key
-from adaspec.bench.loading import (Models, context_needed, default_loader, load_setting,  # noqa: F401 (re-exported)
-                                   on_backend, prefill_draft, tokenizer_of)
-from adaspec.bench.measure import Meter, machine_info  # noqa: F401 (machine_info: re-exported)
-from adaspec.bench.metrics import batch_metrics, decode_tpot_ms, run_metrics  # noqa: F401 (re-exported)
-from adaspec.bench.micro import measure_backend, prefill_ms_at
-from adaspec.bench.predict import (drafter_cost_key, fit_cost_model, is_number, predict_point,  # noqa: F401
-                                   resolve_cost)
+from adaspec.bench.groups import GroupRuns
+from adaspec.bench.loading import Models, context_needed, default_loader, load_setting, on_backend, tokenizer_of
+from adaspec.bench.measure import Meter, machine_info
+from adaspec.bench.micro import measure_backend
+from adaspec.bench.predict import fit_cost_model, is_number
 from adaspec.bench.prompts import hf_builder
-from adaspec.bench.results import apply_baseline, read_results, record_hash, same_setting, tag_runs
+from adaspec.bench.results import read_results, record_hash, same_setting, tag_runs
 from adaspec.drafters.suffix import remember, suffixes_in
 from adaspec.errors import ConfigError
 
+# Public names that lived here before issue 40, kept importable:
+from adaspec.bench.loading import prefill_draft  # noqa: F401
+from adaspec.bench.metrics import decode_tpot_ms  # noqa: F401
+from adaspec.bench.predict import drafter_cost_key, predict_point, resolve_cost  # noqa: F401
+from adaspec.bench.results import apply_baseline  # noqa: F401
+
 Loader = Callable[[str, str], "object"]  # (spec, dtype) -> adaspec.api.LoadedModel
-
-
-@dataclass
-class _Group:
-    """One group's run: its generation config, key, prompt ids (one per batch row), the fields every record of the
-    group carries, and how many plain runs of it the results hold (the next plain record's index)."""
-
-    cfg: object  # adaspec.engine.GenerationConfig
-    key: str
-    prompts: list[list[int]]
-    info: dict
-    plains: int
-
-
-def _label(p: Point) -> str:
-    """A point in the progress bar."""
-    batch = f"B={p.setting.batch} " if p.setting.batch > 1 else ""
-    return f"{batch}ctx {p.context} {p.drafter}{'' if p.alpha is None else f' a={p.alpha:g}'} K={p.k} {p.controller}"
 
 
 class SweepRunner:
@@ -118,13 +100,13 @@ class SweepRunner:
             self._tasks = [p.as_text() for p in load_workload(self.bench["workload"], int(self.bench["prompts"]))]
         return self._tasks
 
-    def _write(self, f, row: dict) -> None:
+    def write(self, f, row: dict) -> None:
         if row["kind"] != "meta":
             row["run"] = self.run_id
         f.write(json.dumps(row) + "\n")
         f.flush()
 
-    def _over_time(self, start: float) -> bool:
+    def over_time(self, start: float) -> bool:
         return self.time_limit_s is not None and time.perf_counter() - start > self.time_limit_s
 
     # Run ----------------------------------------------------------------------------------------------------
@@ -147,7 +129,7 @@ class SweepRunner:
                    bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} points [{elapsed}<{remaining}] {postfix}")
         self.run_id = f"meta-{time.time():.0f}"
         with open(self.out, "a", encoding="utf-8") as f:
-            self._write(f, {"kind": "meta", "key": self.run_id, "time": time.time(), "argv": self.argv,
+            self.write(f, {"kind": "meta", "key": self.run_id, "time": time.time(), "argv": self.argv,
                             "machine": machine_info(), "config": self.cfg, "energy_source": self.meter.energy_source})
             by_setting: dict[Setting, list[Point]] = {}
             for p in todo:
@@ -179,13 +161,13 @@ class SweepRunner:
                     group_pts = [p for p in group_pts if point_key(p, self.bench) not in done]
                     if not group_pts:
                         continue
-                    if self._over_time(start):
+                    if self.over_time(start):
                         result["stopped"] = True
                         break
-                    n_run, n_skip = self._group(group_pts, models, cost, f, rows, bar, start)
+                    n_run, n_skip = GroupRuns(self, models, cost, f, rows, bar, start).run(group_pts)
                     result["run"] += n_run
                     result["skipped"] += n_skip
-                    if self._over_time(start):
+                    if self.over_time(start):
                         result["stopped"] = True
                         break
                 if result["stopped"]:
@@ -198,7 +180,7 @@ class SweepRunner:
         ``memory`` record."""
         specs = {p.drafter for p in pts if p.drafter != "calibrated"} | set(self.cfg["micro"]["drafts"])
         models, memory = load_setting(self.loader, setting, specs, self.log)
-        self._write(f, memory)
+        self.write(f, memory)
         return models
 
     def _calibrate_batch(self, setting: Setting, models: Models, pts: list[Point], f) -> None:
@@ -210,7 +192,7 @@ class SweepRunner:
         models.pricer = BatchPricer(k_max=max(8, max(p.k for p in pts)))
         self.log(f"batch cost curve: {setting.batch} rows x up to {models.pricer.k_max + 1} tokens")
         curve = models.pricer.calibrate(models.target.backend, setting.batch)
-        self._write(f, {"kind": "batch_curve", "key": f"bc-{record_hash([setting.__dict__, time.time()])}",
+        self.write(f, {"kind": "batch_curve", "key": f"bc-{record_hash([setting.__dict__, time.time()])}",
                         **setting.__dict__, "curve": {str(n): ms for n, ms in curve.items()}})
 
     def _micro(self, setting: Setting, models: Models, f, micro_done: set, rows: list[dict]) -> FittedCostModel:
@@ -246,7 +228,7 @@ class SweepRunner:
                 row = {"kind": "micro", "key": f"{mkey}-{i}", "micro_key": mkey, **setting.__dict__,
                        "model": model_name, "role": role, **r,
                        "other_cpu": other}
-                self._write(f, row)
+                self.write(f, row)
                 new_rows.append(row)
             micro_done.add(mkey)
         rows.extend(new_rows)
@@ -257,234 +239,7 @@ class SweepRunner:
         tok = models.target.tokenizer
         return hf_builder(tok, chat=self.bench["chat"])
 
-    def _group_start(self, pts: list[Point], models: Models, rows: list[dict], bar) -> _Group | None:
-        """What every group starts with (see :class:`_Group`), or None (its points counted as skipped) when the
-        longest prompt plus the run and the widest draft does not fit the target's window."""
-        from adaspec.engine import GenerationConfig
-
-        first = pts[0]
-        max_new = int(self.bench["max_new_tokens"])
-        prompts = self._prompts(first, models)
-        if max(map(len, prompts)) + max_new + max(p.k for p in pts) + 1 > models.target.backend.max_context:
-            self.log(f"skipping context {first.context}: beyond {first.setting.target}'s window")
-            bar.update(len(pts))
-            return None
-        cfg = GenerationConfig(max_new_tokens=max_new, temperature=first.temperature, seed=int(self.bench["seed"]),
-                               ignore_eos=True)
-        gkey = record_hash([first.setting.__dict__, first.context, first.prompt_index, first.temperature,
-                            self.bench["workload"], max_new, self.bench["seed"]])
-        info = {"sweep": None, **first.setting.__dict__, "context": first.context,
-                "prompt_tokens": round(statistics.fmean(map(len, prompts))), "prompt_index": first.prompt_index,
-                "temperature": first.temperature, "workload": self.bench["workload"], "max_new_tokens": max_new,
-                "seed": self.bench["seed"], "group": gkey}
-        plains = sum(1 for r in rows if r.get("kind") == "plain" and r.get("group") == gkey)
-        return _Group(cfg, gkey, prompts, info, plains)
-
-    def _group(self, pts: list[Point], models: Models, cost: FittedCostModel, f, rows: list[dict], bar,
-               start: float) -> tuple[int, int]:
-        """Run a group's points not yet in the results (see the module docstring); returns (run, skipped)."""
-        group = self._group_start(pts, models, rows, bar)
-        if group is None:
-            return 0, len(pts)
-        runs = self._single_runs if pts[0].setting.batch == 1 else self._batched_runs
-        plain, point = runs(group, pts, models, cost, f, rows, bar)
-        n_run = 0
-        for p in self._points_due(pts, rows, bar, start, plain):
-            bar.set_postfix_str(_label(p) + (f" tree {p.tree_choice}:{p.tree}" if p.tree else ""), refresh=True)
-            row, predicted = point(p)
-            self._record_point(f, rows, row, predicted)
-            n_run += 1
-            bar.update(1)
-        return n_run, 0
-
-    def _single_runs(self, group: _Group, pts: list[Point], models: Models, cost: FittedCostModel, f,
-                     rows: list[dict], bar):
-        """A group at batch size 1: its greedy reference (a plain run, cold unless the prefix cache is on; TTFT
-        measured when cold, else from the micro prefill) and the draft models' prompt prefill, run now; returns
-        ``(plain, point)``: a new plain baseline, and one point's ``(record, predicted speedup)``."""
-        from adaspec.controllers import make_controller
-        from adaspec.drafters.calibrated import CalibratedDrafter
-        from adaspec.drafters.model import ModelDrafter
-        from adaspec.engine import SpeculativeEngine
-
-        first, setting, (prompt,), cfg = pts[0], pts[0].setting, group.prompts, group.cfg
-        tok = tokenizer_of(models.target)
-        plain_engine = SpeculativeEngine(models.backend, None, None, tokenizer=tok)
-        cold_start = not self.bench["prefix_cache"]
-        micro_rows = [r for r in rows if r.get("kind") == "micro" and same_setting(r, setting)]
-        ttft_est = prefill_ms_at([r for r in micro_rows if r["model"] == setting.target], len(prompt))
-
-        def run_plain(cold: bool) -> dict:
-            if cold:
-                models.backend.drop()
-            models.backend.record_top2 = [] if first.temperature == 0 else None
-            self.meter.start()
-            r = plain_engine.generate(prompt, cfg)
-            reading = self.meter.stop()
-            top2 = models.backend.record_top2 or []
-            models.backend.record_top2 = None
-            metrics = run_metrics(r, reading, self.meter)
-            return self._write_plain(f, rows, group, cold, metrics,
-                                     ttft_ms=metrics["ttft_ms"] if cold or ttft_est is None else ttft_est,
-                                     ttft_source="measured cold prefill" if cold or ttft_est is None
-                                     else "micro prefill",
-                                     ttft_run_ms=metrics["ttft_ms"], token_ids=r.token_ids,
-                                     alternatives=[b for _, b in top2])
-
-        bar.set_postfix_str(f"ctx {first.context} plain", refresh=True)
-        reference = run_plain(cold=cold_start)
-        cost.overhead_ms = statistics.median(r["step_other_ms"] for r in rows
-                                             if r.get("kind") == "plain" and same_setting(r, setting))
-        draft_prefill: dict[str, float] = {}
-        for spec in sorted({p.drafter for p in pts} & set(models.drafts)):
-            d = models.drafts[spec]
-            if not isinstance(d, ModelDrafter):
-                draft_prefill[spec] = 0.0
-                continue
-            # Feed the prompt to the draft model now, outside the timed runs (its cache then serves every point of
-            # the group): decode numbers stay decode-only, and the prefill is charged to the end-to-end speedup.
-            est = prefill_ms_at([r for r in micro_rows if r["model"] == spec], len(prompt) - 1)
-            cold = cold_start or est is None  # no estimate from the micro-measurements: measure a cold prefill
-            if cold:
-                d.backend.drop()
-            ms = prefill_draft(d, prompt)
-            draft_prefill[spec] = ms if cold else est
-        baseline = reference
-
-        def new_baseline() -> None:
-            nonlocal baseline
-            bar.set_postfix_str(f"ctx {first.context} plain", refresh=True)
-            baseline = run_plain(cold=False)
-
-        def point(p: Point) -> tuple[dict, float]:
-            if p.drafter == "calibrated":
-                cost_ms = self._calibrated_cost(p, cost, group)
-                drafter = CalibratedDrafter(reference["token_ids"], p.alpha, cost_ms=cost_ms,
-                                            alternatives=reference["alternatives"], seed=int(self.bench["seed"]),
-                                            vocab_size=models.target.backend.vocab_size)
-            else:
-                cost_ms = None
-                drafter = models.drafter_for(p)
-            engine = SpeculativeEngine(models.backend, drafter, make_controller(p.controller, p.k), tokenizer=tok)
-            self.meter.start()
-            r = engine.generate(prompt, replace(cfg, tree_budget=p.tree, tree_choice=p.tree_choice) if p.tree else cfg)
-            reading = self.meter.stop()
-            row = self._point_row(p, group, models, run_metrics(r, reading, self.meter), cost_ms=cost_ms,
-                                  timing={"ttft_ms": reference["ttft_ms"], "ttft_source": reference["ttft_source"],
-                                          "draft_prefill_ms": draft_prefill.get(p.drafter, 0.0)},
-                                  kv_tokens=len(prompt) + cfg.max_new_tokens, plain_key=baseline["key"],
-                                  identical=r.token_ids == reference["token_ids"],
-                                  offpath=getattr(drafter, "offpath", None), token_ids=r.token_ids)
-            return row, predict_point(cost, row)
-
-        return new_baseline, point
-
-    def _batched_runs(self, group: _Group, pts: list[Point], models: Models, cost: FittedCostModel, f,
-                      rows: list[dict], bar):
-        """A group at batch size B > 1: B requests (prompts ``prompt_index .. prompt_index + B - 1`` of the workload
-        at the group's context) run together through a :class:`~adaspec.batch.BatchEngine`, plain (K = 0) first
-        (run now), then each point with every row drafting, a plain batch again before every ``plain_every``
-        points. Returns ``(plain, point)`` as :meth:`_single_runs` does.
-
-        Metrics are the batch's: ``tpot_ms`` is decode time over every row's decoded tokens (the inverse of the
-        batch's decode throughput, so ``speedup`` is a throughput ratio against plain batched decoding at the same
-        B), ``row_tpot_ms`` the mean per-row time per token (what one client sees), ``ttft_ms`` the batch's
-        prefill step. Draft models draft for all rows at once (batched drafting); their prompt prefill happens in
-        the first proposals and is part of the decode time. A calibrated drafter charges its cost per row (rows
-        draft one after another), an upper bound on the draft cost of a batch; it holds its α only while each row
-        stays on the plain batch's greedy path, so on a runtime whose rows mix (ik_llama.cpp) its points record the
-        positions drafted off that path (``offpath_positions``; the map leaves out points mostly off it)."""
-        from adaspec.batch import BatchEngine
-        from adaspec.controllers import make_controller
-        from adaspec.drafters.calibrated import CalibratedDrafter
-
-        first, b, prompts, cfg = pts[0], pts[0].setting.batch, group.prompts, group.cfg
-        target = models.target.backend
-        tok = tokenizer_of(models.target)
-        models.backend.drop()  # the micro-measurements' prefix cache is not used by batched runs
-
-        def run_batch(drafters: list | None, controller: str, k: int) -> tuple[list, dict]:
-            fixed = controller == "fixed"
-            engine = BatchEngine(target, max_batch=b, tokenizer=tok,
-                                 pricer=None if fixed or models.pricer is None else models.pricer)
-            for i, p in enumerate(prompts):
-                engine.add(p, cfg, drafter_for=(lambda seq, d=drafters[i]: d) if drafters else None,
-                           controller_factory=(lambda: make_controller(controller, k)) if drafters else None)
-            self.meter.start()
-            t0 = time.perf_counter()
-            results: dict[int, object] = {}
-            prefill_ms = None
-            while engine:
-                for rid, chunk in engine.step().items():
-                    if chunk.error is not None:
-                        raise chunk.error
-                    if chunk.result is not None:
-                        results[rid] = chunk.result
-                if prefill_ms is None:
-                    prefill_ms = (time.perf_counter() - t0) * 1e3
-            wall_ms = (time.perf_counter() - t0) * 1e3
-            reading = self.meter.stop()
-            out = [results[i] for i in sorted(results)]
-            return out, batch_metrics(out, reading, self.meter, wall_ms, prefill_ms or 0.0)
-
-        def run_plain() -> dict:
-            results, metrics = run_batch(None, "fixed", 0)
-            return self._write_plain(f, rows, group, True, metrics, ttft_source="measured batch prefill",
-                                     ttft_run_ms=metrics["ttft_ms"], token_ids=[r.token_ids for r in results])
-
-        bar.set_postfix_str(f"B={b} ctx {first.context} plain", refresh=True)
-        reference = run_plain()
-
-        def point(p: Point) -> tuple[dict, float]:
-            cost_ms = None
-            if p.drafter == "calibrated":
-                cost_ms = self._calibrated_cost(p, cost, group)
-                drafters = [CalibratedDrafter(ref, p.alpha, cost_ms=cost_ms, seed=int(self.bench["seed"]) + i,
-                                              vocab_size=target.vocab_size)
-                            for i, ref in enumerate(reference["token_ids"])]
-            else:
-                template = models.drafter_for(p)
-                if isinstance(getattr(template, "backend", None), PrefixCacheBackend):
-                    template = type(template)(template.backend.inner)
-                drafters = [template.for_sequence(i) for i in range(b)]
-            results, metrics = run_batch(drafters, p.controller, p.k)
-            token_ids = [r.token_ids for r in results]
-            row = self._point_row(p, group, models, metrics, cost_ms=cost_ms,
-                                  timing={"ttft_source": "measured batch prefill", "draft_prefill_ms": 0.0},
-                                  kv_tokens=b * (group.info["prompt_tokens"] + cfg.max_new_tokens),
-                                  plain_key=reference["key"], identical=token_ids == reference["token_ids"],
-                                  offpath=sum(getattr(d, "offpath", 0) for d in drafters)
-                                  if p.drafter == "calibrated" else None, token_ids=token_ids)
-            return row, math.nan  # the cost model is a batch-1 model: no prediction
-
-        return run_plain, point
-
-    def _calibrated_cost(self, p: Point, cost: FittedCostModel, group: _Group) -> float:
-        """The calibrated drafter's ms per token for ``p``, at the group's mean context over the run."""
-        return resolve_cost(p.cost, cost, statistics.fmean(map(len, group.prompts)) + group.cfg.max_new_tokens / 2)
-
-    def _write_plain(self, f, rows: list[dict], group: _Group, cold: bool, metrics: dict, **fields) -> dict:
-        """Write (and return) the group's next plain record: its metrics, then ``fields``."""
-        row = {"kind": "plain", "key": f"g-{group.key}-{group.plains}", **group.info, "cold": cold,
-               "drafter": None, "k": 0, "controller": "fixed", **metrics, **fields}
-        group.plains += 1
-        self._write(f, row)
-        rows.append(row)
-        return row
-
-    def _point_row(self, p: Point, group: _Group, models: Models, metrics: dict, *, cost_ms: float | None,
-                   timing: dict, kv_tokens: int, plain_key: str, identical: bool, offpath, token_ids) -> dict:
-        """A point's record: the group's fields, the point's, its metrics, then ``timing`` (TTFT, draft prefill),
-        the draft model's memory (its KV cache for ``kv_tokens`` tokens) and its comparison with the plain run."""
-        mem = models.draft_bytes.get(p.drafter, {"param_bytes": 0, "rss_delta_bytes": 0, "kv_bytes_per_token": 0})
-        return {"kind": "point", "key": point_key(p, self.bench), **group.info, **p.fields(), "group": group.key,
-                "cost_ms": cost_ms, "alpha_dial": p.alpha, **metrics, **timing,
-                "draft_param_bytes": mem["param_bytes"], "draft_rss_delta_bytes": mem["rss_delta_bytes"],
-                "draft_kv_bytes": mem["kv_bytes_per_token"] * kv_tokens, "plain_key": plain_key,
-                "identical_to_plain": identical if p.temperature == 0 else None,
-                "offpath_positions": offpath, "token_ids": token_ids}
-
-    def _prompts(self, first: Point, models: Models) -> list[list[int]]:
+    def prompts(self, first: Point, models: Models) -> list[list[int]]:
         """The prompt ids of ``first``'s group: one, or one per row of a batch."""
         tasks = self.tasks()
         builder = self._builder(models)
@@ -502,34 +257,11 @@ class SweepRunner:
             drafter = models.drafter_for(p)
             if row is None or not suffixes_in(drafter):
                 continue
-            prompts = prompts or self._prompts(p, models)
+            prompts = prompts or self.prompts(p, models)
             answers = row["token_ids"] if p.setting.batch > 1 else [row["token_ids"]]
             for prompt, answer in zip(prompts, answers):
                 remember(drafter, prompt, answer)
 
-    def _points_due(self, pts: list[Point], rows: list[dict], bar, start: float, plain: Callable[[], object]):
-        """The group's points not yet in the results, in order, until the time limit; ``plain()`` runs a plain
-        baseline before every ``plain_every`` of them."""
-        since_plain = 0
-        for p in pts:
-            if any(r.get("key") == point_key(p, self.bench) for r in rows):
-                bar.update(1)
-                continue
-            if self._over_time(start):
-                return
-            if since_plain >= int(self.bench["plain_every"]):
-                plain()
-                since_plain = 0
-            yield p
-            since_plain += 1
-
-    def _record_point(self, f, rows: list[dict], row: dict, predicted: float) -> None:
-        """Speedups against the group's plain runs of this invocation, the prediction, then write it."""
-        apply_baseline(row, [r for r in rows if r.get("kind") == "plain" and r.get("group") == row["group"]
-                             and r.get("run") == self.run_id])
-        row["predicted_speedup"] = predicted
-        self._write(f, row)
-        rows.append(row)
 
 
 def run_bench(cfg: dict, out: Path, **kwargs) -> dict:
