@@ -588,7 +588,7 @@ def cmd_bench_endpoint(args: argparse.Namespace) -> int:
 def cmd_advise(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from adaspec.bench.engine_advice import advise_files, format_advice
+    from adaspec.bench.advise import advise_files, format_advice
 
     out = advise_files([Path(p) for p in args.results], args.engine, method=args.method, draft=args.draft_model,
                        model=args.model, max_k=args.max_k)
@@ -682,13 +682,13 @@ def cmd_map(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from adaspec.bench.advise import format_advice, profile_workload
+    from adaspec.bench.profile import format_advice, profile_workload
 
     if args.endpoint:
         from pathlib import Path
 
         from adaspec.bench.endpoint import EndpointConfig, read_rows, run_endpoint_bench
-        from adaspec.bench.engine_advice import format_profile, profile_endpoint
+        from adaspec.bench.advise import format_profile, profile_endpoint
 
         if not args.baseline and args.baseline_body is None:
             raise ConfigError("profile --endpoint needs a baseline: --baseline URL or --baseline-body JSON")

@@ -11,7 +11,8 @@ from bench_tiny import tiny_model
 
 from adaspec.backends import TorchBackend
 from adaspec.backends.prefix_cache import PrefixCacheBackend
-from adaspec.bench.costmodel import expected_tokens, leviathan_alpha
+from adaspec.bench.costmodel import leviathan_alpha
+from adaspec.controllers.costmodel import expected_tokens
 from adaspec.controllers import FixedController
 from adaspec.drafters.calibrated import CalibratedDrafter
 from adaspec.engine import GenerationConfig, SpeculativeEngine

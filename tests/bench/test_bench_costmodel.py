@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from adaspec.bench.costmodel import CostModel, expected_tokens, fit_line, leviathan_alpha, relative_errors
+from adaspec.bench.costmodel import FittedCostModel, fit_line, leviathan_alpha, relative_errors
+from adaspec.controllers.costmodel import expected_tokens
 from adaspec.errors import ConfigError
 
 # A known cost law (ms): T_v(n, L) = 200 + 6 (n - 1) + 0.02 L + 0.004 (n - 1) L; T_d(L) = 90 + 0.01 L; o = 3.
@@ -22,13 +23,13 @@ def t_draft(ctx: int) -> float:
     return 90.0 + 0.01 * ctx
 
 
-def synthetic_model(noise: float = 0.0, seed: int = 0) -> CostModel:
+def synthetic_model(noise: float = 0.0, seed: int = 0) -> FittedCostModel:
     rng = random.Random(seed)
     jitter = (lambda: 1 + rng.uniform(-noise, noise)) if noise else (lambda: 1.0)
     contexts = [256, 1024, 2048, 4096]
     verify = [(n, ctx, t_verify(n, ctx) * jitter()) for n in (1, 2, 3, 5, 9) for ctx in contexts for _ in range(3)]
     draft = [("draft", ctx, t_draft(ctx) * jitter()) for ctx in contexts for _ in range(3)]
-    return CostModel.fit(verify, draft, overhead_ms=3.0)
+    return FittedCostModel.fit(verify, draft, overhead_ms=3.0)
 
 
 def test_fit_line_recovers_exact_coefficients():
@@ -79,7 +80,7 @@ def test_speedup_closed_form_matches_hand_computation():
 
 def test_reduces_to_leviathan_when_verification_is_free():
     c = 0.05
-    m = CostModel({1: (100.0, 0.0), 9: (100.0, 0.0)}, {"d": (100.0 * c, 0.0)})
+    m = FittedCostModel({1: (100.0, 0.0), 9: (100.0, 0.0)}, {"d": (100.0 * c, 0.0)})
     for alpha in (0.5, 0.8, 0.95):
         for k in (1, 3, 7):
             expected = (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
@@ -95,7 +96,7 @@ def test_boundaries():
     # Longer drafts need higher acceptance when a draft token costs ~0.45 steps.
     assert m.min_alpha(1, 256, "draft") < m.min_alpha(4, 256, "draft") < m.min_alpha(8, 256, "draft")
     # A free drafter with free verification always pays; an absurdly costly one never does.
-    assert CostModel({1: (100.0, 0.0)}).min_alpha(4, 256, None) == 0.0
+    assert FittedCostModel({1: (100.0, 0.0)}).min_alpha(4, 256, None) == 0.0
     assert math.isnan(m.min_alpha(4, 256, 10_000.0))
     k, s = m.best_k(0.9, 256, "draft")
     assert k >= 1 and s == max(m.speedup(0.9, kk, 256, "draft") for kk in range(1, 17))
@@ -117,13 +118,13 @@ def test_expected_tokens_and_alpha_estimators():
 
 def test_serialisation_round_trip():
     m = synthetic_model()
-    again = CostModel.from_dict(m.to_dict())
+    again = FittedCostModel.from_dict(m.to_dict())
     assert again.speedup(0.7, 3, 3000, "draft") == pytest.approx(m.speedup(0.7, 3, 3000, "draft"))
 
 
 def test_fit_needs_plain_steps():
     with pytest.raises(ConfigError):
-        CostModel.fit([(2, 256, 10.0)])
+        FittedCostModel.fit([(2, 256, 10.0)])
 
 
 def test_context_slopes_do_not_cross():
@@ -131,7 +132,7 @@ def test_context_slopes_do_not_cross():
     # separately, T_v(2, L) would fall below T_v(1, L) at long contexts; the shared slope keeps widths ordered.
     samples = [(1, 256, 334.0), (1, 1024, 447.0), (2, 256, 510.0), (2, 1024, 591.0), (5, 256, 1045.0),
                (5, 1024, 1167.0), (9, 256, 1733.0), (9, 1024, 1892.0)]
-    m = CostModel.fit(samples)
+    m = FittedCostModel.fit(samples)
     for ctx in (256, 4096, 16384, 65536):
         widths = [m.verify_ms(n, ctx) for n in (1, 2, 5, 9)]
         assert widths == sorted(widths)
@@ -151,7 +152,7 @@ def test_a_cost_that_is_not_a_line_in_context_follows_its_measured_curve():
     verify += [(5, ctx, ms * f) for ctx, ms in measured.items() for f in (0.9, 1.0, 1.3)]  # median = ms
     verify += [(9, 1024, 500.0)]
     draft = [("d", 256, 37.0), ("d", 4096, 51.0), ("d", 16384, 136.0)]
-    model = CostModel.fit(verify, draft)
+    model = FittedCostModel.fit(verify, draft)
     for ctx, ms in measured.items():
         assert model.verify_ms(5, ctx) == pytest.approx(ms)
     assert model.verify_ms(5, 1536) == pytest.approx((236.0 + 227.0) / 2)
@@ -162,6 +163,21 @@ def test_a_cost_that_is_not_a_line_in_context_follows_its_measured_curve():
     assert model.draft_ms("d", 16384) == pytest.approx(136.0)  # the line through the three says 126.5
     assert model.draft_ms("d", 10240) == pytest.approx(51.0 + (136.0 - 51.0) * (10240 - 4096) / (16384 - 4096))
     # the curves survive serialisation
-    again = CostModel.from_dict(model.to_dict())
+    again = FittedCostModel.from_dict(model.to_dict())
     assert again.verify_ms(5, 3000) == pytest.approx(model.verify_ms(5, 3000))
     assert again.draft_ms("d", 9000) == pytest.approx(model.draft_ms("d", 9000))
+
+
+def test_study_and_controller_share_one_cost_model():
+    from adaspec.controllers.costmodel import CostModel, MeasuredCosts
+    from adaspec.stats import StepRecord
+
+    live = MeasuredCosts()
+    for k, verify_ms in ((0, 100.0), (2, 120.0)):
+        live.observe(StepRecord(k=k, drafted=k, accepted=k, emitted=k + 1, context_len=10, draft_ms=10.0 * k,
+                                verify_ms=verify_ms, total_ms=10.0 * k + verify_ms + 3.0, drafter="d"), behind=2)
+    fitted = FittedCostModel({1: (100.0, 0.0), 3: (120.0, 0.0)}, {"d": (10.0, 0.0)}, overhead_ms=3.0)
+    assert isinstance(live, CostModel) and isinstance(fitted, CostModel)
+    assert live.spec_step_ms(2, 0, "d") == fitted.spec_step_ms(2, 10, "d") == 2 * 10.0 + 120.0 + 3.0
+    assert live.plain_step_ms(0) == fitted.plain_step_ms(10) == 103.0
+    assert live.speedup(0.8, 2, 0, "d") == pytest.approx(fitted.speedup(0.8, 2, 10, "d"))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from adaspec.bench.costmodel import CostModel, expected_tokens
+from adaspec.bench.costmodel import FittedCostModel
+from adaspec.controllers.costmodel import expected_tokens
 from adaspec.bench.report import analyse, findings, to_html
 from adaspec.cli import main
 from adaspec.compare import read_results
@@ -48,7 +49,7 @@ def synthetic_rows(seed: int = 0) -> list[dict]:
         i += 1
     rows.append({"kind": "micro", "key": "mo", "micro_key": "mo", **SETTING, "model": "big", "role": "target",
                  "measure": "overhead", "context": 256, "n": 1, "ms": 2.0, "samples": []})
-    model = CostModel({n: (200 + 8 * (n - 1), 0.02 + 0.006 * (n - 1)) for n in (1, 2, 3, 5, 9)},
+    model = FittedCostModel({n: (200 + 8 * (n - 1), 0.02 + 0.006 * (n - 1)) for n in (1, 2, 3, 5, 9)},
                       {DRAFT: (70.0, 0.01)}, 2.0)
 
     def point(sweep, drafter, k, ctx, alpha, cost_ms=None, temp=0.0, controller="fixed", plain_fraction=0.0):
@@ -152,7 +153,7 @@ def test_html_conversion():
 def test_profile_advice_on_tiny_models(tmp_path, monkeypatch):
     from bench_tiny import tiny_loader
 
-    from adaspec.bench.advise import format_advice, profile_workload
+    from adaspec.bench.profile import format_advice, profile_workload
 
     monkeypatch.setattr("adaspec.bench.prompts.corpus_text",
                         lambda max_chars=600_000: "Some real background text, sentence after sentence. " * 200)
@@ -185,7 +186,7 @@ def test_profile_with_the_suffix_drafter_confirms_on_a_fresh_cache(tmp_path, mon
     confirmation's prompts."""
     from bench_tiny import tiny_loader
 
-    import adaspec.bench.advise as advise
+    import adaspec.bench.profile as advise
 
     monkeypatch.setattr("adaspec.bench.prompts.corpus_text",
                         lambda max_chars=600_000: "Some real background text, sentence after sentence. " * 200)
@@ -211,7 +212,7 @@ def test_profile_with_the_suffix_drafter_confirms_on_a_fresh_cache(tmp_path, mon
 
 
 def test_profile_decision_and_reasons():
-    from adaspec.bench.advise import MARGIN, _why_not, decide
+    from adaspec.bench.profile import MARGIN, _why_not, decide
 
     assert decide(0, [1.2, 1.3]) == "no"  # no K beats plain decoding
     assert decide(3, [0.8, 0.95]) == "no"
@@ -219,7 +220,7 @@ def test_profile_decision_and_reasons():
     assert decide(2, [1.02, 1.05]) == "marginal"  # above 1, but within the cost model's own error
     assert decide(2, [0.97, 1.10]) == "marginal"
     # verify(n) = 100 + 60 (n - 1) ms: K = 1 with a free draft pays when 2α/(1+α)... i.e. (1 + α) / 1.6 >= 1: α >= 0.6
-    model = CostModel({n: (100.0 + 60 * (n - 1), 0.0) for n in (1, 2, 3, 5, 9)}, {"big-draft": (80.0, 0.0)}, 0.0)
+    model = FittedCostModel({n: (100.0 + 60 * (n - 1), 0.0) for n in (1, 2, 3, 5, 9)}, {"big-draft": (80.0, 0.0)}, 0.0)
     lookup = {"drafter": "ngram", "alpha": 0.4, "draft_ms_per_token": 0.0}
     assert re.search(r"ngram: acceptance 0\.40 on code is below the 0\.60 that even K = 1 needs",
                      _why_not(model, lookup, 256, "code", 100.0))

@@ -16,8 +16,9 @@ from adaspec.bench.grid import (Setting, apply_override, build_config, expand, n
                                 read_config_file)
 from adaspec.bench.measure import NOT_MEASURABLE, Meter, rapl_domains
 from adaspec.bench.prompts import ContextBuilder, hf_builder
-from adaspec.bench.sweep import context_needed, on_backend, run_bench
-from adaspec.compare import read_results
+from adaspec.bench.loading import context_needed, on_backend
+from adaspec.bench.sweep import run_bench
+from adaspec.bench.results import read_results
 from adaspec.errors import ConfigError
 
 CORPUS = " ".join(f"Sentence number {i} of some real looking background text." for i in range(400))
@@ -227,7 +228,7 @@ def test_draft_model_prefill_stays_out_of_the_timed_runs(tmp_path, corpus, monke
 
 
 def test_draft_prefill_is_cold_without_an_estimate_and_skipped_beyond_the_draft_window(tmp_path, corpus, monkeypatch):
-    from adaspec.bench.sweep import prefill_draft
+    from adaspec.bench.loading import prefill_draft
     from adaspec.drafters import ModelDrafter
 
     # No micro-measurement of the draft model: each group's draft prefill is measured from an empty cache.
@@ -361,7 +362,7 @@ def test_points_compare_with_the_plain_runs_of_their_own_invocation():
     """The machine's speed drifts between sessions: a point measured by a later `adaspec bench` run (resume) is
     compared only with the plain runs that run measured of its group, never with older ones."""
     from adaspec.bench.report import analyse
-    from adaspec.bench.sweep import tag_runs
+    from adaspec.bench.results import tag_runs
 
     setting = {"target": "t", "dtype": "float32", "threads": 2, "backend": "torch", "batch": 1}
 
@@ -509,7 +510,7 @@ def test_tree_rows_pair_a_tree_with_the_chain_another_sweep_measured():
 
 
 def test_ngram_tree_chain_points_are_priced_as_lookup():
-    from adaspec.bench.sweep import drafter_cost_key
+    from adaspec.bench.predict import drafter_cost_key
 
     assert drafter_cost_key({"drafter": "ngram-tree"}) is None and drafter_cost_key({"drafter": "ngram"}) is None
     assert drafter_cost_key({"drafter": "qwen2.5-coder-0.5b-instruct"}) == "qwen2.5-coder-0.5b-instruct"

@@ -32,7 +32,7 @@ from adaspec.bench.costmodel import alpha_for_tau  # noqa: E402
 from adaspec.bench.endpoint import (EndpointConfig, EndpointError, RequestResult, open_loop,  # noqa: E402
                                     run_endpoint_bench, summarise)
 from adaspec.bench.endpoint_report import make_endpoint_report  # noqa: E402
-from adaspec.bench.engine_advice import (advise_files, engine_config, fit_level, predicted_speedup,  # noqa: E402
+from adaspec.bench.advise import (advise_files, engine_config, fit_level, predicted_speedup,  # noqa: E402
                                          ranges)
 from adaspec.cli import main as cli_main  # noqa: E402
 from adaspec.errors import ConfigError  # noqa: E402
@@ -459,7 +459,7 @@ def test_advice_fit_reproduces_the_measured_point_and_picks_k():
 
 
 def test_profile_endpoint_pairs_prompts_across_arms():
-    from adaspec.bench.engine_advice import paired_speedups, profile_endpoint
+    from adaspec.bench.advise import paired_speedups, profile_endpoint
 
     rows = [{"kind": "endpoint", "arm": "speculative", "spec": {"acceptance_rate": 0.5},
              "requests_detail": [["a", True, 11, 100, 1100], ["b", True, 11, 100, 600], ["c", False, 0, None, None],
@@ -481,7 +481,7 @@ def test_profile_endpoint_pairs_prompts_across_arms():
 
 
 def test_levels_with_failed_requests_give_no_advice_and_are_flagged(tmp_path):
-    from adaspec.bench.engine_advice import advise
+    from adaspec.bench.advise import advise
     from adaspec.errors import AdaspecError
 
     def row(arm, failed):

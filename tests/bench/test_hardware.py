@@ -87,7 +87,7 @@ def test_synthetic_model_runs_speculative_decoding_losslessly():
 
 def test_synthetic_models_refuse_gguf_runtimes_and_text_quality(tmp_path):
     from adaspec.api import load_model
-    from adaspec.bench.advise import profile_workload
+    from adaspec.bench.profile import profile_workload
     from adaspec.quality.evaluate import run_eval
 
     with pytest.raises(ConfigError, match="built in PyTorch"):

@@ -11,7 +11,8 @@ import torch
 from adaspec.backends import Backend
 from adaspec.controllers import GoodputController, costcurve, make_controller
 from adaspec.controllers.costcurve import DEFAULT_WIDTHS, interpolate, measure_verify_curve
-from adaspec.controllers.goodput import Acceptance, CostModel, Recent, bucket_of, expected_tokens
+from adaspec.controllers.costmodel import MeasuredCosts, Recent, bucket_of, expected_tokens
+from adaspec.controllers.goodput import Acceptance
 from adaspec.errors import ConfigError
 from adaspec.stats import StepRecord
 
@@ -80,7 +81,7 @@ def test_buckets():
 
 
 def test_cost_model_verify_curve_is_measured_and_filled_from_its_shape():
-    costs = CostModel()
+    costs = MeasuredCosts()
     assert not costs.measured
     costs.observe(rec(0, 0, verify_ms=100.0))
     assert costs.measured
@@ -101,7 +102,7 @@ def test_cost_model_verify_curve_is_measured_and_filled_from_its_shape():
 
 
 def test_cost_model_overhead_and_a_compute_bound_curve():
-    costs = CostModel()
+    costs = MeasuredCosts()
     for n in range(1, 10):
         costs.observe(rec(n - 1, 0, draft_ms=5.0 * (n - 1), verify_ms=50.0 * n, overhead=3.0))
     assert costs.overhead_ms() == pytest.approx(3.0)
@@ -396,7 +397,7 @@ def seeded(curve: dict, alpha: float, draft_ms: float, overhead: float = 3.0, ct
 
 
 def test_cost_model_seeded_curve_is_interpolated_extended_and_overridden():
-    costs = CostModel()
+    costs = MeasuredCosts()
     costs.seed_verify(CHEAP, context_len=100)
     assert costs.measured
     assert {n: costs.verify_ms(n, 0) for n in CHEAP} == CHEAP
@@ -481,7 +482,7 @@ def test_a_curve_seeded_while_the_machine_ran_slow_or_fast_does_not_change_the_d
     # Observed widths at the machine's true speed, the rest from the seed: the seed's level cancels, so every
     # width is priced at its true cost (the old rule priced n = 7 at the seed's slow x 115 ms next to K = 2's
     # observed 79 ms).
-    costs = CostModel()
+    costs = MeasuredCosts()
     costs.seed_verify({n: slow * ms for n, ms in true.items()}, 100)
     for n in (1, 3):
         costs.observe(rec(n - 1, 0, verify_ms=true[n]))
@@ -493,13 +494,13 @@ def test_a_noisy_seed_is_made_non_decreasing_and_one_level_serves_the_bucket():
     so K = 5 is not priced below K = 4; and observed widths timed in different spells of the VM set one level for
     the bucket (a median), so the widths between them keep rising with n."""
     seed = {1: 93.0, 2: 101.0, 3: 103.0, 4: 115.0, 5: 134.0, 6: 124.0, 7: 154.0, 9: 203.0}
-    costs = CostModel()
+    costs = MeasuredCosts()
     costs.seed_verify(seed, 100)
     assert costs.seeded[0][5] == costs.seeded[0][6] == pytest.approx(129.0)
     assert {n: v for n, v in costs.seeded[0].items() if n not in (5, 6)} == {n: v for n, v in seed.items()
                                                                             if n not in (5, 6)}
     true = {n: 52.0 + 9.0 * n for n in range(1, 10)}
-    costs = CostModel()
+    costs = MeasuredCosts()
     costs.seed_verify(true, 100)
     costs.observe(rec(0, 0, verify_ms=1.2 * true[1]))  # plain steps timed in a slow spell
     costs.observe(rec(4, 4, verify_ms=true[5]))  # K = 4 steps at the true speed
@@ -528,7 +529,7 @@ def test_a_batched_rows_seed_stands_as_measured():
 
 
 def test_reseeding_smooths_the_raw_samples_and_bad_seeds_are_refused():
-    costs = CostModel()
+    costs = MeasuredCosts()
     costs.seed_verify({5: 134.0, 6: 124.0, 7: 154.0}, 100)
     for _ in range(5):
         costs.seed_verify({6: 124.0}, 100)  # the same sample again: no drift

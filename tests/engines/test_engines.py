@@ -226,7 +226,7 @@ def _row(engine, method, k, c, decode, spec=None):
 
 
 def test_choose_fits_each_configuration_and_gives_vllm_a_schedule():
-    from adaspec.bench.engine_advice import fit_level, predicted_speedup
+    from adaspec.bench.advise import fit_level, predicted_speedup
     from adaspec.engines.choose import choose
 
     spec = {"mean_acceptance_length": 3.0, "mean_draft_length": 4.0, "acceptance_rate": 0.5}

@@ -1,300 +1,243 @@
-"""``adaspec profile``: measure a small sample of a workload and advise whether and how to speculate.
+"""``adaspec advise --for vllm|sglang|llamacpp RESULTS``: a speculative configuration for a serving engine, from
+endpoint measurements (``adaspec bench --endpoint`` with a baseline arm).
 
-1. Micro-measure the target's verify cost and each draft model's per-token cost at the sample's typical context
-   (prompt + half the output), as :mod:`adaspec.bench.micro` does.
-2. Run each candidate drafter with a probe draft length (K = 4, fixed) on every sampled prompt, interleaved with
-   plain decoding, to measure its acceptance α (per position), how often it drafts at all, and the speedup it got.
-3. Predict speedup(α, K) for K = 1..8 with the cost model, take the best (drafter, K), and bootstrap the prompts
-   for a 95% confidence interval of its speedup.
-4. Recommend: speculate when the whole interval is above 1 + MARGIN (the interval is over prompts; the margin
-   covers the cost model's own error); do not when it is below 1 or no K beats plain decoding; otherwise speculate
-   with the goodput controller, which falls back to plain decoding when speculation stops paying. A "no" names,
-   for every candidate, the acceptance it would need at K = 1 or why none would do.
-5. Confirm (``confirm_tokens`` > 0): run the recommended configuration as it will run (its controller, the
-   workload's answer length ``confirm_tokens``, stopping at EOS) on the sampled prompts, each interleaved with
-   plain decoding, as ``adaspec compare`` does. The expected speedup and its 95 % interval are then the measured
-   per-prompt decode speedups (mean, Student's t interval over prompts), and the decision is taken again on them; the cost
-   model's prediction stays in the output (``model_speedup``). Why this step exists: the probe of step 2 runs a
-   fixed K = 4 for ``max_new_tokens`` (48) tokens and the cost model extrapolates it, which predicted 1.55× where
-   ``compare`` at 128 tokens measured 1.17× (issue 17): short probes see the start of an answer (prompt lookup
-   matches the restated code there), ignore EOS and the controller's own exploration.
+At each measured concurrency the speculative arm gives a decode speedup S over the baseline (per-request decode
+rates; throughput when they are missing), a mean acceptance length τ and a mean draft length K̄ (server counters). Under the i.i.d. acceptance model of Leviathan et al. 2023 (Eq. 1 and
+Theorem 3.8: speedup = (1 − α^(K+1)) / ((1 − α)(1 + cK))), one measured point fixes both unknowns: α from τ and K̄
+(:func:`adaspec.bench.costmodel.alpha_for_tau`), and the cost c of each drafted token relative to one plain
+decoding step from c = (τ / S − 1) / K̄. The best K at that concurrency maximises the formula (K = 0: speculation
+off); the advice is a K per batch-size range, written in each engine's own configuration syntax. Without
+acceptance counters (a server without ``/metrics``) the advice is on/off per concurrency from S alone, at the K
+that was measured.
+
+Engine syntax sources: vLLM `docs/features/speculative_decoding/` (``--speculative-config`` with
+``num_speculative_tokens_per_batch_size`` from "Dynamic Speculative Decoding"); SGLang server arguments
+(``--speculative-algorithm``, ``--speculative-num-steps``, ``--speculative-eagle-topk``,
+``--speculative-num-draft-tokens``); llama.cpp `docs/speculative.md` (``llama-server -md``, ``--spec-type``,
+``--spec-draft-n-max``: the older ``--draft-max``/``--draft-min`` are gone from recent builds)
+and llama-cpp-python's server settings (``draft_model``, ``draft_model_num_pred_tokens``).
 """
 
 from __future__ import annotations
 
-import random
+import json
 import statistics
-from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from adaspec.backends.gguf import GgufBackend
-from adaspec.backends.prefix_cache import PrefixCacheBackend
-from adaspec.bench.costmodel import CostModel, leviathan_alpha
-from adaspec.bench.micro import measure_backend, measure_overhead
-from adaspec.bench.prompts import hf_builder
-from adaspec.bench.sweep import decode_tpot_ms, prefill_draft
+from adaspec.bench.endpoint import read_rows
+from adaspec.bench.endpoint_report import levels
+from adaspec.bench.costmodel import alpha_for_tau
+from adaspec.controllers.costmodel import expected_tokens
 from adaspec.errors import AdaspecError
 from adaspec.quality.stats import mean_interval
 
-PROBE_K = 4
-K_RANGE = range(1, 9)
-MARGIN = 0.05  # "enable" needs the 95 % interval above 1 + MARGIN (the cost model's typical error); else "marginal"
+ENGINES = ("vllm", "sglang", "llamacpp")
+MARGIN = 1.03  # a measured speedup must clear the 2-core VM's run-to-run noise to count as a gain
 
 
-def _sample(prompts: list, n: int) -> list:
-    """``n`` prompts spread evenly over the workload (all of them when it has fewer)."""
-    if len(prompts) <= n:
-        return prompts
-    step = len(prompts) / n
-    return [prompts[int(i * step)] for i in range(n)]
+def predicted_speedup(alpha: float, cost: float, k: int) -> float:
+    """Leviathan et al. 2023, Theorem 3.8, with ``cost`` per drafted token relative to a plain step."""
+    return expected_tokens(alpha, k) / (1 + cost * k)
 
 
-def _load_drafter(spec: str, target, dtype: str | None, loader: Callable | None, backend: str = "auto",
-                  device: str = "cpu"):
-    from adaspec.api import builtin_drafter, make_drafter
-    from adaspec.drafters.model import ModelDrafter
-
-    if loader is None or builtin_drafter(spec):
-        return make_drafter(spec, target, dtype=dtype, backend=backend, device=device)
-    return ModelDrafter(loader(spec, dtype).backend)
+def fit_level(speedup: float, tau: float, k_bar: float) -> tuple[float, float]:
+    """(α, c) that reproduce a measured speedup S at mean acceptance length τ and mean draft length K̄."""
+    alpha = alpha_for_tau(tau, k_bar)
+    cost = max((tau / speedup - 1) / k_bar, 0.0) if k_bar > 0 else 0.0
+    return alpha, cost
 
 
-def profile_workload(workload: str, *, target: str, drafts: list[str], sample: int = 3, max_new_tokens: int = 48,
-                     temperature: float = 0.0, dtype: str | None = None, threads: int | None = None, seed: int = 0,
-                     loader: Callable | None = None, bootstrap: int = 2000, backend: str = "auto",
-                     device: str = "auto", confirm_tokens: int = 128) -> dict:
-    """Measure and advise (see the module docstring). Returns a JSON-ready dict. ``backend``/``device``/``dtype``
-    choose where the models run as in :func:`adaspec.api.load`.
+def advise(rows: list[dict], *, max_k: int = 8) -> dict:
+    """Per measured concurrency: measured S, τ, K̄, fitted α and c, the best K and its predicted speedup.
 
     Raises:
-        AdaspecError: unknown workload, or no usable drafter.
-        ConfigError: a synthetic (random-weight) target or draft: acceptance on a workload needs real text.
+        AdaspecError: no closed-loop level has both arms (the advice needs a baseline).
     """
-    from adaspec.api import SpeculativeLM, load_model, set_threads
-    from adaspec.models.synthetic import refuse_synthetic
-
-    for spec in (target, *drafts):
-        refuse_synthetic(spec, "adaspec profile")
-    from adaspec.backends.select import resolve_device
-    from adaspec.controllers import make_controller
-    from adaspec.drafters.model import ModelDrafter
-    from adaspec.drafters.suffix import with_own_cache
-    from adaspec.engine import GenerationConfig, SpeculativeEngine
-    from adaspec.workloads import load_workload
-
-    n_threads = set_threads(threads)
-    prompts = _sample(load_workload(workload), sample)
-    device = resolve_device(device)
-    tgt = loader(target, dtype) if loader else load_model(target, backend=backend, dtype=dtype, device=device)
-    tok = tgt.tokenizer if hasattr(tgt.tokenizer, "decode") else None
-    lm = SpeculativeLM(tgt, None, make_controller("fixed", 0))
-    if getattr(tgt.tokenizer, "chat_template", None):
-        encoded = [lm.encode(p.model_input()) for p in prompts]
-    else:
-        encoded = [tgt.tokenizer(p.as_text(), add_special_tokens=False)["input_ids"] for p in prompts]
-    drafters = {d: _load_drafter(d, tgt, dtype, loader, backend, device) for d in drafts if d.lower() != "none"}
-    if not drafters:
-        raise AdaspecError("give at least one candidate drafter")
-    # Every run of a prompt reuses its prompt cache (plain and speculative alike): prefill once per prompt.
-    target_backend = PrefixCacheBackend(tgt.backend)
-    for d in drafters.values():
-        if isinstance(d, ModelDrafter):
-            d.backend = PrefixCacheBackend(d.backend)
-
-    # 1. Costs at the typical context.
-    context = int(statistics.median(len(e) for e in encoded)) + max_new_tokens // 2
-    widths = [k + 1 for k in (0, 1, 2, 3, 4, 5, 7)]
-    padding = hf_builder(tgt.tokenizer).padding_ids(context + max(widths) + 1)
-    micro = measure_backend(target_backend, padding, [context], widths, 3)
-    draft_rows = []
-    for name, d in drafters.items():
-        if isinstance(d, ModelDrafter):
-            draft_rows += [(name, r["context"], r["ms"]) for r in measure_backend(d.backend, padding, [context], [1], 3)
-                           if r["measure"] == "forward"]
-    plain = SpeculativeEngine(target_backend, None, None, tokenizer=tok)
-    plain.warmup()
-    overhead = measure_overhead(plain, encoded[0])
-    model = CostModel.fit([(r["n"], r["context"], r["ms"]) for r in micro if r["measure"] == "forward"], draft_rows,
-                          overhead)
-
-    # 2. Probe runs, interleaved with plain decoding.
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, ignore_eos=True)
-    per: dict[str, list[dict]] = {d: [] for d in drafters}
-    for ids in encoded:
-        base = plain.generate(ids, cfg).stats
-        base_tpot = decode_tpot_ms(base)
-        for d in drafters.values():  # the draft model's prefill stays out of the timed probe (like the target's)
-            if isinstance(d, ModelDrafter):
-                prefill_draft(d, ids)
-        for name, d in drafters.items():
-            s = SpeculativeEngine(target_backend, d, make_controller("fixed", PROBE_K), tokenizer=tok).generate(
-                ids, cfg).stats
-            spec = [st for st in s.steps if st.drafted > 0]
-            per[name].append({"accepted": s.accepted_tokens,
-                              "rejections": sum(1 for st in spec if st.accepted < st.drafted),
-                              "drafted": s.draft_tokens, "spec_steps": len(spec), "steps": len(s.steps),
-                              "speedup": base_tpot / decode_tpot_ms(s) if decode_tpot_ms(s) else 0.0})
-
-    # 3. Predictions and intervals.
-    rng = random.Random(seed)
-    candidates = []
-    for name, runs in per.items():
-        cost = name if name in model.draft else (None if name == "ngram" else 0.0)
-        alpha, k_eff, p_plain = _pool(runs)
-        best_k, best = _best(model, alpha, context, cost, p_plain, k_eff)
-        boots = []
-        for _ in range(bootstrap):
-            a, ke, pp = _pool([rng.choice(runs) for _ in runs])
-            kk = min(best_k, ke * best_k / PROBE_K) if cost is None else best_k  # as _best computes the point
-            boots.append(model.speedup(a, kk, context, cost, pp))
-        boots.sort()
-        candidates.append({
-            "drafter": name, "alpha": round(alpha, 4),
-            "alpha_per_prompt": [round(leviathan_alpha(r["accepted"], r["rejections"]), 3) for r in runs],
-            "drafting_steps_share": round(1 - p_plain, 3), "best_k": best_k,
-            "predicted_speedup": round(best, 3),
-            "ci95": [round(boots[int(0.025 * len(boots))], 3), round(boots[int(0.975 * len(boots)) - 1], 3)],
-            "measured_speedup_probe_k": round(statistics.fmean(r["speedup"] for r in runs), 3),
-            "draft_ms_per_token": round(model.draft_ms(cost, context), 2)})
-    best = max(candidates, key=lambda c: c["predicted_speedup"])
-
-    # 4. Decision. The interval covers the prompts' spread, not the cost model's own error (median 3-11 % against
-    # measured points on the CPUs documented in docs/boundary-cpu.md): "yes" needs the interval clear of 1 by MARGIN.
-    enable = decide(best["best_k"], best["ci95"])
-    spread = max(best["alpha_per_prompt"]) - min(best["alpha_per_prompt"])
-    controller = "goodput" if enable == "marginal" or spread > 0.15 or best["drafter"] == "ngram" else "fixed"
-    k = best["best_k"]
-    plain_ms = model.plain_step_ms(context)
-    category = prompts[0].category
-    if enable == "no":
-        reason = "; ".join(_why_not(model, c, context, category, plain_ms) for c in candidates)
-    else:
-        reason = (f"acceptance {best['alpha']:.2f} on {category}; verify({k + 1}) costs "
-                  f"{model.verify_ms(k + 1, context) / model.verify_ms(1, context):.2f}× a single step here; a draft "
-                  f"token costs {best['draft_ms_per_token'] / plain_ms:.2f} steps")
-    expected, ci, confirmed = best["predicted_speedup"], best["ci95"], None
-    if enable != "no" and confirm_tokens > 0:
-        controller_obj = (lambda: make_controller("goodput", None)) if controller == "goodput" else (
-            lambda: make_controller("fixed", k))
-        curve = {r["n"]: r["ms"] for r in micro if r["measure"] == "forward" and r["context"] == context}
-        # a fresh suffix cache: the probes' answers to these very prompts would draft the confirmation's
-        confirmed = _confirm(plain, target_backend, with_own_cache(drafters[best["drafter"]]), controller_obj,
-                             encoded, tok,
-                             GenerationConfig(max_new_tokens=confirm_tokens, temperature=temperature, seed=seed),
-                             curve, context)
-        if confirmed:
-            expected = round(statistics.fmean(confirmed), 3)
-            ci = [round(x, 3) for x in mean_interval(confirmed)]
-            enable = decide(k, ci)
-        else:  # no answer had two tokens: nothing to time, the model's prediction stands
-            confirmed = None
-    return {
-        "workload": workload, "sample": len(prompts), "prompt_ids": [p.id for p in prompts],
-        "context_tokens": context, "max_new_tokens": max_new_tokens,
-        "temperature": temperature, "target": tgt.name,
-        "dtype": "gguf" if isinstance(tgt.backend, GgufBackend) else dtype or "bfloat16", "threads": n_threads,
-        "enable": enable, "expected_speedup": expected, "ci95": ci,
-        "basis": (f"measured: the recommended configuration, {confirm_tokens} tokens, per-prompt decode speedups"
-                  if confirmed else "cost model (probe at K = 4)"),
-        "model_speedup": best["predicted_speedup"], "model_ci95": best["ci95"],
-        "confirmed_speedups": [round(x, 3) for x in confirmed] if confirmed else None,
-        "recommended": {"drafter": best["drafter"] if enable != "no" else "none",
-                        "controller": controller if enable != "no" else "fixed", "k": k if enable != "no" else 0},
-        "reason": reason,
-        "costs": {"plain_step_ms": round(plain_ms, 2),
-                  "verify_ratio": {str(n): round(model.verify_ms(n, context) / model.verify_ms(1, context), 3)
-                                   for n in widths}},
-        "candidates": candidates,
-    }
-
-
-def _confirm(plain, target_backend, drafter, controller, encoded: list[list[int]], tok, cfg, curve: dict,
-             context: int) -> list[float]:
-    """Per prompt: plain decoding, then the recommended configuration on the same prompt cache; the ratio of
-    their decode times per token (the draft model's prompt prefill counted, as in ``adaspec compare``). Each fresh
-    controller gets the verification curve measured in step 1, as an engine's warm-up calibration gives it."""
-    from adaspec.engine import SpeculativeEngine
-
     out = []
-    for ids in encoded:
-        base = plain.generate(ids, cfg).stats
-        ctrl = controller()
-        if curve:
-            ctrl.seed_verify_costs(curve, context)
-        spec = SpeculativeEngine(target_backend, drafter, ctrl, tokenizer=tok).generate(ids, cfg).stats
-        b, t = _decode_ms_per_token(base), _decode_ms_per_token(spec)
-        if b and t:
-            out.append(b / t)
+    for lv in levels(rows):
+        if lv.load != "closed" or "speculative" not in lv.rows or "baseline" not in lv.rows:
+            continue
+        throughput = lv.ratio(lambda r: r.get("throughput_tok_s"))
+        s = lv.ratio(lambda r: r.get("decode_tok_s")) or throughput  # per-token decoding: Leviathan's quantity
+        if s is None or lv.failures:
+            continue  # a level with failed requests measured the failures, not speculation
+        spec = lv.rows["speculative"][-1].get("spec") or {}
+        tau, k_bar = spec.get("mean_acceptance_length"), spec.get("mean_draft_length")
+        entry = {"concurrency": int(lv.level), "speedup": round(s, 3),
+                 "throughput_speedup": round(throughput, 3) if throughput else None, "tau": tau, "k_measured": k_bar,
+                 "acceptance_rate": spec.get("acceptance_rate")}
+        if tau and k_bar:
+            alpha, cost = fit_level(s, tau, k_bar)
+            best = max(range(max_k + 1), key=lambda k: predicted_speedup(alpha, cost, k))
+            if predicted_speedup(alpha, cost, best) < MARGIN:
+                best = 0
+            entry.update(alpha=round(alpha, 4), cost=round(cost, 4), k=best,
+                         predicted=round(predicted_speedup(alpha, cost, best), 3), basis="fitted")
+        else:
+            entry.update(k=None if s >= MARGIN else 0, predicted=round(s, 3), basis="measured speedup only",
+                         note=spec.get("note", "no acceptance counters"))
+        out.append(entry)
+    if not out:
+        raise AdaspecError("the results have no closed-loop level measured with both arms and without failed "
+                           "requests: run adaspec bench "
+                           "--endpoint URL --baseline URL (or --baseline-body) --concurrency 1,4,...")
+    return {"levels": out}
+
+
+def ranges(levels_: list[dict], k_default: int) -> list[list[int]]:
+    """``[start_bs, end_bs, K]`` ranges (vLLM's ``num_speculative_tokens_per_batch_size``) from per-concurrency Ks:
+    each measured concurrency's K holds up to the next measured one; past the last, only K = 0 is extended."""
+    out: list[list[int]] = []
+    for i, lv in enumerate(levels_):
+        k = k_default if lv["k"] is None else lv["k"]
+        start = 1 if i == 0 else lv["concurrency"]
+        if i + 1 < len(levels_):
+            end = levels_[i + 1]["concurrency"] - 1
+        else:  # past the last measured level only "off" is extended (speculation pays less as batches grow)
+            end = max(512, lv["concurrency"]) if k == 0 else lv["concurrency"]
+        if out and out[-1][2] == k:
+            out[-1][1] = end
+        else:
+            out.append([start, end, k])
     return out
 
 
-def _decode_ms_per_token(stats) -> float | None:
-    """(total − TTFT) / (tokens − 1) in ms: the decoding phase, drafter prefill included."""
-    return (stats.total_ms - stats.ttft_ms) / (stats.new_tokens - 1) if stats.new_tokens > 1 else None
+def engine_config(engine: str, advice: dict, *, model: str = "MODEL", method: str = "ngram",
+                  draft: str | None = None) -> dict:
+    """The engine's command line for the advice: ``{"command": str, "notes": [str]}``.
+
+    Raises:
+        AdaspecError: an unknown engine or method.
+    """
+    if engine not in ENGINES:
+        raise AdaspecError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if method not in ("ngram", "draft"):
+        raise AdaspecError(f"unknown method {method!r}: ngram (prompt lookup) or draft (a draft model)")
+    model = model.rsplit("@", 1)[0] if model.endswith(("@ik", "@llamacpp", "@torch")) else model
+    lv = advice["levels"]
+    ks = [e["k"] for e in lv if e["k"] is not None]
+    measured = [round(e["k_measured"]) for e in lv if e.get("k_measured")]
+    k_default = measured[0] if measured else 4
+    k_max = max(ks + [0]) or (k_default if any(e["k"] is None for e in lv) else 0)
+    table = ranges(lv, k_default)
+    draft_name = draft or "DRAFT_MODEL"
+    notes = []
+    if k_max == 0:
+        notes.append("Speculation did not pay at any measured concurrency: serve without it.")
+    if table[-1][2] != 0:
+        notes.append(f"Concurrency above {table[-1][1]} was not measured; measure it before relying on K there.")
+    if engine == "vllm":
+        conf = ({"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4} if method == "ngram"
+                else {"method": "draft_model", "model": draft_name})
+        conf["num_speculative_tokens"] = max(k_max, 1)
+        if len({r[2] for r in table}) > 1:
+            conf["num_speculative_tokens_per_batch_size"] = table
+        command = f"vllm serve {model} --speculative-config '{json.dumps(conf)}'"
+        if k_max == 0:
+            command = f"vllm serve {model}"
+    elif engine == "sglang":
+        k = max(k_max, 1)
+        algo = "NGRAM" if method == "ngram" else "STANDALONE"
+        command = (f"python -m sglang.launch_server --model-path {model} --speculative-algorithm {algo}"
+                   + (f" --speculative-draft-model-path {draft_name}" if method == "draft" else "")
+                   + f" --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}")
+        if k_max == 0:
+            command = f"python -m sglang.launch_server --model-path {model}"
+        off = [r for r in table if r[2] == 0]
+        if off and k_max > 0:
+            notes.append(f"SGLang takes one draft length for all batch sizes: speculation stopped paying from "
+                         f"{off[0][0]} concurrent requests here, so run a second instance without it for such load.")
+    else:
+        k = max(k_max, 1)
+        gguf = model if model.endswith(".gguf") else f"{model}.gguf"
+        draft_gguf = draft_name if draft_name.endswith(".gguf") else f"{draft_name}.gguf"
+        spec = (f"-md {draft_gguf} --spec-type draft-simple" if method == "draft" else
+                f"--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m {k}")
+        command = f"llama-server -m {gguf} {spec} --spec-draft-n-max {k} --spec-draft-n-min 0"
+        if method == "draft":  # K tokens every step, as measured (the default stops at a low-confidence token)
+            command += " --spec-draft-p-min 0"
+        notes.append(f"llama-cpp-python's server: python -m llama_cpp.server --model {gguf} "
+                     + ("--draft_model prompt-lookup-decoding " if method == "ngram" else "")
+                     + f"--draft_model_num_pred_tokens {k} (prompt lookup only).")
+        if k_max == 0:
+            command = f"llama-server -m {gguf}"
+        notes.append("llama.cpp speculates per slot with one --spec-draft-n-max; K per batch size is not configurable.")
+    return {"command": command, "notes": notes, "ranges": table}
 
 
-def decide(best_k: int, ci95: Sequence[float]) -> str:
-    """``"yes"``, ``"no"`` or ``"marginal"`` for the best candidate's K and 95 % interval of predicted speedup."""
-    lo, hi = ci95
-    if best_k == 0 or hi < 1.0:
-        return "no"
-    return "yes" if lo > 1.0 + MARGIN else "marginal"
-
-
-def _why_not(model: CostModel, c: dict, context: int, category: str, plain_ms: float) -> str:
-    """Why candidate ``c`` does not pay: its acceptance is below what K = 1 needs, or no acceptance would do."""
-    cost = c["drafter"] if c["drafter"] in model.draft else (None if c["drafter"] == "ngram" else 0.0)
-    need = model.min_alpha(1, context, cost)
-    draft = c["draft_ms_per_token"] / plain_ms
-    if need == need and c["alpha"] >= need:  # enough acceptance, yet no K's predicted speedup clears 1
-        lo, hi = c["ci95"]
-        return (f"{c['drafter']}: acceptance {c['alpha']:.2f} on {category} meets the {need:.2f} K = 1 needs, but "
-                f"it drafts on {c['drafting_steps_share']:.0%} of steps and its predicted speedup is "
-                f"{c['predicted_speedup']:.2f} (95 % interval {lo:.2f}-{hi:.2f})")
-    if need == need:
-        return (f"{c['drafter']}: acceptance {c['alpha']:.2f} on {category} is below the {need:.2f} that even K = 1 "
-                f"needs here (a draft token costs {draft:.2f} of a {plain_ms:.0f} ms target step)")
-    return (f"{c['drafter']}: cannot pay at any acceptance (a draft token costs {draft:.2f} of a {plain_ms:.0f} ms "
-            f"step and verify(2) {model.verify_ms(2, context) / model.verify_ms(1, context):.2f} steps)")
-
-
-def _pool(runs: list[dict]) -> tuple[float, float, float]:
-    """Pooled α (per position), mean draft length per drafting step, share of steps that drafted nothing."""
-    acc = sum(r["accepted"] for r in runs)
-    alpha = leviathan_alpha(acc, sum(r["rejections"] for r in runs))
-    spec = sum(r["spec_steps"] for r in runs)
-    steps = sum(r["steps"] for r in runs)
-    k_eff = sum(r["drafted"] for r in runs) / spec if spec else 0.0
-    return alpha, k_eff, 1 - spec / steps if steps else 1.0
-
-
-def _best(model: CostModel, alpha: float, context: int, cost, p_plain: float, k_eff: float) -> tuple[int, float]:
-    """Best K in 1..8 (n-gram drafts are capped by how much the lookup found: K_eff at the probe K)."""
-    best = (0, 1.0)
-    for k in K_RANGE:
-        kk = min(k, k_eff * k / PROBE_K) if cost is None else k
-        s = model.speedup(alpha, kk, context, cost, p_plain)
-        if s > best[1]:
-            best = (k, s)
-    return best
-
-
-def format_advice(a: dict) -> str:
-    """Human-readable advice (``a`` as returned by :func:`profile_workload`)."""
-    rec = a["recommended"]
-    verdict = {"yes": "enable speculation", "no": "do not speculate (plain decoding)",
-               "marginal": "marginal: speculate only with the goodput controller (it falls back to plain)"}[a["enable"]]
-    lines = [
-        f"workload {a['workload']}: {a['sample']} prompts, ~{a['context_tokens']} tokens of context, "
-        f"{a['target']} {a['dtype']}, {a['threads']} threads, temperature {a['temperature']:g}",
-        f"expected speedup  {a['expected_speedup']:.2f}x  (95% CI {a['ci95'][0]:.2f}-{a['ci95'][1]:.2f}; "
-        f"{a.get('basis', 'cost model')})",
-        f"advice            {verdict}",
-        f"recommended       drafter {rec['drafter']}, controller {rec['controller']}, K = {rec['k']}",
-        f"reason            {a['reason']}",
-        "",
-        "drafter                          alpha  best K  predicted  95% CI        measured at K=4",
-    ]
-    for c in a["candidates"]:
-        lines.append(f"{c['drafter'][:32]:<32} {c['alpha']:.2f}   {c['best_k']:>5}   {c['predicted_speedup']:.2f}x"
-                     f"      {c['ci95'][0]:.2f}-{c['ci95'][1]:.2f}     {c['measured_speedup_probe_k']:.2f}x")
+def format_advice(engine: str, advice: dict, config: dict) -> str:
+    lines = [f"Advice for {engine} from {len(advice['levels'])} measured concurrency level(s):", "",
+             "| clients | decode speedup (throughput) | τ | K̄ measured | fitted α | cost c per draft token | best K | "
+             "predicted at best K |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for e in advice["levels"]:
+        def f(x, fmt=".2f"):
+            return "–" if x is None else f"{x:{fmt}}"
+        lines.append(f"| {e['concurrency']} | {e['speedup']:.2f}× ({f(e.get('throughput_speedup'))}×) | "
+                     f"{f(e['tau'])} | {f(e['k_measured'])} | "
+                     f"{f(e.get('alpha'), '.3f')} | {f(e.get('cost'), '.3f')} | "
+                     f"{'as measured' if e['k'] is None else e['k']} | {e['predicted']:.2f}× ({e['basis']}) |")
+    lines += ["", "Configuration:", "", "    " + config["command"], ""]
+    lines += [f"- {n}" for n in config["notes"]]
+    lines += ["", "Predicted speedups extrapolate the measured point with Leviathan et al.'s i.i.d. model; only the "
+                  "measured K is a measurement."]
     return "\n".join(lines)
+
+
+def advise_files(paths: list[Path], engine: str, *, method: str = "ngram", draft: str | None = None,
+                 model: str | None = None, max_k: int = 8) -> dict:
+    """:func:`advise` and :func:`engine_config` over endpoint results files."""
+    rows = read_rows(paths)
+    advice = advise(rows, max_k=max_k)
+    models = [r.get("model") for r in rows if r.get("kind") == "endpoint" and r.get("arm") == "speculative"]
+    config = engine_config(engine, advice, model=model or (models[0] if models else "MODEL"), method=method,
+                           draft=draft)
+    return {"engine": engine, **advice, "config": config}
+
+
+def paired_speedups(rows: list[dict]) -> list[float]:
+    """Per prompt: the speculative arm's decode rate over the baseline's ((tokens − 1) / (e2e − TTFT), each prompt's
+    requests pooled), for prompts both arms completed with more than one token."""
+    rates: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        if r.get("kind") != "endpoint":
+            continue
+        for pid, ok, tokens, ttft, e2e in r.get("requests_detail", []):
+            if ok and tokens > 1 and e2e > ttft:
+                rates.setdefault(pid, {}).setdefault(r["arm"], []).append((tokens - 1) / (e2e - ttft))
+    return [statistics.fmean(v["speculative"]) / statistics.fmean(v["baseline"]) for v in rates.values()
+            if v.get("speculative") and v.get("baseline")]
+
+
+def profile_endpoint(rows: list[dict]) -> dict:
+    """``adaspec profile --endpoint``: enable speculation on this endpoint for this workload? The mean of the
+    per-prompt paired speedups with a Student's t 95 % interval over prompts
+    (:func:`adaspec.quality.stats.mean_interval`), decided as
+    :func:`adaspec.bench.profile.decide` does (yes when the interval clears 1 + its margin).
+
+    Raises:
+        AdaspecError: no prompt was completed by both arms.
+    """
+    from adaspec.bench.profile import decide
+
+    ratios = paired_speedups(rows)
+    if not ratios:
+        raise AdaspecError("no prompt was answered by both arms with more than one token: nothing to compare")
+    ci = [round(x, 3) for x in mean_interval(ratios)]
+    spec = next((r.get("spec") or {} for r in reversed(rows) if r.get("kind") == "endpoint"
+                 and r.get("arm") == "speculative"), {})
+    return {"prompts": len(ratios), "speedup": round(statistics.fmean(ratios), 3), "ci95": ci,
+            "enable": decide(1, ci), "acceptance_rate": spec.get("acceptance_rate"),
+            "mean_acceptance_length": spec.get("mean_acceptance_length"), "spec_note": spec.get("note")}
+
+
+def format_profile(p: dict, out: Path) -> str:
+    verdict = {"yes": "enable speculation on this endpoint", "no": "serve without speculation",
+               "marginal": "marginal: the gain is within noise; measure more prompts"}[p["enable"]]
+    alpha = p.get("acceptance_rate")
+    return "\n".join([
+        f"decode speedup    {p['speedup']:.2f}x  (95% CI {p['ci95'][0]:.2f}-{p['ci95'][1]:.2f}, "
+        f"{p['prompts']} prompts paired)",
+        f"advice            {verdict}",
+        "acceptance        " + (f"α {alpha:.3f}, τ {p['mean_acceptance_length'] or float('nan'):.2f}"
+                                if alpha is not None else p.get("spec_note") or "not reported by the server"),
+        f"results           {out} (adaspec map {out}; adaspec advise --for vllm|sglang|llamacpp {out})"])

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from adaspec.bench.plots import pyplot as _plt
 from adaspec.bench.plots import save as _save
-from adaspec.bench.sweep import apply_baseline, tag_runs
+from adaspec.bench.results import apply_baseline, tag_runs
 
 FAMILY_KEYS = ("target", "dtype", "threads", "backend")
 SEED_CLAIM = ("speculation's gain shrinks as the batch grows (a batch's parallelism competes with verification's), "
@@ -107,7 +107,7 @@ def config_label(p: dict) -> str:
 
 def analyse_batches(rows: list[dict]) -> list[BatchFamily]:
     """Families with at least two batch sizes measured; each point's speedup against its group's plain runs of the
-    same invocation (as :func:`adaspec.bench.sweep.apply_baseline`)."""
+    same invocation (as :func:`adaspec.bench.results.apply_baseline`)."""
     families: dict[tuple, BatchFamily] = {}
     groups: dict[tuple, list[dict]] = defaultdict(list)
     rows = tag_runs(rows)

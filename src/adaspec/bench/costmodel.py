@@ -1,19 +1,12 @@
-"""Cost model: speedup(α, K, context) in closed form from measured cost curves.
+"""The cost model's curves fitted to micro-measurements: speedup(α, K, context) in closed form.
 
-Leviathan et al. 2023 (Theorem 3.8 and §3.3) give, for i.i.d. per-token acceptance α, draft length K, a draft that
-costs c target steps per token and a verification of K + 1 tokens that costs as much as one target step:
-
-    speedup = (1 - α^(K+1)) / ((1 - α) (K c + 1)).
-
-On real hardware verifying K + 1 tokens costs more than one step, and every cost grows with the context length L,
-so here each cost is a measured curve (all in milliseconds, per step):
+The cost model (:mod:`adaspec.controllers.costmodel`: speedup = E(K) / T(K) × T(plain), boundary α, best K) prices a
+step from three costs; here each is a curve in the context length L fitted to one setting's micro-measurements
+(all in milliseconds, per step):
 
     T_v(n, L)  target forward over n tokens after L cached ones (+ argmax + cache rollback); n = K + 1 verifies K;
     T_d(L)     one draft token at context L (a line fitted to micro-measurements; 0 for n-gram lookup);
     o          engine overhead per step (stop checks, detokenising, controller), measured on plain steps.
-
-    E[tokens per step] = (1 - α^(K+1)) / (1 - α)            (K + 1 when α = 1)
-    speedup(α, K, L)   = E / (K T_d(L) + T_v(K+1, L) + o)  ×  (T_v(1, L) + o)
 
 T_v is fitted as a line in L per measured n whose slope grows linearly with n (attention over L cached tokens costs
 ∝ n L; least squares, relative error weighting), with a free intercept per n, interpolated linearly in n between
@@ -22,7 +15,7 @@ width (or a draft model) was measured at two or more contexts, the cost *within*
 measured curve itself (piecewise linear through the median at each context) and the fitted line's slope carries it
 beyond them: on llama.cpp the cost is not a line in L (caches, kernel switches; verify(5) measured 285, 236, 227,
 318, 296, 451 ms at 256 … 16K), and the line alone mispredicted the measured speedups by 11.2 % (median, 55
-points) against 6.4 % with the curve (docs/boundary-cpu.md). Everything here is pure numpy: fitting, prediction, and the boundary α where speedup = 1.
+points) against 6.4 % with the curve (docs/boundary-cpu.md). The fitting is pure numpy.
 """
 
 from __future__ import annotations
@@ -33,6 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from adaspec.controllers import costmodel
+from adaspec.controllers.costmodel import expected_tokens  # noqa: F401 (re-exported)
 from adaspec.errors import ConfigError
 
 
@@ -51,15 +46,6 @@ def fit_line(x: Sequence[float], y: Sequence[float], *, relative: bool = True) -
     a_mat = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
     coef, *_ = np.linalg.lstsq(a_mat, y * w, rcond=None)
     return float(coef[0]), float(coef[1])
-
-
-def expected_tokens(alpha: float, k: float) -> float:
-    """E[tokens emitted per speculation step] = (1 - α^(K+1)) / (1 - α), for i.i.d. acceptance α and K drafts."""
-    if k <= 0:
-        return 1.0
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 def alpha_for_tau(tau: float, k: float) -> float:
@@ -132,8 +118,10 @@ def _on_curve(curve: Sequence[tuple[float, float]], slope: float, context: float
 
 
 @dataclass
-class CostModel:
-    """Fitted cost curves of one (target, dtype, threads, backend) setting; see the module docstring.
+class FittedCostModel(costmodel.CostModel):
+    """The cost model (:class:`adaspec.controllers.costmodel.CostModel`: speedup, boundary α, best K) with cost
+    curves fitted to the micro-measurements of one (target, dtype, threads, backend) setting; see the module
+    docstring.
 
     Attributes:
         verify: ``{n: (a_n, c_n)}`` with T_v(n, L) = a_n + c_n L, in ms.
@@ -153,7 +141,7 @@ class CostModel:
     # Fitting ------------------------------------------------------------------------------------------------
     @classmethod
     def fit(cls, verify_samples: Iterable[tuple[int, int, float]],
-            draft_samples: Iterable[tuple[str, int, float]] = (), overhead_ms: float = 0.0) -> CostModel:
+            draft_samples: Iterable[tuple[str, int, float]] = (), overhead_ms: float = 0.0) -> FittedCostModel:
         """Fit from micro-measurements.
 
         Args:
@@ -215,63 +203,8 @@ class CostModel:
         curve = self.draft_curves.get(drafter)
         return _on_curve(curve, f, context) if curve else e + f * context
 
-    def plain_step_ms(self, context: float) -> float:
-        return self.verify_ms(1, context) + self.overhead_ms
-
-    def spec_step_ms(self, k: float, context: float, drafter: str | float | None) -> float:
-        return k * self.draft_ms(drafter, context) + self.verify_ms(k + 1, context) + self.overhead_ms
-
-    # Predictions --------------------------------------------------------------------------------------------
-    def speedup(self, alpha: float, k: float, context: float, drafter: str | float | None,
-                plain_fraction: float = 0.0) -> float:
-        """Predicted decode speedup over plain decoding.
-
-        ``plain_fraction`` is the share of steps that draft nothing (an n-gram miss, an adaptive fallback):
-        they emit one token at plain-step cost.
-        """
-        t_plain = self.plain_step_ms(context)
-        if k <= 0:
-            return 1.0
-        p = min(max(plain_fraction, 0.0), 1.0)
-        tokens = (1 - p) * expected_tokens(alpha, k) + p
-        time = (1 - p) * self.spec_step_ms(k, context, drafter) + p * t_plain
-        return tokens / time * t_plain
-
-    def min_alpha(self, k: int, context: float, drafter: str | float | None) -> float:
-        """The smallest α with speedup ≥ 1 (bisection; speedup grows with α). 0.0 if it always pays, nan if never."""
-        if self.speedup(0.0, k, context, drafter) >= 1.0:
-            return 0.0
-        if self.speedup(1.0, k, context, drafter) < 1.0:
-            return math.nan
-        lo, hi = 0.0, 1.0
-        for _ in range(50):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if self.speedup(mid, k, context, drafter) < 1.0 else (lo, mid)
-        return hi
-
-    def best_k(self, alpha: float, context: float, drafter: str | float | None,
-               ks: Iterable[int] = range(1, 17)) -> tuple[int, float]:
-        """``(K, speedup)`` maximising predicted speedup over ``ks`` (K = 0, plain decoding, if nothing beats 1)."""
-        best = (0, 1.0)
-        for k in ks:
-            s = self.speedup(alpha, k, context, drafter)
-            if s > best[1]:
-                best = (k, s)
-        return best
-
-    def break_even_context(self, alpha: float, k: int, drafter: str | float | None,
-                           max_context: float = 131072) -> float:
-        """The context length beyond which speedup(α, K, L) < 1 (bisection over L); 0 if it never pays, inf if
-        it pays up to ``max_context``."""
-        if self.speedup(alpha, k, 0, drafter) < 1.0:
-            return 0.0
-        if self.speedup(alpha, k, max_context, drafter) >= 1.0:
-            return math.inf
-        lo, hi = 0.0, float(max_context)
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if self.speedup(alpha, k, mid, drafter) >= 1.0 else (lo, mid)
-        return lo
+    def step_overhead_ms(self) -> float:
+        return self.overhead_ms
 
     # Serialisation ------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -281,7 +214,7 @@ class CostModel:
                 "draft_curves": {d: [list(p) for p in c] for d, c in self.draft_curves.items()}}
 
     @classmethod
-    def from_dict(cls, d: dict) -> CostModel:
+    def from_dict(cls, d: dict) -> FittedCostModel:
         return cls({int(n): tuple(v) for n, v in d["verify"].items()},
                    {k: tuple(v) for k, v in d.get("draft", {}).items()}, float(d.get("overhead_ms", 0.0)),
                    {int(n): [tuple(p) for p in c] for n, c in d.get("verify_curves", {}).items()},
@@ -303,3 +236,6 @@ def leviathan_alpha(accepted: int, rejections: int) -> float:
 def relative_errors(pairs: Iterable[tuple[float, float]]) -> list[float]:
     """|predicted - measured| / measured for ``(predicted, measured)`` pairs with measured > 0."""
     return [abs(p - m) / m for p, m in pairs if m > 0 and not (math.isnan(p) or math.isnan(m))]
+
+
+CostModel = FittedCostModel  # its name here before issue 40

@@ -22,7 +22,7 @@ order, the LM head) and the rest of the forward from the real model with its mat
 weight term dominates and T(K + 1, L) ≈ T(1, L): verification is nearly free, which is where speculation's 2–3×
 lives. On a small CPU the flops term overtakes it after a few tokens (verify(5) ≈ 3 steps with bf16 on AVX2).
 
-The predicted costs fill a :class:`~adaspec.bench.costmodel.CostModel` (the same closed form the measured study
+The predicted costs fill a :class:`~adaspec.bench.costmodel.FittedCostModel` (the cost model the measured study
 uses), so every prediction — speedup(α, K, L), the boundary α, the best K — comes from one code path.
 
 Profiles come from spec sheets (:data:`PROFILES`, each with its source) or from measurements of the machine at hand
@@ -40,7 +40,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 
-from adaspec.bench.costmodel import CostModel
+from adaspec.bench.costmodel import FittedCostModel
 from adaspec.errors import ConfigError
 from adaspec.models.synthetic import SHAPES, ModelShape
 
@@ -164,8 +164,8 @@ class HardwareProfile:
         return s.total_params * bytes_per_param(dtype) <= 0.9 * self.memory_gib * 2**30
 
     def cost_model(self, target: ModelShape, drafts: dict[str, ModelShape] | None = None, *,
-                   dtype: str = "bfloat16", lookup_ms: float = 0.1, k_max: int = 16) -> CostModel:
-        """A :class:`CostModel` whose curves are this profile's predictions, evaluated exactly (no fit):
+                   dtype: str = "bfloat16", lookup_ms: float = 0.1, k_max: int = 16) -> FittedCostModel:
+        """A :class:`FittedCostModel` whose curves are this profile's predictions, evaluated exactly (no fit):
         T_v(n, L) = :meth:`forward_time_ms` of ``target``, each draft's T_d(L) its one-token forward, and the
         drafter ``ngram-lookup`` at ``lookup_ms`` per token."""
         return RooflineCostModel(self, target, drafts or {}, dtype=dtype, lookup_ms=lookup_ms, k_max=k_max)
@@ -174,8 +174,8 @@ class HardwareProfile:
         return asdict(self)
 
 
-class RooflineCostModel(CostModel):
-    """:class:`CostModel` with predicted curves (see :meth:`HardwareProfile.cost_model`); speedup, boundary α and
+class RooflineCostModel(FittedCostModel):
+    """The cost model with predicted curves (see :meth:`HardwareProfile.cost_model`); speedup, boundary α and
     best K come from the base class."""
 
     def __init__(self, prof: HardwareProfile, target: ModelShape, drafts: dict[str, ModelShape], *, dtype: str,

@@ -14,10 +14,13 @@ Energy comes from counters only, never from a guessed wattage:
 from __future__ import annotations
 
 import os
+import platform
 import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 
 POWERCAP = Path("/sys/class/powercap")
@@ -152,3 +155,43 @@ def rss_bytes() -> int:
     except (OSError, ValueError, IndexError):
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return rss * 1024
+
+
+def machine_info() -> dict:
+    """CPU model, core count, torch version and thread count, for the report."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = ""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        flags = " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in text)
+    except OSError:
+        pass
+    mem = 0
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        pass
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:
+        capability = ""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(dist: str) -> str | None:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return None
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "cpu_flags": flags, "torch_cpu_capability": capability,
+            "llama_cpp_python": installed("llama-cpp-python"),
+            "ik_llama_cpp_python": installed("ik-llama-cpp-python"),
+            "memory_bytes": mem,
+            "torch": torch.__version__, "platform": platform.platform(), "python": platform.python_version()}

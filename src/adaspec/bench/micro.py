@@ -104,5 +104,5 @@ def measure_overhead(engine, prompt_ids: Sequence[int], steps: int = 8) -> float
 
 
 def verify_samples(rows: Sequence[dict]) -> list[tuple[int, int, float]]:
-    """``(n, L, ms)`` triples of a target's micro rows, for :meth:`CostModel.fit`."""
+    """``(n, L, ms)`` triples of a target's micro rows, for :meth:`FittedCostModel.fit`."""
     return [(r["n"], r["context"], r["ms"]) for r in rows if r.get("measure") == "forward"]

@@ -1,7 +1,7 @@
 """Predicted boundary maps for a model shape on a hardware profile (``adaspec map --hardware NAME --shape S``).
 
 Everything here is a prediction of the roofline model (:mod:`adaspec.bench.hardware`) put through the measured
-study's closed form (:class:`~adaspec.bench.costmodel.CostModel`): no point is measured, and every title, table and
+study's closed form (:mod:`adaspec.controllers.costmodel`): no point is measured, and every title, table and
 file name says so. The report holds
 
 * speedup over α × K at a short context, one panel per drafter (draft models and prompt lookup);
@@ -119,7 +119,7 @@ def replay_steps(cost, paths: list[Path], *, draft: str | None = None, lookup: s
     """
     from collections import defaultdict
 
-    from adaspec.compare import read_results
+    from adaspec.bench.results import read_results
 
     rows = [r for path in paths for r in read_results(Path(path)) if r.get("step_records") is not None]
     if not rows:
@@ -187,7 +187,7 @@ def compare_measured(paths: list[Path], prof: HardwareProfile, target: str, dtyp
     Raises:
         ConfigError: no micro row of that shape and dtype in the files.
     """
-    from adaspec.compare import read_results
+    from adaspec.bench.results import read_results
 
     want = shape(target)
     rows = []

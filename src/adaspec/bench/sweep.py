@@ -9,9 +9,9 @@ with another plain run before every ``plain_every`` of them, so each point is co
 minutes apart at most, on the same prompt, with the same settings.
 
 Within a group every run reuses the prompt's KV cache (:class:`~adaspec.backends.prefix_cache.PrefixCacheBackend`),
-so a 4K-token prompt is prefilled once per model instead of once per point; the draft model is fed the prompt before the timed runs. Decode-
-phase numbers (TPOT, speedup) are unaffected; TTFT and the draft model's prefill are the cold measurements of the
-group (or the micro-measurements' prefill times), stored in every record of the group, and the
+so a 4K-token prompt is prefilled once per model instead of once per point; the draft model is fed the prompt before
+the timed runs. Decode-phase numbers (TPOT, speedup) are unaffected; TTFT and the draft model's prefill are the cold
+measurements of the group (or the micro-measurements' prefill times), stored in every record of the group, and the
 end-to-end speedup for the run's length is computed from them.
 
 Record kinds in the results file: ``meta`` (machine and config), ``memory`` (bytes per model), ``micro`` (cost
@@ -24,133 +24,31 @@ from __future__ import annotations
 
 import functools
 import gc
-import hashlib
 import json
-import math
-import os
-import platform
-import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
-from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.backends.select import resolve_device
-from adaspec.bench.costmodel import CostModel, leviathan_alpha
+from adaspec.bench.costmodel import FittedCostModel
 from adaspec.bench.grid import Point, Setting, expand, point_key
-from adaspec.bench.measure import Meter, rss_bytes
-from adaspec.bench.micro import measure_backend, prefill_ms_at, verify_samples
+from adaspec.bench.groups import GroupRuns
+from adaspec.bench.loading import Models, context_needed, default_loader, load_setting, on_backend, tokenizer_of
+from adaspec.bench.measure import Meter, machine_info
+from adaspec.bench.micro import measure_backend
+from adaspec.bench.predict import fit_cost_model, is_number
 from adaspec.bench.prompts import hf_builder
-from adaspec.compare import read_results
-from adaspec.drafters.suffix import CachePerMethod, remember, suffixes_in
+from adaspec.bench.results import read_results, record_hash, same_setting, tag_runs
+from adaspec.drafters.suffix import remember, suffixes_in
 from adaspec.errors import ConfigError
 
+# Public names that lived here before issue 40, kept importable:
+from adaspec.bench.loading import prefill_draft  # noqa: F401
+from adaspec.bench.metrics import decode_tpot_ms  # noqa: F401
+from adaspec.bench.predict import drafter_cost_key, predict_point, resolve_cost  # noqa: F401
+from adaspec.bench.results import apply_baseline  # noqa: F401
+
 Loader = Callable[[str, str], "object"]  # (spec, dtype) -> adaspec.api.LoadedModel
-
-
-def _hash(obj) -> str:
-    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def machine_info() -> dict:
-    """CPU model, core count, torch version and thread count, for the report."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    flags = ""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        flags = " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in text)
-    except OSError:
-        pass
-    mem = 0
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        pass
-    try:
-        capability = torch.backends.cpu.get_cpu_capability()
-    except AttributeError:
-        capability = ""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def installed(dist: str) -> str | None:
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            return None
-
-    return {"cpu": cpu, "cores": os.cpu_count(), "cpu_flags": flags, "torch_cpu_capability": capability,
-            "llama_cpp_python": installed("llama-cpp-python"),
-            "ik_llama_cpp_python": installed("ik-llama-cpp-python"),
-            "memory_bytes": mem,
-            "torch": torch.__version__, "platform": platform.platform(), "python": platform.python_version()}
-
-
-@dataclass
-class _Models:
-    """Everything loaded for one (target, dtype, backend); the thread counts of a setting share it."""
-
-    target: object  # LoadedModel
-    backend: PrefixCacheBackend
-    drafts: dict[str, object] = field(default_factory=dict)  # spec -> Drafter with a wrapped backend
-    draft_bytes: dict[str, dict] = field(default_factory=dict)
-    pricer: object = None  # BatchPricer calibrated for the setting's batch size (batch > 1)
-    own: CachePerMethod = field(default_factory=CachePerMethod)  # each method's suffix caches, across its prompts
-
-    def drafter_for(self, p: Point):
-        """The drafter ``p`` runs with: the loaded one, or its method's copy when it holds a suffix drafter (the
-        points of one method share a suffix cache across prompts, never with another method)."""
-        return self.own.get((p.setting, p.temperature, p.drafter, p.k, p.controller, p.tree, p.tree_choice),
-                            self.drafts.get(p.drafter))
-
-
-def _default_loader(spec: str, dtype: str, *, max_context: int | None = None, device: str = "auto",
-                    max_sequences: int = 1):
-    """Load ``spec`` (``NAME`` on PyTorch in ``dtype``, or ``NAME@llamacpp`` / ``NAME@ik`` with a KV cache of
-    ``max_context`` tokens: GGUF runtimes allocate it up front), holding ``max_sequences`` sequences (batch axis)."""
-    from adaspec.api import load_model, split_backend
-    from adaspec.backends.select import GGUF_RUNTIMES
-
-    if split_backend(spec)[1] in GGUF_RUNTIMES:
-        return load_model(spec, max_context=max_context, max_sequences=max_sequences)
-    return load_model(spec, dtype=dtype, device=device, max_sequences=max_sequences)
-
-
-def on_backend(spec: str, setting: Setting) -> str:
-    """The model spec to load for ``setting``: ``NAME@llamacpp`` / ``NAME@ik`` for a model on a GGUF-runtime
-    setting, else as is.
-
-    Raises:
-        ConfigError: ``spec`` names another backend than the setting's (the backend is a bench axis).
-    """
-    from adaspec.api import builtin_drafter, split_backend
-
-    if spec == "calibrated" or builtin_drafter(spec):
-        return spec
-    name, backend = split_backend(spec)
-    if backend is not None and backend != setting.backend:
-        raise ConfigError(f"{spec}: adaspec bench puts every model of a setting on the setting's backend "
-                          f"({setting.backend}); write {name} and list the backends in bench.backend")
-    return name if setting.backend == "torch" else f"{name}@{setting.backend}"
-
-
-def context_needed(cfg: dict) -> int:
-    """Tokens of context the largest run of ``cfg`` needs: the micro-measurements' longest context plus its widest
-    verify, or a sweep's longest prompt plus its new tokens and draft, with room for the chat template."""
-    micro = cfg["micro"]
-    need = max(micro["contexts"]) + max(micro["verify_tokens"]) + 1
-    for s in cfg["sweep"]:
-        need = max(need, max(s["context"]) + int(cfg["bench"]["max_new_tokens"]) + max(s["k"]) + 1)
-    return need + 64
 
 
 class SweepRunner:
@@ -163,7 +61,7 @@ class SweepRunner:
         self.cfg = cfg
         self.bench = cfg["bench"]
         self.out = Path(out)
-        self.loader = loader or functools.partial(_default_loader, max_context=context_needed(cfg),
+        self.loader = loader or functools.partial(default_loader, max_context=context_needed(cfg),
                                                   device=self.bench["device"])
         self._tasks = tasks
         self.progress = progress
@@ -189,7 +87,7 @@ class SweepRunner:
                 continue
             for c in s["cost"]:
                 c = str(c)
-                if c.startswith("ratio:") or _is_number(c) or c in drafts:
+                if c.startswith("ratio:") or is_number(c) or c in drafts:
                     continue
                 raise ConfigError(f"sweep {s['name']!r}: calibrated cost {c!r} is neither ms, ratio:C, nor a draft "
                                   f"model listed in micro.drafts ({sorted(drafts) or 'none'})")
@@ -202,13 +100,13 @@ class SweepRunner:
             self._tasks = [p.as_text() for p in load_workload(self.bench["workload"], int(self.bench["prompts"]))]
         return self._tasks
 
-    def _write(self, f, row: dict) -> None:
+    def write(self, f, row: dict) -> None:
         if row["kind"] != "meta":
             row["run"] = self.run_id
         f.write(json.dumps(row) + "\n")
         f.flush()
 
-    def _over_time(self, start: float) -> bool:
+    def over_time(self, start: float) -> bool:
         return self.time_limit_s is not None and time.perf_counter() - start > self.time_limit_s
 
     # Run ----------------------------------------------------------------------------------------------------
@@ -231,12 +129,12 @@ class SweepRunner:
                    bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} points [{elapsed}<{remaining}] {postfix}")
         self.run_id = f"meta-{time.time():.0f}"
         with open(self.out, "a", encoding="utf-8") as f:
-            self._write(f, {"kind": "meta", "key": self.run_id, "time": time.time(), "argv": self.argv,
+            self.write(f, {"kind": "meta", "key": self.run_id, "time": time.time(), "argv": self.argv,
                             "machine": machine_info(), "config": self.cfg, "energy_source": self.meter.energy_source})
             by_setting: dict[Setting, list[Point]] = {}
             for p in todo:
                 by_setting.setdefault(p.setting, []).append(p)
-            models: _Models | None = None
+            models: Models | None = None
             loaded = None
             for setting, pts in by_setting.items():
                 if models is None or loaded != (setting.dtype, setting.backend, setting.batch):
@@ -263,13 +161,13 @@ class SweepRunner:
                     group_pts = [p for p in group_pts if point_key(p, self.bench) not in done]
                     if not group_pts:
                         continue
-                    if self._over_time(start):
+                    if self.over_time(start):
                         result["stopped"] = True
                         break
-                    n_run, n_skip = self._group(group_pts, models, cost, f, rows, bar, start)
+                    n_run, n_skip = GroupRuns(self, models, cost, f, rows, bar, start).run(group_pts)
                     result["run"] += n_run
                     result["skipped"] += n_skip
-                    if self._over_time(start):
+                    if self.over_time(start):
                         result["stopped"] = True
                         break
                 if result["stopped"]:
@@ -277,54 +175,15 @@ class SweepRunner:
         bar.close()
         return result
 
-    def _load(self, setting: Setting, pts: list[Point], f) -> _Models:
-        from adaspec.api import builtin_drafter, make_drafter
-        from adaspec.drafters.model import ModelDrafter
-
-        self.log(f"loading {setting.target} ({setting.dtype}, {setting.backend}"
-                 + (f", {setting.batch} sequences)" if setting.batch > 1 else ")"))
-        before = rss_bytes()
-        target = self._load_model(on_backend(setting.target, setting), setting)
-        wrapped = PrefixCacheBackend(target.backend)
-        models = _Models(target, wrapped)
-        target_rss = rss_bytes() - before
+    def _load(self, setting: Setting, pts: list[Point], f) -> Models:
+        """Load ``setting``'s target and every drafter its points (and the micro-measurements) use; writes the
+        ``memory`` record."""
         specs = {p.drafter for p in pts if p.drafter != "calibrated"} | set(self.cfg["micro"]["drafts"])
-        for spec in sorted(specs):
-            before = rss_bytes()
-            if builtin_drafter(spec):
-                drafter = make_drafter(spec, target, max_sequences=setting.batch)
-            else:
-                draft = self._load_model(on_backend(spec, setting), setting)
-                from adaspec.models import check_tokenizers_compatible
-
-                if hasattr(target.tokenizer, "get_vocab") and hasattr(draft.tokenizer, "get_vocab"):
-                    check_tokenizers_compatible(target.tokenizer, draft.tokenizer, target_name=target.name,
-                                                draft_name=draft.name)
-                drafter = ModelDrafter(draft.backend)
-            if isinstance(drafter, ModelDrafter):
-                shares = spec.startswith("layerskip:")
-                models.draft_bytes[spec] = {
-                    "param_bytes": 0 if shares else drafter.backend.weight_bytes(),
-                    "rss_delta_bytes": rss_bytes() - before,
-                    "kv_bytes_per_token": drafter.backend.kv_bytes_per_token()}
-                drafter.backend = PrefixCacheBackend(drafter.backend)
-            else:
-                models.draft_bytes[spec] = {"param_bytes": 0, "rss_delta_bytes": rss_bytes() - before,
-                                            "kv_bytes_per_token": 0}
-            models.drafts[spec] = drafter
-        self._write(f, {"kind": "memory", "key": f"mem-{_hash([setting.__dict__, time.time()])}",
-                        **setting.__dict__, "target_param_bytes": target.backend.weight_bytes(),
-                        "target_rss_delta_bytes": target_rss,
-                        "target_kv_bytes_per_token": target.backend.kv_bytes_per_token(),
-                        "drafts": models.draft_bytes, "rss_bytes": rss_bytes(), "cores": os.cpu_count()})
+        models, memory = load_setting(self.loader, setting, specs, self.log)
+        self.write(f, memory)
         return models
 
-    def _load_model(self, spec: str, setting: Setting):
-        if setting.batch == 1:
-            return self.loader(spec, setting.dtype)
-        return self.loader(spec, setting.dtype, max_sequences=setting.batch)
-
-    def _calibrate_batch(self, setting: Setting, models: _Models, pts: list[Point], f) -> None:
+    def _calibrate_batch(self, setting: Setting, models: Models, pts: list[Point], f) -> None:
         """The batch pricer's cost curve for ``setting`` (goodput points cap K by it), recorded as a
         ``batch_curve`` record."""
         from adaspec.controllers.batch import BatchPricer
@@ -333,10 +192,10 @@ class SweepRunner:
         models.pricer = BatchPricer(k_max=max(8, max(p.k for p in pts)))
         self.log(f"batch cost curve: {setting.batch} rows x up to {models.pricer.k_max + 1} tokens")
         curve = models.pricer.calibrate(models.target.backend, setting.batch)
-        self._write(f, {"kind": "batch_curve", "key": f"bc-{_hash([setting.__dict__, time.time()])}",
+        self.write(f, {"kind": "batch_curve", "key": f"bc-{record_hash([setting.__dict__, time.time()])}",
                         **setting.__dict__, "curve": {str(n): ms for n, ms in curve.items()}})
 
-    def _micro(self, setting: Setting, models: _Models, f, micro_done: set, rows: list[dict]) -> CostModel:
+    def _micro(self, setting: Setting, models: Models, f, micro_done: set, rows: list[dict]) -> FittedCostModel:
         """Take (or reuse) the micro-measurements for ``setting`` and fit the cost model.
 
         The context ids are the prefix every prompt of the first task shares (chat header + real padding), and
@@ -355,11 +214,11 @@ class SweepRunner:
         jobs = [(setting.target, "target", models.backend, micro["verify_tokens"])]
         jobs += [(d, "draft", models.drafts[d].backend, [1]) for d in micro["drafts"]]
         for model_name, role, backend, widths in jobs:
-            mkey = "m-" + _hash({**base, "model": model_name, "widths": widths})  # widths tell target from draft
+            mkey = "m-" + record_hash({**base, "model": model_name, "widths": widths})  # widths tell target from draft
             if mkey in micro_done:
                 continue
             if backend is models.backend:
-                SpeculativeEngine(models.backend, None, None, tokenizer=_tok(models.target)).warmup()
+                SpeculativeEngine(models.backend, None, None, tokenizer=tokenizer_of(models.target)).warmup()
             self.log(f"micro-measurements: {model_name} at contexts {contexts}")
             backend.drop()
             self.meter.start()
@@ -369,261 +228,25 @@ class SweepRunner:
                 row = {"kind": "micro", "key": f"{mkey}-{i}", "micro_key": mkey, **setting.__dict__,
                        "model": model_name, "role": role, **r,
                        "other_cpu": other}
-                self._write(f, row)
+                self.write(f, row)
                 new_rows.append(row)
             micro_done.add(mkey)
         rows.extend(new_rows)
-        return fit_cost_model([r for r in rows if r.get("kind") == "micro" and _same_setting(r, setting)],
-                              [r for r in rows if r.get("kind") == "plain" and _same_setting(r, setting)])
+        return fit_cost_model([r for r in rows if r.get("kind") == "micro" and same_setting(r, setting)],
+                              [r for r in rows if r.get("kind") == "plain" and same_setting(r, setting)])
 
-    def _builder(self, models: _Models):
+    def _builder(self, models: Models):
         tok = models.target.tokenizer
         return hf_builder(tok, chat=self.bench["chat"])
 
-    def _group_start(self, pts: list[Point], models: _Models, bar, longest_prompt: int):
-        """What every group starts with: ``(generation config, group key)``, or None (its points counted as
-        skipped) when the longest prompt plus the run and the widest draft does not fit the target's window."""
-        from adaspec.engine import GenerationConfig
-
-        first = pts[0]
-        max_new = int(self.bench["max_new_tokens"])
-        if longest_prompt + max_new + max(p.k for p in pts) + 1 > models.target.backend.max_context:
-            self.log(f"skipping context {first.context}: beyond {first.setting.target}'s window")
-            bar.update(len(pts))
-            return None
-        cfg = GenerationConfig(max_new_tokens=max_new, temperature=first.temperature, seed=int(self.bench["seed"]),
-                               ignore_eos=True)
-        gkey = _hash([first.setting.__dict__, first.context, first.prompt_index, first.temperature,
-                      self.bench["workload"], max_new, self.bench["seed"]])
-        return cfg, gkey
-
-    def _group(self, pts: list[Point], models: _Models, cost: CostModel, f, rows: list[dict], bar,
-               start: float) -> tuple[int, int]:
-        from adaspec.controllers import make_controller
-        from adaspec.drafters.calibrated import CalibratedDrafter
-        from adaspec.drafters.model import ModelDrafter
-        from adaspec.engine import SpeculativeEngine
-
-        first = pts[0]
-        setting = first.setting
-        if setting.batch > 1:
-            return self._group_batched(pts, models, cost, f, rows, bar, start)
-        prompt = self._prompts(first, models)[0]
-        started = self._group_start(pts, models, bar, len(prompt))
-        if started is None:
-            return 0, len(pts)
-        cfg, gkey = started
-        max_new = cfg.max_new_tokens
-        tok = _tok(models.target)
-        plain_engine = SpeculativeEngine(models.backend, None, None, tokenizer=tok)
-        plain_index = sum(1 for r in rows if r.get("kind") == "plain" and r.get("group") == gkey)
-        group_info = {"sweep": None, **setting.__dict__, "context": first.context, "prompt_tokens": len(prompt),
-                      "prompt_index": first.prompt_index, "temperature": first.temperature,
-                      "workload": self.bench["workload"], "max_new_tokens": max_new, "seed": self.bench["seed"],
-                      "group": gkey}
-
-        cold_start = not self.bench["prefix_cache"]
-        micro_rows = [r for r in rows if r.get("kind") == "micro" and _same_setting(r, setting)]
-        ttft_est = prefill_ms_at([r for r in micro_rows if r["model"] == setting.target], len(prompt))
-
-        def run_plain(cold: bool) -> dict:
-            nonlocal plain_index
-            if cold:
-                models.backend.drop()
-            models.backend.record_top2 = [] if first.temperature == 0 else None
-            self.meter.start()
-            r = plain_engine.generate(prompt, cfg)
-            reading = self.meter.stop()
-            top2 = models.backend.record_top2 or []
-            models.backend.record_top2 = None
-            metrics = _run_metrics(r, reading, self.meter)
-            row = {"kind": "plain", "key": f"g-{gkey}-{plain_index}", **group_info, "cold": cold,
-                   "drafter": None, "k": 0, "controller": "fixed", **metrics,
-                   "ttft_ms": metrics["ttft_ms"] if cold or ttft_est is None else ttft_est,
-                   "ttft_source": "measured cold prefill" if cold or ttft_est is None else "micro prefill",
-                   "ttft_run_ms": metrics["ttft_ms"], "token_ids": r.token_ids,
-                   "alternatives": [b for _, b in top2]}
-            plain_index += 1
-            self._write(f, row)
-            rows.append(row)
-            return row
-
-        # Start of the group: the greedy reference (and TTFT: measured when cold, else from the micro prefill).
-        bar.set_postfix_str(f"ctx {first.context} plain", refresh=True)
-        reference = run_plain(cold=cold_start)
-        cost.overhead_ms = statistics.median(r["step_other_ms"] for r in rows
-                                             if r.get("kind") == "plain" and _same_setting(r, setting))
-        draft_prefill: dict[str, float] = {}
-        for spec in sorted({p.drafter for p in pts} & set(models.drafts)):
-            d = models.drafts[spec]
-            if not isinstance(d, ModelDrafter):
-                draft_prefill[spec] = 0.0
-                continue
-            # Feed the prompt to the draft model now, outside the timed runs (its cache then serves every point of
-            # the group): decode numbers stay decode-only, and the prefill is charged to the end-to-end speedup.
-            est = prefill_ms_at([r for r in micro_rows if r["model"] == spec], len(prompt) - 1)
-            cold = cold_start or est is None  # no estimate from the micro-measurements: measure a cold prefill
-            if cold:
-                d.backend.drop()
-            ms = prefill_draft(d, prompt)
-            draft_prefill[spec] = ms if cold else est
-        baseline = reference
-
-        def new_baseline() -> None:
-            nonlocal baseline
-            bar.set_postfix_str(f"ctx {first.context} plain", refresh=True)
-            baseline = run_plain(cold=False)
-
-        n_run = 0
-        for p in self._points_due(pts, rows, bar, start, new_baseline):
-            if p.drafter == "calibrated":
-                cost_ms = resolve_cost(p.cost, cost, len(prompt) + max_new / 2)
-                drafter = CalibratedDrafter(reference["token_ids"], p.alpha, cost_ms=cost_ms,
-                                            alternatives=reference["alternatives"], seed=int(self.bench["seed"]),
-                                            vocab_size=models.target.backend.vocab_size)
-            else:
-                cost_ms = None
-                drafter = models.drafter_for(p)
-            engine = SpeculativeEngine(models.backend, drafter, make_controller(p.controller, p.k), tokenizer=tok)
-            label = f"ctx {p.context} {p.drafter}{'' if p.alpha is None else f' a={p.alpha:g}'} K={p.k} {p.controller}"
-            bar.set_postfix_str(label + (f" tree {p.tree_choice}:{p.tree}" if p.tree else ""), refresh=True)
-            self.meter.start()
-            r = engine.generate(prompt, replace(cfg, tree_budget=p.tree, tree_choice=p.tree_choice) if p.tree else cfg)
-            reading = self.meter.stop()
-            metrics = _run_metrics(r, reading, self.meter)
-            mem = models.draft_bytes.get(p.drafter, {"param_bytes": 0, "rss_delta_bytes": 0, "kv_bytes_per_token": 0})
-            row = {"kind": "point", "key": point_key(p, self.bench), **group_info, **p.fields(), "group": gkey,
-                   "prompt_tokens": len(prompt), "cost_ms": cost_ms, "alpha_dial": p.alpha,
-                   **metrics,
-                   "ttft_ms": reference["ttft_ms"], "ttft_source": reference["ttft_source"],
-                   "draft_prefill_ms": draft_prefill.get(p.drafter, 0.0),
-                   "draft_param_bytes": mem["param_bytes"], "draft_rss_delta_bytes": mem["rss_delta_bytes"],
-                   "draft_kv_bytes": mem["kv_bytes_per_token"] * (len(prompt) + max_new),
-                   "plain_key": baseline["key"],
-                   "identical_to_plain": (r.token_ids == reference["token_ids"]) if p.temperature == 0 else None,
-                   "offpath_positions": getattr(drafter, "offpath", None),
-                   "token_ids": r.token_ids}
-            self._record_point(f, rows, row, predict_point(cost, row))
-            n_run += 1
-            bar.update(1)
-        return n_run, 0
-
-
-    def _group_batched(self, pts: list[Point], models: _Models, cost: CostModel, f, rows: list[dict], bar,
-                       start: float) -> tuple[int, int]:
-        """A group at batch size B > 1: B requests (prompts ``prompt_index .. prompt_index + B - 1`` of the workload
-        at the group's context) run together through a :class:`~adaspec.batch.BatchEngine`, plain (K = 0) first,
-        then each point with every row drafting, a plain batch again before every ``plain_every`` points.
-
-        Metrics are the batch's: ``tpot_ms`` is decode time over every row's decoded tokens (the inverse of the
-        batch's decode throughput, so ``speedup`` is a throughput ratio against plain batched decoding at the same
-        B), ``row_tpot_ms`` the mean per-row time per token (what one client sees), ``ttft_ms`` the batch's
-        prefill step. Draft models draft for all rows at once (batched drafting); their prompt prefill happens in
-        the first proposals and is part of the decode time. A calibrated drafter charges its cost per row (rows
-        draft one after another), an upper bound on the draft cost of a batch; it holds its α only while each row
-        stays on the plain batch's greedy path, so on a runtime whose rows mix (ik_llama.cpp) its points record the
-        positions drafted off that path (``offpath_positions``; the map leaves out points mostly off it)."""
-        from adaspec.batch import BatchEngine
-        from adaspec.controllers import make_controller
-        from adaspec.drafters.calibrated import CalibratedDrafter
-
-        first = pts[0]
-        setting = first.setting
-        b = setting.batch
-        prompts = self._prompts(first, models)
-        started = self._group_start(pts, models, bar, max(map(len, prompts)))
-        if started is None:
-            return 0, len(pts)
-        cfg, gkey = started
-        max_new = cfg.max_new_tokens
-        target = models.target.backend
-        tok = _tok(models.target)
-        plain_index = sum(1 for r in rows if r.get("kind") == "plain" and r.get("group") == gkey)
-        group_info = {"sweep": None, **setting.__dict__, "context": first.context,
-                      "prompt_tokens": round(statistics.fmean(map(len, prompts))),
-                      "prompt_index": first.prompt_index, "temperature": first.temperature,
-                      "workload": self.bench["workload"], "max_new_tokens": max_new, "seed": self.bench["seed"],
-                      "group": gkey}
-        models.backend.drop()  # the micro-measurements' prefix cache is not used by batched runs
-
-        def run_batch(drafters: list | None, controller: str, k: int) -> tuple[list, dict]:
-            fixed = controller == "fixed"
-            engine = BatchEngine(target, max_batch=b, tokenizer=tok,
-                                 pricer=None if fixed or models.pricer is None else models.pricer)
-            for i, p in enumerate(prompts):
-                engine.add(p, cfg, drafter_for=(lambda seq, d=drafters[i]: d) if drafters else None,
-                           controller_factory=(lambda: make_controller(controller, k)) if drafters else None)
-            self.meter.start()
-            t0 = time.perf_counter()
-            results: dict[int, object] = {}
-            prefill_ms = None
-            while engine:
-                for rid, chunk in engine.step().items():
-                    if chunk.error is not None:
-                        raise chunk.error
-                    if chunk.result is not None:
-                        results[rid] = chunk.result
-                if prefill_ms is None:
-                    prefill_ms = (time.perf_counter() - t0) * 1e3
-            wall_ms = (time.perf_counter() - t0) * 1e3
-            reading = self.meter.stop()
-            out = [results[i] for i in sorted(results)]
-            return out, _batch_metrics(out, reading, self.meter, wall_ms, prefill_ms or 0.0)
-
-        def run_plain() -> dict:
-            nonlocal plain_index
-            results, metrics = run_batch(None, "fixed", 0)
-            row = {"kind": "plain", "key": f"g-{gkey}-{plain_index}", **group_info, "cold": True, "drafter": None,
-                   "k": 0, "controller": "fixed", **metrics, "ttft_source": "measured batch prefill",
-                   "ttft_run_ms": metrics["ttft_ms"], "token_ids": [r.token_ids for r in results]}
-            plain_index += 1
-            self._write(f, row)
-            rows.append(row)
-            return row
-
-        bar.set_postfix_str(f"B={b} ctx {first.context} plain", refresh=True)
-        reference = run_plain()
-        n_run = 0
-        for p in self._points_due(pts, rows, bar, start, run_plain):
-            cost_ms = None
-            if p.drafter == "calibrated":
-                cost_ms = resolve_cost(p.cost, cost, statistics.fmean(map(len, prompts)) + max_new / 2)
-                drafters = [CalibratedDrafter(ref, p.alpha, cost_ms=cost_ms, seed=int(self.bench["seed"]) + i,
-                                              vocab_size=target.vocab_size)
-                            for i, ref in enumerate(reference["token_ids"])]
-            else:
-                template = models.drafter_for(p)
-                if isinstance(getattr(template, "backend", None), PrefixCacheBackend):
-                    template = type(template)(template.backend.inner)
-                drafters = [template.for_sequence(i) for i in range(b)]
-            bar.set_postfix_str(f"B={b} ctx {p.context} {p.drafter}"
-                                f"{'' if p.alpha is None else f' a={p.alpha:g}'} K={p.k} {p.controller}", refresh=True)
-            results, metrics = run_batch(drafters, p.controller, p.k)
-            mem = models.draft_bytes.get(p.drafter, {"param_bytes": 0, "rss_delta_bytes": 0, "kv_bytes_per_token": 0})
-            row = {"kind": "point", "key": point_key(p, self.bench), **group_info, **p.fields(), "group": gkey,
-                   "cost_ms": cost_ms,
-                   "alpha_dial": p.alpha, **metrics, "ttft_source": "measured batch prefill", "draft_prefill_ms": 0.0,
-                   "draft_param_bytes": mem["param_bytes"], "draft_rss_delta_bytes": mem["rss_delta_bytes"],
-                   "draft_kv_bytes": mem["kv_bytes_per_token"] * b * (group_info["prompt_tokens"] + max_new),
-                   "plain_key": reference["key"],
-                   "identical_to_plain": ([r.token_ids for r in results] == reference["token_ids"])
-                   if p.temperature == 0 else None,
-                   "offpath_positions": sum(getattr(d, "offpath", 0) for d in drafters)
-                   if p.drafter == "calibrated" else None,
-                   "token_ids": [r.token_ids for r in results]}
-            self._record_point(f, rows, row, math.nan)  # the cost model is a batch-1 model: no prediction
-            n_run += 1
-            bar.update(1)
-        return n_run, 0
-
-    def _prompts(self, first: Point, models: _Models) -> list[list[int]]:
+    def prompts(self, first: Point, models: Models) -> list[list[int]]:
         """The prompt ids of ``first``'s group: one, or one per row of a batch."""
         tasks = self.tasks()
         builder = self._builder(models)
         return [builder.build(tasks[(first.prompt_index + i) % len(tasks)], first.context)
                 for i in range(first.setting.batch)]
 
-    def _remember(self, pts: list[Point], models: _Models, rows: list[dict]) -> None:
+    def _remember(self, pts: list[Point], models: Models, rows: list[dict]) -> None:
         """Put the answers of ``pts`` already in the results back into their methods' suffix caches
         (:func:`~adaspec.drafters.suffix.remember`): a resumed run's later prompts see what they would have seen in
         one go. A no-op for points without a suffix drafter."""
@@ -634,244 +257,11 @@ class SweepRunner:
             drafter = models.drafter_for(p)
             if row is None or not suffixes_in(drafter):
                 continue
-            prompts = prompts or self._prompts(p, models)
+            prompts = prompts or self.prompts(p, models)
             answers = row["token_ids"] if p.setting.batch > 1 else [row["token_ids"]]
             for prompt, answer in zip(prompts, answers):
                 remember(drafter, prompt, answer)
 
-    def _points_due(self, pts: list[Point], rows: list[dict], bar, start: float, plain: Callable[[], object]):
-        """The group's points not yet in the results, in order, until the time limit; ``plain()`` runs a plain
-        baseline before every ``plain_every`` of them."""
-        since_plain = 0
-        for p in pts:
-            if any(r.get("key") == point_key(p, self.bench) for r in rows):
-                bar.update(1)
-                continue
-            if self._over_time(start):
-                return
-            if since_plain >= int(self.bench["plain_every"]):
-                plain()
-                since_plain = 0
-            yield p
-            since_plain += 1
-
-    def _record_point(self, f, rows: list[dict], row: dict, predicted: float) -> None:
-        """Speedups against the group's plain runs of this invocation, the prediction, then write it."""
-        apply_baseline(row, [r for r in rows if r.get("kind") == "plain" and r.get("group") == row["group"]
-                             and r.get("run") == self.run_id])
-        row["predicted_speedup"] = predicted
-        self._write(f, row)
-        rows.append(row)
-
-
-def _batch_metrics(results: list, reading, meter: Meter, wall_ms: float, prefill_ms: float) -> dict:
-    """Metrics of one batched run (see :meth:`SweepRunner._group_batched`): the batch's decode throughput and
-    per-row latency, acceptance over every row."""
-    steps = [st for r in results for st in r.stats.steps]
-    decode_ms = max(wall_ms - prefill_ms, 1e-9)
-    decoded = sum(max(len(r.token_ids) - 1, 0) for r in results)
-    new_tokens = sum(len(r.token_ids) for r in results)
-    spec = [st for st in steps if st.drafted > 0]
-    draft_tokens = sum(r.stats.draft_tokens for r in results)
-    accepted = sum(r.stats.accepted_tokens for r in results)
-    rejections = sum(1 for st in spec if st.accepted < st.drafted)
-    batch_steps = max((len(r.stats.steps) for r in results), default=0)
-    n = max(len(steps), 1)
-    positions = max((len(r.stats.accepted_per_position) for r in results), default=0)
-    return {
-        "new_tokens": new_tokens, "steps": batch_steps, "speculation_steps": len(spec),
-        "draft_tokens": draft_tokens, "accepted_tokens": accepted,
-        "alpha": accepted / draft_tokens if draft_tokens else 0.0,
-        "rejections": rejections, "alpha_l": leviathan_alpha(accepted, rejections),
-        "tau": (accepted + len(spec)) / len(spec) if spec else 1.0,
-        "mean_drafted": draft_tokens / len(spec) if spec else 0.0,
-        "plain_fraction": 1 - len(spec) / n if steps else 1.0,
-        "accepted_per_position": [sum(r.stats.accepted_per_position[i] for r in results
-                                      if i < len(r.stats.accepted_per_position)) for i in range(positions)],
-        "mean_context": statistics.fmean(st.context_len for st in steps) if steps else 0.0,
-        "decode_ms": decode_ms,
-        "tpot_ms": decode_ms / decoded if decoded else 0.0,
-        "row_tpot_ms": statistics.fmean(decode_ms / max(len(r.token_ids) - 1, 1) for r in results),
-        "decode_tokens_per_s": decoded / (decode_ms / 1e3),
-        "batch_tokens_per_s": new_tokens / (wall_ms / 1e3),
-        "step_draft_ms": sum(st.draft_ms for st in steps) / n,
-        "step_verify_ms": sum(st.verify_ms for st in steps) / n,
-        "step_other_ms": sum(st.total_ms - st.draft_ms - st.verify_ms for st in steps) / n,
-        "step_total_ms": decode_ms / max(batch_steps - 1, 1),
-        "ttft_ms": prefill_ms, "prefill_ms_run": prefill_ms, "total_ms": wall_ms,
-        "rss_bytes": rss_bytes(), "peak_rss_bytes": max(r.stats.peak_rss_bytes for r in results),
-        "cpu_s_per_token": reading.cpu_s / max(new_tokens, 1),
-        "energy_j_per_token": reading.energy_j / max(new_tokens, 1) if reading.energy_j is not None else None,
-        "energy_source": meter.energy_source,
-        "k_trace": results[0].stats.k_trace if results else [],
-        "loadavg_1m": _loadavg(),
-        "other_cpu": reading.other_cpu,
-    }
-
-
-def prefill_draft(drafter, prompt: Sequence[int]) -> float:
-    """Feed ``prompt`` (all but its last token) to a draft model whose backend is a :class:`PrefixCacheBackend`,
-    before a timed run: the drafter's lazy prefill then finds it cached, so the run's decode time holds drafting
-    and verification only. Returns the time it took, ms (a cold prefill when the cache was empty)."""
-    backend = drafter.backend
-    backend.reset()
-    start = time.perf_counter()
-    if 1 < len(prompt) < backend.max_context:  # beyond the draft's own window it never drafts (ModelDrafter)
-        backend.forward(list(prompt[:-1]), 1)
-        backend.synchronize()
-    return (time.perf_counter() - start) * 1e3
-
-
-def _tok(loaded):
-    tok = loaded.tokenizer
-    return tok if hasattr(tok, "decode") else None
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _same_setting(row: dict, setting: Setting) -> bool:
-    return all(row.get(k) == v for k, v in setting.__dict__.items())
-
-
-def tag_runs(rows: list[dict]) -> list[dict]:
-    """Give each record (in file order) the key of the ``meta`` record before it, i.e. the ``adaspec bench``
-    invocation that measured it, unless it has a ``run`` already. Returns ``rows``."""
-    run = None
-    for r in rows:
-        if r.get("kind") == "meta":
-            run = r.get("key")
-        else:
-            r.setdefault("run", run)
-    return rows
-
-
-def apply_baseline(row: dict, plains: Sequence[dict]) -> dict:
-    """Set a point's speedups from its group's plain runs *of the same invocation* (a machine's speed drifts
-    between sessions: only runs minutes apart compare): the median of them, so one plain run slowed by another
-    program does not skew the points measured after it. ``speedup`` is the decode speedup (TPOT ratio);
-    ``speedup_e2e`` adds the cold prefill (target, and draft model) for the run's length."""
-    tpot = statistics.median(p["tpot_ms"] for p in plains)
-    decode = statistics.median(p["decode_ms"] for p in plains)
-    row["plain_tpot_ms"] = tpot
-    row["plain_tokens_per_s"] = 1e3 / tpot if tpot > 0 else 0.0
-    row["plain_runs"] = len(plains)
-    row["speedup"] = tpot / row["tpot_ms"] if row["tpot_ms"] > 0 else math.nan
-    spec_e2e = row["ttft_ms"] + row["draft_prefill_ms"] + row["decode_ms"]
-    row["speedup_e2e"] = (row["ttft_ms"] + decode) / spec_e2e if spec_e2e > 0 else math.nan
-    row["tokens_per_s"] = row["new_tokens"] / (spec_e2e / 1e3) if spec_e2e > 0 else 0.0
-    return row
-
-
-def decode_tpot_ms(stats) -> float:
-    """Decode-phase time per output token: step time / tokens the steps emitted (the prefill excluded)."""
-    emitted = sum(st.emitted for st in stats.steps)
-    return sum(st.total_ms for st in stats.steps) / emitted if emitted else 0.0
-
-
-def _run_metrics(result, reading, meter: Meter) -> dict:
-    """Decode-phase metrics of one generation (steps only; the prefill is measured cold per group)."""
-    s = result.stats
-    steps = s.steps
-    decode_ms = sum(st.total_ms for st in steps)
-    emitted = sum(st.emitted for st in steps)
-    spec = [st for st in steps if st.drafted > 0]
-    rejections = sum(1 for st in spec if st.accepted < st.drafted)
-    n = max(len(steps), 1)
-    return {
-        "new_tokens": s.new_tokens, "steps": len(steps), "speculation_steps": len(spec),
-        "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
-        "alpha": s.acceptance_rate,
-        "rejections": rejections,
-        "alpha_l": leviathan_alpha(s.accepted_tokens, rejections),
-        "tau": s.mean_accepted_tokens,
-        "mean_drafted": (s.draft_tokens / len(spec)) if spec else 0.0,
-        "plain_fraction": 1 - len(spec) / n if steps else 1.0,
-        "accepted_per_position": s.accepted_per_position,
-        "mean_context": statistics.fmean(st.context_len for st in steps) if steps else s.prompt_tokens,
-        "decode_ms": decode_ms,
-        "tpot_ms": decode_tpot_ms(s),
-        "decode_tokens_per_s": emitted / (decode_ms / 1e3) if decode_ms > 0 else 0.0,
-        "step_draft_ms": sum(st.draft_ms for st in steps) / n,
-        "step_verify_ms": sum(st.verify_ms for st in steps) / n,
-        "step_other_ms": sum(st.total_ms - st.draft_ms - st.verify_ms for st in steps) / n,
-        "step_total_ms": decode_ms / n,
-        "ttft_ms": s.ttft_ms, "prefill_ms_run": s.prefill_ms, "total_ms": s.total_ms,
-        "rss_bytes": rss_bytes(), "peak_rss_bytes": s.peak_rss_bytes,
-        "cpu_s_per_token": reading.cpu_s / max(s.new_tokens, 1),
-        "energy_j_per_token": reading.energy_j / max(s.new_tokens, 1) if reading.energy_j is not None else None,
-        "energy_source": meter.energy_source,
-        "k_trace": s.k_trace,
-        "tree_steps": sum(1 for st in spec if st.tree),
-        "tree_fallback": s.tree_fallback,
-        "loadavg_1m": _loadavg(),
-        "other_cpu": reading.other_cpu,
-    }
-
-
-def _loadavg() -> float | None:
-    """The 1-minute load average after a run (runnable processes; above the core count means another program
-    competed for the CPU during the measurement)."""
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
-
-
-def resolve_cost(cost: str | None, model: CostModel, context: float) -> float:
-    """The calibrated drafter's per-token cost in ms: a number, ``ratio:C`` (C × a plain target step at this
-    context), or a draft model's fitted per-token time at this context."""
-    if cost is None:
-        return 0.0
-    if _is_number(cost):
-        return float(cost)
-    if cost.startswith("ratio:"):
-        return float(cost.split(":", 1)[1]) * model.verify_ms(1, context)
-    return model.draft_ms(cost, context)
-
-
-def fit_cost_model(micro_rows: list[dict], plain_rows: Sequence[dict] = ()) -> CostModel:
-    """Fit a :class:`CostModel` to one setting's micro rows (target and draft forwards). The per-step overhead is
-    the median non-forward time of the setting's plain runs (``step_other_ms``), else an ``overhead`` micro row,
-    else 0."""
-    target_rows = [r for r in micro_rows if r.get("role") == "target"]
-    verify = verify_samples(target_rows)
-    draft = [(r["model"], r["context"], r["ms"]) for r in micro_rows
-             if r.get("role") == "draft" and r.get("measure") == "forward"]
-    overhead = [r["step_other_ms"] for r in plain_rows if r.get("step_other_ms") is not None]
-    overhead = overhead or [r["ms"] for r in target_rows if r.get("measure") == "overhead"]
-    return CostModel.fit(verify, draft, statistics.median(overhead) if overhead else 0.0)
-
-
-def drafter_cost_key(row: dict):
-    """What :meth:`CostModel.draft_ms` needs for a point: ms for calibrated, None for n-gram lookup (``ngram``,
-    ``ngram-tree``), else the spec."""
-    if row["drafter"] == "calibrated":
-        return float(row["cost_ms"] or 0.0)
-    if row["drafter"] in ("ngram", "ngram-tree"):
-        return None
-    return row["drafter"]
-
-
-def predict_point(model: CostModel, row: dict) -> float:
-    """Cost-model speedup for a measured point, from its measured α (per position), mean draft length, share of
-    non-drafting steps and mean context; NaN for a point that verified token trees (the closed form is a chain's:
-    :func:`adaspec.bench.predicted.replay_steps` prices trees step by step)."""
-    if row.get("tree_steps"):
-        return math.nan
-    try:
-        d = drafter_cost_key(row)
-        if d is not None and not isinstance(d, float) and d not in model.draft:
-            return math.nan
-        k = row["mean_drafted"] if row["speculation_steps"] else row["k"]
-        return model.speedup(row["alpha_l"], k, row["mean_context"], d, row["plain_fraction"])
-    except (KeyError, ConfigError):
-        return math.nan
 
 
 def run_bench(cfg: dict, out: Path, **kwargs) -> dict:

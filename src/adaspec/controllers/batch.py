@@ -25,6 +25,9 @@ from dataclasses import dataclass
 
 from adaspec.backends.base import Backend
 from adaspec.controllers.costcurve import interpolate, measure_verify_curve
+from adaspec.controllers.costmodel import expected_tokens
+
+expected = expected_tokens  # its name here before issue 40
 
 
 @dataclass
@@ -73,7 +76,7 @@ class BatchPricer:
         width = 0
         for r in rows:
             k = min(r.k, cap)
-            tokens += expected(r.alpha, k)
+            tokens += expected_tokens(r.alpha, k)
             draft += r.draft_ms * k + (r.catch_up_ms / self.horizon if k > 0 else 0.0)
             width += k + 1
         return tokens / (draft + interpolate(self.curve, width))
@@ -107,11 +110,3 @@ class BatchPricer:
             return cap
         stall = sum(r.catch_up_ms for r in rows if min(r.k, cap) > 0)
         return cap if stall <= interpolate(self.curve, len(rows)) else 0
-
-
-def expected(alpha: float, k: int) -> float:
-    """E[tokens] of a step drafting k tokens with i.i.d. acceptance α: (1 − α^(k+1)) / (1 − α)
-    (Leviathan et al. 2023, eq. 1)."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)

@@ -18,11 +18,11 @@ machine, per context-length bucket, while decoding:
                model keeps its cache across requests that share a prefix), so c counts only the tokens it lacks.
     t_v(n, L)  target verification time of n = K + 1 tokens at context bucket L: median of recent verify_ms per
                measured n; for an n not yet run in that bucket, a value seeded from a measured curve
-               (:meth:`CostModel.seed_verify`, which :meth:`GoodputController.calibrate` fills in the engine's
+               (:meth:`MeasuredCosts.seed_verify`, which :meth:`GoodputController.calibrate` fills in the engine's
                warm-up with :func:`~adaspec.controllers.costcurve.measure_verify_curve`, made non-decreasing):
                real observations win, and once a bucket has any, their median ratio to the seed sets its level
                there (the seed gives only the shape: a curve measured while the machine ran slow must not make the
-               widths not yet run look dear; batched rows excepted, see :meth:`CostModel.seed_verify`). A
+               widths not yet run look dear; batched rows excepted, see :meth:`MeasuredCosts.seed_verify`). A
                bucket lacking some n takes it from its nearest known n scaled by the curve's shape: the seeded
                curve (of the nearest seeded bucket) when there is one, else all buckets' observations pooled. The
                shape is piecewise linear between its points and extended with the slope of its last segment beyond
@@ -71,213 +71,22 @@ each step, which weighs every sub-drafter that can propose now (e.g. a free n-gr
 
 from __future__ import annotations
 
-import bisect
-import math
-import statistics
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from adaspec.backends.base import Backend
 from adaspec.controllers.base import Controller
-from adaspec.controllers.costcurve import DEFAULT_WIDTHS, interpolate, measure_verify_curve
+from adaspec.controllers.costcurve import DEFAULT_WIDTHS, measure_verify_curve
+from adaspec.controllers.costmodel import (BUCKET_EDGES, MeasuredCosts, Recent, _nearest,  # noqa: F401 (re-exported)
+                                           bucket_of, expected_tokens)
 from adaspec.controllers.threshold import Calibration
 from adaspec.drafters.base import DraftStop
 from adaspec.errors import ConfigError
 from adaspec.stats import StepRecord
 
-BUCKET_EDGES = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-"""Context-length bucket boundaries (tokens): bucket b holds contexts in [edge[b-1], edge[b])."""
-
-
-def bucket_of(context_len: int) -> int:
-    return bisect.bisect_right(BUCKET_EDGES, context_len)
-
-
-class Recent:
-    """Median of the last ``size`` samples: a running estimate robust to one-off outliers (a lazy prefill inside a
-    draft, a page fault), yet quick to follow a real change."""
-
-    def __init__(self, size: int = 9) -> None:
-        self.samples: deque[float] = deque(maxlen=size)
-
-    def add(self, x: float) -> None:
-        self.samples.append(float(x))
-
-    @property
-    def value(self) -> float:
-        return statistics.median(self.samples)
-
-    def __bool__(self) -> bool:
-        return bool(self.samples)
-
-
-class CostModel:
-    """Measured step costs in milliseconds: per-token draft time and per-token catch-up time per drafter, and
-    verification time per number of verified tokens, by context bucket, plus the per-step overhead. See the module
-    docstring."""
-
-    STEADY = 2  # a drafter that drafted the step before has at most 2 tokens to feed (last draft + correction)
-    NEGLIGIBLE = 0.05  # a step with catch-up whose whole draft time is below this share of its verification is
-    # steady enough to measure draft time from (n-gram lookups: no model to feed)
-
-    def __init__(self, window: int = 9) -> None:
-        self.window = window
-        self.draft: dict[str, dict[int, Recent]] = {}
-        self.unsteady: dict[str, deque[tuple[float, int, int]]] = {}  # (draft_ms, drafted, extra) of steps with
-        # catch-up seen before any steady step of that drafter: split into draft and feed time once one is seen
-        self.feed: dict[str, Recent] = {}  # per-token time of feeding missed tokens (catch-up, lazy prefill)
-        self.verify: dict[int, dict[int, Recent]] = {}
-        self.shape: dict[int, Recent] = {}  # verification time per n, all buckets pooled
-        self.seeded: dict[int, dict[int, float]] = {}  # per bucket: a measured verification curve {n: ms}
-        self.seed_raw: dict[int, dict[int, float]] = {}  # per bucket: the seeded samples before smoothing
-        self.seed_as_measured = False  # seeds are not levelled by observed steps, in any bucket (a batched row)
-        self.draft_seed: dict[str, tuple[float, float]] = {}  # per drafter: measured (draft, feed) ms per token,
-        # used until its own steps measure them (seed_draft)
-        self.overhead = Recent(window)
-
-    def observe(self, step: StepRecord, behind: int = 0) -> None:
-        """Record a step. ``behind``: tokens of the sequence its drafter had not seen before drafting (at most
-        :attr:`STEADY` when it also drafted the step before; the prompt tokens a lazily prefilled draft model
-        lacks at its first draft). The time of feeding those beyond STEADY is catch-up, a cost of switching
-        drafters, measured apart from the draft time per token."""
-        b = bucket_of(step.context_len)
-        n = step.drafted + 1
-        self.verify.setdefault(b, {}).setdefault(n, Recent(self.window)).add(step.verify_ms)
-        self.shape.setdefault(n, Recent(4 * self.window)).add(step.verify_ms)
-        if step.drafted:
-            d, extra = step.drafter, behind - self.STEADY
-            if extra <= 0:
-                self.draft.setdefault(d, {}).setdefault(b, Recent(self.window)).add(step.draft_ms / step.drafted)
-                for draft_ms, drafted, extra_then in self.unsteady.pop(d, []):
-                    self._observe_feed(d, b, draft_ms, drafted, extra_then)
-            elif d in self.draft:
-                self._observe_feed(d, b, step.draft_ms, step.drafted, extra)
-            elif step.draft_ms <= self.NEGLIGIBLE * step.verify_ms:  # no catch-up worth the name (a lookup)
-                self.draft.setdefault(d, {}).setdefault(b, Recent(self.window)).add(step.draft_ms / step.drafted)
-            else:
-                self.unsteady.setdefault(d, deque(maxlen=self.window)).append((step.draft_ms, step.drafted, extra))
-        self.overhead.add(max(0.0, step.total_ms - step.draft_ms - step.verify_ms))
-
-    def _observe_feed(self, d: str, b: int, draft_ms: float, drafted: int, extra: int) -> None:
-        per_token = self.draft_ms(d, b) or 0.0
-        self.feed.setdefault(d, Recent(self.window)).add(max(draft_ms - drafted * per_token, 0.0) / extra)
-
-    def seed_verify(self, curve: Mapping[int, float], context_len: int, *, level_from_steps: bool = True) -> None:
-        """Seed the verification curve with ``curve`` ({n tokens: ms per forward}) measured at ``context_len``
-        tokens of context. It is made non-decreasing in n first (pool-adjacent-violators: verifying more tokens
-        never costs less; a noisy sample such as t(5) = 134, t(6) = 124 ms becomes 129, 129). Until a step is
-        observed in that bucket the seeded values are used as measured; in every bucket the seeded curve gives the
-        shape for the widths not observed (see :meth:`verify_ms`).
-
-        ``level_from_steps=False`` keeps the seeded values as measured beside observed widths, in every bucket
-        from then on (the rule before 2026-12-02): for a batched row, whose observed steps time the whole batch's
-        forward while the seed is indexed by the tokens in that forward, so the two are not on one curve.
-
-        Raises:
-            ValueError: an empty curve, or a time that is not a positive finite number."""
-        if not curve or not all(math.isfinite(ms) and ms > 0 for ms in curve.values()):
-            raise ValueError(f"need a non-empty curve of positive, finite times, got {dict(curve)}")
-        b = bucket_of(context_len)
-        self.seed_raw.setdefault(b, {}).update({int(n): float(ms) for n, ms in curve.items()})
-        self.seeded[b] = _non_decreasing(self.seed_raw[b])  # of the raw samples, so re-seeding does not drift
-        if not level_from_steps:
-            self.seed_as_measured = True
-
-    def seed_draft(self, drafter: str, draft_ms: float, feed_ms: float) -> None:
-        """Seed ``drafter``'s per-token draft and catch-up (feed) times in ms, measured outside decoding (e.g. by
-        :func:`~adaspec.controllers.costcurve.measure_draft_costs`), so that its first proposal, and the prompt a
-        lazily prefilled draft model feeds then, is priced before it is paid. Its own steps replace them."""
-        if draft_ms <= 0 or feed_ms < 0:
-            raise ValueError(f"need draft_ms > 0 and feed_ms >= 0, got {draft_ms}, {feed_ms}")
-        self.draft_seed[drafter] = (float(draft_ms), float(feed_ms))
-
-    @property
-    def measured(self) -> bool:
-        return bool(self.verify or self.seeded)
-
-    def overhead_ms(self) -> float:
-        return self.overhead.value if self.overhead else 0.0
-
-    def draft_ms(self, drafter: str, b: int) -> float | None:
-        """Per-token draft time of ``drafter`` at bucket ``b`` (nearest measured bucket); until a step without
-        catch-up was measured (a step with catch-up mixes feeding the missed tokens into the draft time), its seed
-        (:meth:`seed_draft`), else None."""
-        per_bucket = self.draft.get(drafter)
-        if per_bucket:
-            return per_bucket[_nearest(per_bucket, b)].value
-        seed = self.draft_seed.get(drafter)
-        return seed[0] if seed else None
-
-    def feed_ms(self, drafter: str, b: int) -> float:
-        """Per-token catch-up time of ``drafter`` (before it was measured: its seed, else a quarter of its draft
-        time per token, as a draft model feeding several tokens in one forward is cheaper per token than drafting
-        them)."""
-        if drafter in self.feed:
-            return self.feed[drafter].value
-        if drafter in self.draft_seed:
-            return self.draft_seed[drafter][1]
-        return 0.25 * (self.draft_ms(drafter, b) or 0.0)
-
-    def verify_ms(self, n: int, b: int) -> float:
-        """Verification time (ms) of ``n`` tokens at bucket ``b``. Needs a measurement or a seed (``measured``).
-
-        The nearest bucket with any data gives its observed median for n; else, once it has observed any width,
-        the bucket's level times the shape, ``level · shape(n)``, where the level is the median over the widths
-        m observed there of ``t(m) / shape(m)``; else (seeded only) its seeded value for n, or its nearest seeded
-        width scaled by the shape.
-
-        A seeded value is not mixed with observed ones as it stands: the seed gives the curve's shape, the live
-        steps its level. The machine's speed drifts (10-20 % within minutes on a shared VM), and a curve measured
-        while it was slow, next to fast observations of the widths the controller runs, made every width it had
-        not run look dear: it kept drafting short and never observed the longer drafts that would have shown it
-        wrong (the likely cause of an `adaspec serve` run at mean K 2.9 instead of 5-6 and half the speed, whose
-        warm-up ran 20 % slow: `docs/results/issue15`). One level per bucket, a median, so one width timed in
-        another spell does not bend the curve around it (it can still bend where observed widths, which keep their
-        own medians, were timed in different spells). A cost model seeded with ``level_from_steps=False`` (a
-        batched row) keeps the old rule in every bucket: seeded values as measured, the rest scaled from the
-        nearest known width."""
-        own = _nearest(self.verify.keys() | self.seeded.keys(), b)
-        observed, seeded = self.verify.get(own, {}), self.seeded.get(own, {})
-        if n in observed:
-            return observed[n].value
-        ratios = [observed[m].value / shape for m in observed
-                  if not self.seed_as_measured and (shape := self._shape(m, b)) > 0]
-        if ratios:
-            return statistics.median(ratios) * self._shape(n, b)
-        if n in seeded:
-            return seeded[n]
-        known = {m: r.value for m, r in observed.items()} | {m: v for m, v in seeded.items() if m not in observed}
-        ref = min(known, key=lambda m: (abs(m - n), m))
-        return known[ref] * self._shape(n, b) / self._shape(ref, b)
-
-    def _shape(self, n: int, b: int) -> float:
-        """The curve's shape at ``n``: the seeded curve of the bucket nearest ``b`` when one was seeded, else the
-        pooled observations; piecewise linear, extended with the slope of the last segment."""
-        if self.seeded:
-            return interpolate(self.seeded[_nearest(self.seeded, b)], n)
-        return interpolate({m: r.value for m, r in self.shape.items()}, n)
-
-
-def _nearest(table: Iterable[int], b: int) -> int:
-    return min(table, key=lambda key: (abs(key - b), key))
-
-
-def _non_decreasing(curve: Mapping[int, float]) -> dict[int, float]:
-    """The least-squares non-decreasing fit of ``curve`` ({n: ms}) in n: pool-adjacent-violators (Barlow et al.
-    1972), each violating run replaced by its mean."""
-    blocks: list[list[float]] = []  # [sum, count] per pooled run, left to right
-    xs = sorted(curve)
-    for x in xs:
-        blocks.append([float(curve[x]), 1.0])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    values = [total / count for total, count in blocks for _ in range(int(count))]
-    return dict(zip(xs, values))
+CostModel = MeasuredCosts  # its name here before issue 40 (docs/results/issue15/seed_drift.py imports it)
 
 
 class Acceptance:
@@ -311,15 +120,6 @@ class Acceptance:
             previous = (acc + self.shrink * previous) / (reached + self.shrink)
             out.append(previous)
         return out
-
-
-def expected_tokens(alphas: list[float], k: int) -> float:
-    """E[tokens emitted] by a step drafting ``k`` tokens with conditional acceptances ``alphas``."""
-    total, reach = 1.0, 1.0
-    for a in alphas[:k]:
-        reach *= a
-        total += reach
-    return total
 
 
 @dataclass(frozen=True)
@@ -366,7 +166,7 @@ class GoodputController(Controller):
     def __init__(self, config: GoodputConfig | None = None, **overrides) -> None:
         base = config or GoodputConfig()
         self.config = GoodputConfig(**{**base.__dict__, **overrides}) if overrides else base
-        self.costs = CostModel(self.config.window)
+        self.costs = MeasuredCosts(self.config.window)
         self.acceptance: dict[str, Acceptance] = {}
         self.calibration = Calibration()  # P(accept | draft probability q), for the stop within a step
         self.stoppable: set[str] = set()  # drafters that consult the stop rule (model drafters do, lookups not)
@@ -400,15 +200,16 @@ class GoodputController(Controller):
         self.costs.seed_verify(dict(curve), context_len, level_from_steps=level_from_steps)
 
     def seed_draft_costs(self, costs: Mapping[str, tuple[float, float]]) -> None:
-        """Per drafter name, ``(draft_ms, feed_ms)`` per token measured elsewhere (see :meth:`CostModel.seed_draft`):
-        a drafter seeded so is priced from its first proposal on, instead of tried once blind at ``k_init``."""
+        """Per drafter name, ``(draft_ms, feed_ms)`` per token measured elsewhere (see
+        :meth:`MeasuredCosts.seed_draft`): a drafter seeded so is priced from its first proposal on, instead of tried
+        once blind at ``k_init``."""
         for name, (draft_ms, feed_ms) in costs.items():
             self.costs.seed_draft(name, draft_ms, feed_ms)
 
     def draft_costs(self) -> dict[str, tuple[float, float]]:
         """``{drafter: (draft_ms, feed_ms)}`` per token for the drafters whose costs this controller has measured
         (a draft time per token from its own steps, and a catch-up time measured or seeded; never the guess
-        :meth:`CostModel.feed_ms` falls back on), at the last step's context bucket: what
+        :meth:`MeasuredCosts.feed_ms` falls back on), at the last step's context bucket: what
         :meth:`seed_draft_costs` of a new request's controller takes."""
         b = bucket_of(self.context_len)
         out = {}
@@ -456,8 +257,7 @@ class GoodputController(Controller):
             options = {name: None for name in {*self.costs.draft, *self.costs.unsteady, *self.costs.draft_seed}} \
                 or {"": None}
         b = bucket_of(self.context_len)
-        overhead = self.costs.overhead_ms()
-        plain_ms = self.costs.verify_ms(1, b) + overhead
+        plain_ms = self.costs.plain_step_ms(b)
         best: tuple[float, str | None, int, float] = (0.0, None, 0, 0.0)
         candidates: dict[str, tuple[float, int, float]] = {}  # name -> its best (gain, K, catch-up)
         optimistic: dict[str, tuple[float, int]] = {}  # name -> its best (gain, K) were every draft accepted
@@ -469,10 +269,10 @@ class GoodputController(Controller):
             if per_token is None:  # never measured without catch-up: try it (the try after a first one is steady)
                 return name, min(c.k_init, k_top)
             behind = self.context_len - self.synced.get(name, 0)
-            catch_up = self.costs.feed_ms(name, b) * max(behind - CostModel.STEADY, 0)
+            catch_up = self.costs.feed_ms(name, b) * max(behind - MeasuredCosts.STEADY, 0)
             alphas = self._acceptance(name).rates()
             for k in range(1, k_top + 1):
-                step_ms = k * per_token + self.costs.verify_ms(k + 1, b) + overhead + catch_up / c.horizon
+                step_ms = self.costs.spec_step_ms(k, b, name, catch_up / c.horizon)
                 gain = expected_tokens(alphas, k) / step_ms
                 if gain > candidates.get(name, (0.0,))[0]:
                     candidates[name] = (gain, k, catch_up)

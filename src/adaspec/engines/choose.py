@@ -1,14 +1,14 @@
 """One speculative configuration per engine from the measured configurations (``adaspec advise`` across configs).
 
 Input: the derivation phase's ``scaleout`` rows of one engine (every tried configuration at every concurrency,
-``off`` included). For each speculative configuration and concurrency, :func:`adaspec.bench.engine_advice.advise`
+``off`` included). For each speculative configuration and concurrency, :func:`adaspec.bench.advise.advise`
 pairs it with ``off`` at that concurrency and fits Leviathan et al.'s model (α from τ and K̄, the cost c of a draft
 token from the measured speedup). Per method the fit of the configuration that measured fastest at that
 concurrency is used (the least extrapolation). llama-server takes one ``--spec-draft-n-max`` for all load, so one
 (method, K) must serve every concurrency: the one with the highest geometric mean of predicted speedups over the
 measured concurrencies (a K > 0 must clear the margin somewhere). vLLM 0.32 also takes a K per batch size
 (``num_speculative_tokens_per_batch_size``): per method, the best K at each measured concurrency (0 where nothing
-clears the margin) as ranges (:func:`adaspec.bench.engine_advice.ranges`), chosen over the single K when its
+clears the margin) as ranges (:func:`adaspec.bench.advise.ranges`), chosen over the single K when its
 geometric mean is higher. A method without acceptance counters (no τ) is scored with the measured speedups of the
 Ks tried.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from adaspec.bench.engine_advice import MARGIN, advise, engine_config, predicted_speedup, ranges
+from adaspec.bench.advise import MARGIN, advise, engine_config, predicted_speedup, ranges
 from adaspec.engines.config import EngineConfig
 from adaspec.errors import AdaspecError
 
@@ -65,7 +65,7 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
     :class:`EngineConfig`), ``label``, ``score`` (geometric mean predicted speedup), ``per_level`` (concurrency →
     predicted speedup of the advice), ``fits`` (the entries used), ``best_tried`` (concurrency → the fastest
     measured label and its speedup) and ``flags`` (the engine's command line from
-    :func:`adaspec.bench.engine_advice.engine_config`).
+    :func:`adaspec.bench.advise.engine_config`).
 
     Raises:
         AdaspecError: no speculative configuration was measured cleanly against ``off``.

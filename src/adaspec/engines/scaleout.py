@@ -14,7 +14,7 @@ Per engine (one server at a time; each is started, measured and stopped):
    concurrency are measured again on prompts not used in steps 1-2; the report gives advised / best tried per
    concurrency (target ≥ 0.95).
 4. **Profile.** ``adaspec profile --endpoint`` computes its speedup from paired per-prompt decode rates
-   (:func:`adaspec.bench.engine_advice.profile_endpoint`) on the derivation prompts at one client; its prediction
+   (:func:`adaspec.bench.advise.profile_endpoint`) on the derivation prompts at one client; its prediction
    for the advised configuration is compared with the same quantity re-measured on the held-out prompts. With
    ``--live-profile`` (default for llama-server, whose two servers fit in memory together) the CLI itself runs
    against the advised server and an ``off`` server side by side.

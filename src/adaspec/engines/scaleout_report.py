@@ -13,7 +13,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from adaspec.bench.engine_advice import profile_endpoint
+from adaspec.bench.advise import profile_endpoint
 from adaspec.engines.results import Results
 from adaspec.errors import AdaspecError
 
