@@ -623,7 +623,7 @@ class BatchEngine:
         """Verify one row's drafts on its logits (masked by its grammar, if any), cut its cache back, record the
         step (its controller sees it without the grammar's forced drafts)."""
         t = time.perf_counter()
-        n_accepted, token, logits = row.req.verify(logits, draft, self.target.vocab_size)
+        n_accepted, token, logits = row.req.verify(logits, draft, in_vocab(draft.tokens, self.target.vocab_size))
         self.target.truncate_seq(row.seq, len(row.ids) + n_accepted)
         new, finish, lp = row.req.emit(draft.tokens[:n_accepted].tolist() + [token], logits)
         verify_ms = forward_ms + (time.perf_counter() - t) * 1e3

@@ -247,8 +247,9 @@ class SpeculativeEngine:
                 path, token = verify_tree_sampling(tokens, draft.parents, probs, req.generator, q)
             self.target.keep_tree_path(len(ids), path)
             return [tokens[i] for i in path], token, logits[path_rows(path)], path
-        logits = self.target.forward([ids[-1]] + in_vocab(draft.tokens, self.target.vocab_size), len(draft) + 1)
-        n_accepted, token, logits = req.verify(logits, draft, self.target.vocab_size)
+        fed = in_vocab(draft.tokens, self.target.vocab_size)
+        logits = self.target.forward([ids[-1]] + fed, len(draft) + 1)
+        n_accepted, token, logits = req.verify(logits, draft, fed)
         self.target.truncate(len(ids) + n_accepted)
         return draft.tokens[:n_accepted].tolist(), token, logits, list(range(n_accepted))
 

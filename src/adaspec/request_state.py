@@ -26,7 +26,7 @@ from adaspec.request import (GenerationConfig, GenerationResult, StreamChunk, ch
 from adaspec.sampling import SamplingParams, pick_token
 from adaspec.stats import GenerationStats, peak_rss_bytes
 from adaspec.text import TextStream
-from adaspec.verify import decide, in_vocab, parse_lossy
+from adaspec.verify import decide, parse_lossy
 
 
 @dataclass
@@ -99,12 +99,12 @@ class RequestState:
         self.stats.ttft_ms = self.stats.prefill_ms = (time.perf_counter() - self.start) * 1e3
         return self.emit([token], last)
 
-    def verify(self, logits: torch.Tensor, draft: Draft, vocab_size: int) -> tuple[int, int, torch.Tensor]:
-        """Verify a chain ``draft`` (K tokens) on the target's ``[K + 1, V]`` logits over ``[pending] + draft``,
+    def verify(self, logits: torch.Tensor, draft: Draft, fed: list[int]) -> tuple[int, int, torch.Tensor]:
+        """Verify a chain ``draft`` (K tokens) on the target's ``[K + 1, V]`` logits over ``[pending] + fed`` (``fed``:
+        the drafts as the target was fed them, :func:`~adaspec.verify.in_vocab`),
         after the request's controls and, under a grammar, its mask (the draft already cut to what the grammar
         allows, :meth:`RequestGrammar.cut`): ``(accepted drafts n, the next token, the controlled logits)``. The
         logits returned are the model's view for logprobs and margins (controls applied, grammar mask not)."""
-        fed = in_vocab(draft.tokens, vocab_size)
         logits = controlled(logits, self.controls, self.ids, len(self.prompt), torch.tensor(fed, dtype=torch.long))
         scored = logits if self.grammar is None else self.grammar.scored(logits, fed)
         n_accepted, token = decide(scored, draft, self.params, self.generator, self.lossy)
