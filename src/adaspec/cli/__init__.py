@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from adaspec.cli.bench import _add_bench_parsers
+from adaspec.cli.bench import add_bench_parsers
 from adaspec.cli.compare import add_compare_parser
 from adaspec.cli.eval import add_eval_parser
 from adaspec.cli.generate import add_generate_parser
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_parser(sub)
     add_eval_parser(sub)
     add_serve_parser(sub)
-    _add_bench_parsers(sub)
+    add_bench_parsers(sub)
     add_models_parser(sub)
     return parser
 

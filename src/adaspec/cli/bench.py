@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from adaspec.cli.options import _add_runtime_args
+from adaspec.cli.options import add_runtime_args
 from adaspec.defaults import DEVICE_CHOICES
 from adaspec.errors import ConfigError
 from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -14,7 +14,7 @@ from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 MAP_TITLE = "Where speculative decoding pays on this machine"
 
 
-def _add_bench_parsers(sub) -> None:
+def add_bench_parsers(sub) -> None:
     """``bench``, ``map`` and ``profile``: the performance-boundary study (adaspec.bench)."""
     bench = sub.add_parser("bench", help="sweep speculative settings against plain decoding (JSONL, resumable)")
     preset = bench.add_mutually_exclusive_group()
@@ -125,7 +125,7 @@ def _add_bench_parsers(sub) -> None:
                            "plain decoding on the same prompts; the expected speedup is that measurement "
                            "(0: the cost model's prediction only; default: %(default)s)")
     prof.add_argument("--temperature", type=float, default=0.0)
-    _add_runtime_args(prof)
+    add_runtime_args(prof)
     prof.add_argument("--seed", type=int, default=0)
     prof.add_argument("--json", action="store_true", help="print one JSON object")
     pe = prof.add_argument_group("a serving endpoint instead of adaspec's engine")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from adaspec.cli.options import _add_model_args, _add_strict_arg
+from adaspec.cli.options import add_model_args, add_strict_arg
 from adaspec.models import DEFAULT_DRAFT
 
 
 def add_compare_parser(sub) -> None:
     cmp = sub.add_parser("compare", help="compare decoding methods on workloads (interleaved, resumable)")
-    _add_model_args(cmp, DEFAULT_DRAFT)  # the draft model of DRAFTER-less methods (fixed:K, goodput, hf:...)
+    add_model_args(cmp, DEFAULT_DRAFT)  # the draft model of DRAFTER-less methods (fixed:K, goodput, hf:...)
     preset = cmp.add_mutually_exclusive_group()
     preset.add_argument("--quick", action="store_const", const="quick", dest="preset",
                         help="humaneval, gsm8k, Spec-Bench translation; T = 0 and 1; 1 prompt, 32 tokens; main methods")
@@ -38,7 +38,7 @@ def add_compare_parser(sub) -> None:
     cmp.add_argument("--no-prompt-cache", dest="prompt_cache", action="store_false",
                      help="every method prefills the prompt itself (default: one untimed prefill per prompt, "
                           "shared by all methods, so rows time decoding)")
-    _add_strict_arg(cmp)
+    add_strict_arg(cmp)
     cmp.add_argument("--default-method", default=None,
                      help="the method the target check is about (default: adaspec's default configuration)")
     cmp.set_defaults(func=cmd_compare)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from adaspec.cli.options import _add_model_args
+from adaspec.cli.options import add_model_args
 from adaspec.models import DEFAULT_DRAFT
 
 
 def add_eval_parser(sub) -> None:
     ev = sub.add_parser("eval", help="task accuracy of plain vs speculative (and strict, lossy) decoding: HumanEval "
                                      "pass@1, GSM8K; paired tests, identity, divergence margins")
-    _add_model_args(ev, DEFAULT_DRAFT)
+    add_model_args(ev, DEFAULT_DRAFT)
     ev.add_argument("--tasks", default="humaneval,gsm8k",
                     help="comma-separated: humaneval, gsm8k (zero-shot), gsm8k-cot (8-shot chain of thought), "
                          "structured (schema validity and exact fields; --limit counts per category) "

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from adaspec.cli.options import (_add_model_args, _add_sampling_args, _add_structured_args, _sampling_kwargs,
-                                 _structured_kwargs)
+from adaspec.cli.options import (add_model_args, add_sampling_args, add_structured_args, sampling_kwargs,
+                                 structured_kwargs)
 from adaspec.errors import AdaspecError
 
 
@@ -15,8 +15,8 @@ def add_generate_parser(sub) -> None:
     gen = sub.add_parser("generate", help="generate text with speculative decoding")
     gen.add_argument("prompt", nargs="?", help="the prompt (or use --prompt-file)")
     gen.add_argument("--prompt-file", help="read the prompt from this file ('-' = stdin)")
-    _add_model_args(gen)
-    _add_sampling_args(gen)
+    add_model_args(gen)
+    add_sampling_args(gen)
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                      help="apply the model's chat template (default: on when the model has one)")
     gen.add_argument("--compare", action="store_true",
@@ -36,7 +36,7 @@ def add_generate_parser(sub) -> None:
                      help="with --tree-budget and a draft model: grow its tree level by level, expanding the E most "
                           "likely nodes per level with one draft forward (EAGLE-2; default 4 where the draft backend "
                           "can: PyTorch, ik_llama.cpp); 0 = its chain plus sibling leaves")
-    _add_structured_args(gen)
+    add_structured_args(gen)
     gen.set_defaults(func=cmd_generate)
 
 
@@ -56,8 +56,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from adaspec.engine import GenerationConfig
 
     prompt = _read_prompt(args)
-    config = GenerationConfig(**_sampling_kwargs(args), logprobs=args.logprobs, tree_budget=args.tree_budget,
-                              tree_choice=args.tree_choice, tree_expand=args.tree_expand, **_structured_kwargs(args))
+    config = GenerationConfig(**sampling_kwargs(args), logprobs=args.logprobs, tree_budget=args.tree_budget,
+                              tree_choice=args.tree_choice, tree_expand=args.tree_expand, **structured_kwargs(args))
     lm = load(args.target, args.draft, controller=args.controller, k=args.k, backend=args.backend,
               device=args.device, dtype=args.dtype, threads=args.threads)
     if lm.target.runtime_reason:

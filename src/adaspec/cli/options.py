@@ -10,7 +10,7 @@ from adaspec.errors import AdaspecError
 from adaspec.models import DEFAULT_TARGET
 
 
-def _add_model_args(p: argparse.ArgumentParser, draft_default: str = DEFAULT_DRAFTER) -> None:
+def add_model_args(p: argparse.ArgumentParser, draft_default: str = DEFAULT_DRAFTER) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET,
                    help="target model: zoo name, .gguf file, HF folder or hub id; append @torch, @llamacpp or @ik "
                         "to pin its backend; synthetic:<shape> (e.g. synthetic:qwen2.5-7b) is random weights in a "
@@ -23,10 +23,10 @@ def _add_model_args(p: argparse.ArgumentParser, draft_default: str = DEFAULT_DRA
                    help="draft-length controller: goodput, adaptive, heuristic, fixed, confidence, entropy or bandit "
                         "(default: %(default)s)")
     p.add_argument("--k", type=int, default=None, help="draft length K (fixed), or the initial K (adaptive, heuristic)")
-    _add_runtime_args(p)
+    add_runtime_args(p)
 
 
-def _add_runtime_args(p: argparse.ArgumentParser) -> None:
+def add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=BACKEND_CHOICES,
                    help="where models run: auto = the fastest path measured on this machine (a GGUF runtime on a "
                         "CPU, PyTorch on CUDA), torch, llamacpp or ik (ik_llama.cpp) (default: %(default)s)")
@@ -38,7 +38,7 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
                    help="CPU threads for PyTorch and the GGUF runtimes (default: all cores)")
 
 
-def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -51,7 +51,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI frequency penalty, in [-2, 2]")
     p.add_argument("--logit-bias", action="append", default=[], metavar="ID:BIAS",
                    help="add BIAS (in [-100, 100]) to token ID's logit (repeatable)")
-    _add_strict_arg(p)
+    add_strict_arg(p)
 
 
 def _logit_bias(items: list[str]) -> dict[int, float] | None:
@@ -65,8 +65,8 @@ def _logit_bias(items: list[str]) -> dict[int, float] | None:
     return out or None
 
 
-def _sampling_kwargs(args: argparse.Namespace) -> dict:
-    """The GenerationConfig fields of _add_sampling_args."""
+def sampling_kwargs(args: argparse.Namespace) -> dict:
+    """The GenerationConfig fields of add_sampling_args."""
     return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                 top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), strict=args.strict or None,
                 min_p=args.min_p, repetition_penalty=args.repetition_penalty,
@@ -74,7 +74,7 @@ def _sampling_kwargs(args: argparse.Namespace) -> dict:
                 logit_bias=_logit_bias(args.logit_bias))
 
 
-def _add_structured_args(p: argparse.ArgumentParser) -> None:
+def add_structured_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("structured output (docs/guide/structured.md)").add_mutually_exclusive_group()
     g.add_argument("--json-schema", metavar="FILE", help="the output is JSON following this JSON schema (strict)")
     g.add_argument("--json-object", action="store_true", help="the output is a JSON object")
@@ -84,8 +84,8 @@ def _add_structured_args(p: argparse.ArgumentParser) -> None:
                    help="under a grammar, do not propose the tokens it forces as drafts")
 
 
-def _structured_kwargs(args: argparse.Namespace) -> dict:
-    """The GenerationConfig fields of _add_structured_args (files read here)."""
+def structured_kwargs(args: argparse.Namespace) -> dict:
+    """The GenerationConfig fields of add_structured_args (files read here)."""
     def read(path: str) -> str:
         try:
             return Path(path).read_text()
@@ -97,7 +97,7 @@ def _structured_kwargs(args: argparse.Namespace) -> dict:
                 grammar=read(args.grammar) if args.grammar else None, forced_drafts=not args.no_forced_drafts)
 
 
-def _add_strict_arg(p: argparse.ArgumentParser) -> None:
+def add_strict_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true",
                    help="strict mode: a batch-invariant target, so greedy output equals plain (strict) decoding "
                         "token for token and a repeated request gives the same text (costs a wider forward per "

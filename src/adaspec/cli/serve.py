@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from adaspec.cli.options import _add_model_args, _add_strict_arg
+from adaspec.cli.options import add_model_args, add_strict_arg
 
 
 def add_serve_parser(sub) -> None:
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server with speculative-decoding metrics")
-    _add_model_args(srv)
+    add_model_args(srv)
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback only)")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--api-key", action="append", default=None, metavar="KEY",
@@ -54,7 +54,7 @@ def add_serve_parser(sub) -> None:
     srv.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens accepted")
     srv.add_argument("--metrics-namespace", default="adaspec", help="metric name prefix ('vllm' for vLLM dashboards)")
     srv.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation at start")
-    _add_strict_arg(srv)
+    add_strict_arg(srv)
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     srv.set_defaults(func=cmd_serve)
 
