@@ -2,6 +2,9 @@
 
 Errors that adaspec raises on purpose (:class:`~adaspec.errors.AdaspecError`) are printed as one line naming the
 problem, with exit code 2; anything else is a bug and keeps its traceback.
+
+Each command imports what it runs (PyTorch, transformers, the bench, the server's stack) inside its ``cmd_*``
+function, so parsing, ``--help`` and argument errors stay fast.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from adaspec.bench.grid import build_config, expand
 from adaspec.cli.options import add_runtime_args
 from adaspec.defaults import DEVICE_CHOICES
 from adaspec.errors import ConfigError
@@ -158,8 +160,6 @@ def _json_object(text: str | None, what: str) -> dict | None:
 
 
 def cmd_bench_endpoint(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from adaspec.bench.endpoint import EndpointConfig, run_endpoint_bench
 
     rates = _floats(args.rate, "--rate")
@@ -190,8 +190,6 @@ def cmd_bench_endpoint(args: argparse.Namespace) -> int:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from adaspec.bench.advise import advise_files, format_advice
 
     out = advise_files([Path(p) for p in args.results], args.engine, method=args.method, draft=args.draft_model,
@@ -201,9 +199,6 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from adaspec.bench.grid import build_config, expand
     from adaspec.bench.sweep import run_bench
 
     if args.endpoint:
@@ -239,8 +234,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_map(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from adaspec.bench.report import make_report
 
     if args.hardware:
@@ -289,10 +282,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from adaspec.bench.profile import format_advice, profile_workload
 
     if args.endpoint:
-        from pathlib import Path
-
-        from adaspec.bench.endpoint import EndpointConfig, read_rows, run_endpoint_bench
         from adaspec.bench.advise import format_profile, profile_endpoint
+        from adaspec.bench.endpoint import EndpointConfig, read_rows, run_endpoint_bench
 
         if not args.baseline and args.baseline_body is None:
             raise ConfigError("profile --endpoint needs a baseline: --baseline URL or --baseline-body JSON")

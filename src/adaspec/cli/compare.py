@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from adaspec.cli.options import add_model_args, add_strict_arg
 from adaspec.models import DEFAULT_DRAFT
@@ -45,8 +46,6 @@ def add_compare_parser(sub) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from adaspec.compare import DEFAULT_METHOD, PRESETS, markdown_report, read_results, run_compare
 
     preset = PRESETS.get(args.preset, {})

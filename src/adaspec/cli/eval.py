@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from adaspec.cli.options import add_model_args
 from adaspec.models import DEFAULT_DRAFT
@@ -32,8 +33,6 @@ def add_eval_parser(sub) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from adaspec.quality.evaluate import DEFAULT_METHODS, run_eval
 
     out = Path(args.out)

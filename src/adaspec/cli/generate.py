@@ -9,6 +9,7 @@ import sys
 from adaspec.cli.options import (add_model_args, add_sampling_args, add_structured_args, sampling_kwargs,
                                  structured_kwargs)
 from adaspec.errors import AdaspecError
+from adaspec.stats import compress_trace
 
 
 def add_generate_parser(sub) -> None:
@@ -153,7 +154,7 @@ def format_stats(out: dict, *, target: str, drafter: str, controller: str) -> st
         ("draft tokens: proposed / accepted", f"{s['draft_tokens']} / {s['accepted_tokens']}"),
         ("acceptance rate α", f"{s['acceptance_rate']:.3f}"),
         ("mean accepted tokens τ", f"{s['mean_accepted_tokens']:.2f}"),
-        ("K per step", _compress(s["k_trace"])),
+        ("K per step", compress_trace(s["k_trace"], limit=80)),
         ("time: prefill / draft / verify / other",
          f"{s['prefill_ms']:.0f} / {s['draft_ms']:.0f} / {s['verify_ms']:.0f} / {s['other_ms']:.0f} ms"),
         ("peak RSS", f"{s['peak_rss_bytes'] / 2**30:.2f} GiB"),
@@ -172,9 +173,3 @@ def format_stats(out: dict, *, target: str, drafter: str, controller: str) -> st
                                                  f"{c['speculative_tokens_per_s'] / plains[fastest]:.2f}x"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
-
-
-def _compress(trace: list[int]) -> str:
-    from adaspec.stats import compress_trace
-
-    return compress_trace(trace, limit=80)

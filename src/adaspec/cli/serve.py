@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from adaspec.cli.options import add_model_args, add_strict_arg
+from adaspec.server.main import serve
 
 
 def add_serve_parser(sub) -> None:
@@ -60,6 +61,4 @@ def add_serve_parser(sub) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from adaspec.server.main import serve
-
     return serve(args)
