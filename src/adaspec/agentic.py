@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 
-from adaspec.workload_data import FILES, Prompt, data_dir, read_rows as _rows
+from adaspec.workload_data import FILES, Prompt, data_dir, read_rows
 
 CATEGORIES = ("agent-tools", "agent-code", "agent-sql", "agent-extract")
 
@@ -84,11 +84,11 @@ def agentic_prompts() -> list[Prompt]:
     Raises:
         AdaspecError: a data file is missing.
     """
-    gsm = [row["question"] for row in _rows(data_dir() / FILES["gsm8k"])][:40]
+    gsm = [row["question"] for row in read_rows(data_dir() / FILES["gsm8k"])][:40]
     code = [f"Task: implement `{row['entry_point']}`.\n\n```python\n{row['prompt'].strip()}\n```"
-            for row in _rows(data_dir() / FILES["humaneval"])][:40]
+            for row in read_rows(data_dir() / FILES["humaneval"])][:40]
     articles = [row["turns"][0].removeprefix("Summarize:").strip()[:EXTRACT_CHARS]
-                for row in _rows(data_dir() / FILES["specbench"]) if row.get("category") == "summarization"][:40]
+                for row in read_rows(data_dir() / FILES["specbench"]) if row.get("category") == "summarization"][:40]
     extract = [f"Extract these fields from the text below as one JSON object, exactly in this form: "
                f"{EXTRACT_FIELDS}. Reply with the JSON only.\n\nText: {a}" for a in articles]
     return [*_session("agent-tools", TOOLS_SYSTEM, [f"Task: {q}" for q in gsm]),

@@ -28,7 +28,8 @@ from typing import Any
 from adaspec.errors import ConfigError
 from adaspec.structured import Constraint
 from adaspec.toolcalls import ToolPlan, parse_tool_calls, plan_tools
-from adaspec.workloads import FILES, _rows, data_dir, load_workload
+from adaspec.workload_data import FILES, data_dir, read_rows
+from adaspec.workloads import load_workload
 
 CATEGORIES = ("extract-signature", "extract-answer", "tool-translate")
 SIGNATURE_SCHEMA = {"type": "object", "additionalProperties": False,
@@ -98,7 +99,7 @@ def _signature(code: str, name: str) -> dict:
 
 def _signature_tasks() -> list[StructuredTask]:
     out = []
-    for row in _rows(data_dir() / FILES["humaneval"]):
+    for row in read_rows(data_dir() / FILES["humaneval"]):
         text = (f"Extract the signature of the function `{row['entry_point']}` in this code as JSON with the keys "
                 f"function_name, parameters (the parameter names in order) and returns (its return annotation, or "
                 f"\"\" when it has none).\n\n```python\n{row['prompt']}```")
@@ -110,7 +111,7 @@ def _signature_tasks() -> list[StructuredTask]:
 
 def _answer_tasks() -> list[StructuredTask]:
     out = []
-    for i, row in enumerate(_rows(data_dir() / FILES["gsm8k"])):
+    for i, row in enumerate(read_rows(data_dir() / FILES["gsm8k"])):
         answer = float(row["answer"].split("####")[-1].strip().replace(",", ""))
         text = (f"{row['question']}\n\nSolve the problem. Answer as JSON with the keys reasoning (a short "
                 f"explanation) and answer (the final number).")

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from adaspec.agentic import agentic_prompts
 from adaspec.errors import AdaspecError
-from adaspec.workload_data import FILES, Prompt, data_dir, read_rows as _rows  # noqa: F401 (re-exported)
+from adaspec.workload_data import FILES, Prompt, data_dir, read_rows  # FILES, Prompt, data_dir: also imported from here
 
 ALIASES = {"rag": "specbench:rag", "summarization": "specbench:summarization"}
 EDITS = ("rename", "type-hints", "comments", "fix-bug")
@@ -167,7 +167,7 @@ def _gsm8k_cot() -> list[Prompt]:
         shots += [{"role": "user", "content": f"Q: {ex['question']}"},
                   {"role": "assistant", "content": f"A: {ex['answer']}"}]
     prompts = []
-    for i, row in enumerate(_rows(data_dir() / FILES["gsm8k"])):
+    for i, row in enumerate(read_rows(data_dir() / FILES["gsm8k"])):
         last = f"Q: {row['question']}"
         prompts.append(Prompt(str(i), "gsm8k-cot", last, (*shots, {"role": "user", "content": last})))
     return prompts
@@ -181,7 +181,7 @@ def _built(base: str) -> list[Prompt]:
     if base == "agentic":
 
         return agentic_prompts()
-    rows = _rows(data_dir() / FILES["humaneval"])
+    rows = read_rows(data_dir() / FILES["humaneval"])
     if base == "code-edit":
         prompts = []
         for i, row in enumerate(rows):
@@ -210,13 +210,13 @@ def load_workload(name: str, limit: int | None = None) -> list[Prompt]:
         prompts = _built(base)
     elif base in FILES:
         path = data_dir() / FILES[base]
-        prompts = [_prompt(row, i, base, path) for i, row in enumerate(_rows(path))]
+        prompts = [_prompt(row, i, base, path) for i, row in enumerate(read_rows(path))]
     else:
         path, category = Path(name), ""
         if not path.is_file():
             raise AdaspecError(f"unknown workload {name!r}: not one of {', '.join(sorted(NAMES))} "
                                "(or NAME:<category>) and not a JSONL file")
-        prompts = [_prompt(row, i, path.stem, path) for i, row in enumerate(_rows(path))]
+        prompts = [_prompt(row, i, path.stem, path) for i, row in enumerate(read_rows(path))]
     if category:
         found = sorted({p.category for p in prompts})
         prompts = [p for p in prompts if p.category == category]

@@ -41,6 +41,7 @@ from adaspec.errors import AdaspecError, ConfigError
 from adaspec.quality.gsm8k import is_correct, reference_answer
 from adaspec.quality.sandbox import check_humaneval
 from adaspec.quality.stats import paired_difference, wilson_interval
+from adaspec.workload_data import FILES, data_dir, read_rows
 
 TASKS = ("humaneval", "gsm8k", "gsm8k-cot", "structured")
 STRUCTURED = "structured"  # graded at generation (rows carry valid, exact), each prompt under its task's grammar
@@ -98,9 +99,7 @@ def humaneval_completion(text: str, problem: dict) -> str:
 
 
 def _problems(task: str) -> dict[str, dict]:
-    from adaspec.workload_data import FILES, data_dir, read_rows as _rows
-
-    rows = list(_rows(data_dir() / FILES["gsm8k" if task in GSM8K_TASKS else task]))
+    rows = list(read_rows(data_dir() / FILES["gsm8k" if task in GSM8K_TASKS else task]))
     if task == "humaneval":
         return {r["task_id"]: r for r in rows}
     return {str(i): r for i, r in enumerate(rows)}  # the ids load_workload gives GSM8K rows
