@@ -8,9 +8,9 @@ import statistics
 import pytest
 import torch
 
-from adaspec.backends import Backend
-from adaspec.controllers import GoodputController, costcurve, make_controller
-from adaspec.controllers.costcurve import DEFAULT_WIDTHS, interpolate, measure_verify_curve
+from adaspec.backends import Backend, costcurve
+from adaspec.backends.costcurve import DEFAULT_WIDTHS, interpolate, measure_verify_curve
+from adaspec.controllers import GoodputController, make_controller
 from adaspec.controllers.costmodel import MeasuredCosts, Recent, bucket_of, expected_tokens
 from adaspec.controllers.goodput import Acceptance
 from adaspec.errors import ConfigError

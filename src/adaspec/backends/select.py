@@ -146,8 +146,8 @@ def measure_runtime(runtime: str, gguf_file: Path, threads: int, probe_ids: list
     """Probe ``runtime`` on ``gguf_file``: ``"1"``/``"5"`` = milliseconds of one forward of n tokens (logits for all
     n, as verification needs) after a :data:`PROBE_CONTEXT`-token context, median of ``repeats`` after one warm-up;
     ``"nll"`` = :func:`probe_nll` of ``probe_ids`` (nats/token). Timing is the goodput controller's own
-    :func:`~adaspec.controllers.costcurve.measure_verify_curve`."""
-    from adaspec.controllers.costcurve import measure_verify_curve
+    :func:`~adaspec.backends.costcurve.measure_verify_curve`."""
+    from adaspec.backends.costcurve import measure_verify_curve
 
     context = max(PROBE_CONTEXT, len(probe_ids))
     backend = make_gguf_backend(runtime, gguf_file, threads=threads, max_context=context + 16)

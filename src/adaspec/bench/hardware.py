@@ -397,7 +397,7 @@ def _matmul_free_model(s: ModelShape, dtype, device: str):
 def measure_overhead_curve(s: ModelShape, *, dtype: str = "float32", device: str = "cpu", widths=LINEAR_WIDTHS,
                            contexts=OVERHEAD_CONTEXTS, repeats: int = 5) -> tuple[tuple[int, int, float], ...]:
     """Time everything of a forward of shape ``s`` except its matrix products: the engine's verification forward
-    (:func:`~adaspec.controllers.costcurve.measure_verify_curve`: n tokens after L cached, logits of all n, argmax,
+    (:func:`~adaspec.backends.costcurve.measure_verify_curve`: n tokens after L cached, logits of all n, argmax,
     cache cropped back) on the :class:`~adaspec.backends.torch_backend.TorchBackend` with every linear layer
     stood in for (:func:`_matmul_free_model`), less the stand-ins' own calls (the matrix curves include their
     dispatch). This is what a layer costs besides its weights on a CPU at the model's real widths: the KV cache's
@@ -410,7 +410,7 @@ def measure_overhead_curve(s: ModelShape, *, dtype: str = "float32", device: str
     import torch
 
     from adaspec.backends.torch_backend import TorchBackend, resolve_dtype
-    from adaspec.controllers.costcurve import measure_verify_curve
+    from adaspec.backends.costcurve import measure_verify_curve
 
     dt = resolve_dtype(dtype)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

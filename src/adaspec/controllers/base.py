@@ -53,7 +53,7 @@ class Controller(ABC):
 
     def seed_draft_costs(self, costs: Mapping[str, tuple[float, float]]) -> None:
         """Per drafter name, ``(draft_ms, feed_ms)``: a drafter's measured ms per drafted token and per token fed in
-        a catch-up (:func:`~adaspec.controllers.costcurve.measure_draft_costs`), for controllers that price steps
+        a catch-up (:func:`~adaspec.backends.costcurve.measure_draft_costs`), for controllers that price steps
         (goodput), so a draft model's first proposal is priced before it is paid. Default: ignored."""
 
     @property

@@ -13,7 +13,7 @@ learned per row), ``d_i`` its drafter's measured ms per drafted token, ``c_i`` t
 feed first when it drafts (a lazily prefilled draft model's prompt: the whole batch waits for it; counted only for
 rows that draft, spread over ``H`` steps as the goodput controller spreads it) and ``t_v(n)`` the target's measured
 cost of
-one forward of n tokens (:func:`~adaspec.controllers.costcurve.measure_verify_curve`, widths up to
+one forward of n tokens (:func:`~adaspec.backends.costcurve.measure_verify_curve`, widths up to
 ``B_max · (K_max + 1)``; a multi-sequence batch of n tokens is priced as an n-token forward). K* = 0 is plain batched
 decoding, chosen whenever no K beats it.
 """
@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from adaspec.backends.base import Backend
-from adaspec.controllers.costcurve import interpolate, measure_verify_curve
+from adaspec.backends.costcurve import interpolate, measure_verify_curve
 from adaspec.controllers.costmodel import expected_tokens
 
 expected = expected_tokens  # its name here before issue 40

@@ -28,7 +28,7 @@ import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
-from adaspec.controllers.costcurve import interpolate
+from adaspec.backends.costcurve import interpolate
 from adaspec.stats import StepRecord
 
 
@@ -225,7 +225,7 @@ class MeasuredCosts(CostModel):
 
     def seed_draft(self, drafter: str, draft_ms: float, feed_ms: float) -> None:
         """Seed ``drafter``'s per-token draft and catch-up (feed) times in ms, measured outside decoding (e.g. by
-        :func:`~adaspec.controllers.costcurve.measure_draft_costs`), so that its first proposal, and the prompt a
+        :func:`~adaspec.backends.costcurve.measure_draft_costs`), so that its first proposal, and the prompt a
         lazily prefilled draft model feeds then, is priced before it is paid. Its own steps replace them."""
         if draft_ms <= 0 or feed_ms < 0:
             raise ValueError(f"need draft_ms > 0 and feed_ms >= 0, got {draft_ms}, {feed_ms}")

@@ -19,7 +19,7 @@ machine, per context-length bucket, while decoding:
     t_v(n, L)  target verification time of n = K + 1 tokens at context bucket L: median of recent verify_ms per
                measured n; for an n not yet run in that bucket, a value seeded from a measured curve
                (:meth:`MeasuredCosts.seed_verify`, which :meth:`GoodputController.calibrate` fills in the engine's
-               warm-up with :func:`~adaspec.controllers.costcurve.measure_verify_curve`, made non-decreasing):
+               warm-up with :func:`~adaspec.backends.costcurve.measure_verify_curve`, made non-decreasing):
                real observations win, and once a bucket has any, their median ratio to the seed sets its level
                there (the seed gives only the shape: a curve measured while the machine ran slow must not make the
                widths not yet run look dear; batched rows excepted, see :meth:`MeasuredCosts.seed_verify`). A
@@ -78,7 +78,7 @@ import torch
 
 from adaspec.backends.base import Backend
 from adaspec.controllers.base import Controller
-from adaspec.controllers.costcurve import DEFAULT_WIDTHS, measure_verify_curve
+from adaspec.backends.costcurve import DEFAULT_WIDTHS, measure_verify_curve
 from adaspec.controllers.costmodel import (BUCKET_EDGES, MeasuredCosts, Recent, _nearest,  # noqa: F401 (re-exported)
                                            bucket_of, expected_tokens)
 from adaspec.controllers.threshold import Calibration
@@ -222,7 +222,7 @@ class GoodputController(Controller):
     def calibrate(self, backend: Backend, context_len: int = 0, widths: Sequence[int] = DEFAULT_WIDTHS,
                   repeats: int = 3) -> dict[int, float]:
         """Measure the target's verification curve on ``backend`` (see
-        :func:`~adaspec.controllers.costcurve.measure_verify_curve`; its cache is left as it was) and seed the cost
+        :func:`~adaspec.backends.costcurve.measure_verify_curve`; its cache is left as it was) and seed the cost
         model with it at the measured context length. Returns the curve, ``{n: ms}`` (empty when the context
         window leaves no room to measure)."""
         at = max(backend.seq_len, context_len)

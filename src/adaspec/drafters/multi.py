@@ -153,10 +153,10 @@ def model_drafters(drafter: Drafter) -> dict[str, Drafter]:
 def measure_drafters(drafter: Drafter, feed_tokens: int = 64) -> dict[str, tuple[float, float]]:
     """``{name: (draft_ms, feed_ms)}`` per token for every draft model in ``drafter`` (each sub-drafter of a
     :class:`MultiDrafter`, named as :func:`cached_prefixes` names them), measured on its backend by
-    :func:`~adaspec.controllers.costcurve.measure_draft_costs`; its cache is left as it was. Lookup drafters (free
+    :func:`~adaspec.backends.costcurve.measure_draft_costs`; its cache is left as it was. Lookup drafters (free
     to draft, nothing to feed) and drafters without a backend are left out. A backend without room for the
     measurement is skipped."""
-    from adaspec.controllers.costcurve import measure_draft_costs
+    from adaspec.backends.costcurve import measure_draft_costs
 
     out = {}
     for name, d in model_drafters(drafter).items():
