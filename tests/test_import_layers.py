@@ -37,10 +37,10 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
-def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The adaspec modules that ``module`` imports anywhere in its file (top level or inside functions)."""
+def import_sites(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int]]:
+    """``(imported adaspec module, line)`` for every import in ``module``'s file, top level or inside functions."""
     is_package = path.name == "__init__.py"
-    found = set()
+    found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         targets = []
         if isinstance(node, ast.Import):
@@ -59,8 +59,13 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 continue
             resolved = _resolve(target, modules)
             if resolved is not None and resolved != module:
-                found.add(resolved)
-    return found
+                found.append((resolved, node.lineno))
+    return sorted(found, key=lambda site: site[1])
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The adaspec modules that ``module`` imports anywhere in its file (top level or inside functions)."""
+    return {target for target, _ in import_sites(module, path, modules)}
 
 
 def import_graph(src: Path = SRC) -> dict[str, set[str]]:
