@@ -42,19 +42,19 @@ import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
+from adaspec import spec_setting
 from adaspec.backends.prefix_cache import PrefixCacheBackend
-from adaspec.controllers import CONTROLLERS, make_controller
+from adaspec.controllers import make_controller
 from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
 from adaspec.peers import PEER_LIBRARIES, is_combined_peer, parse_peer
 from adaspec.peers import report as peer_report
+from adaspec.spec_setting import SpecSetting, parse_modifiers, reference_method, split_method
 from adaspec.structured import GrammarVocab
-from adaspec.tree import MAX_TREE_NODES, check_budget
-from adaspec.verify import parse_lossy
 
 DEFAULT_METHOD = f"{DEFAULT_DRAFTER}/{DEFAULT_CONTROLLER}"
 STRUCTURED = "structured"  # the structured-output workload (adaspec.structured_workload): rows carry valid, exact
@@ -65,7 +65,7 @@ CONTROLLER_METHODS = ("goodput", "hybrid/goodput", "adaptive", "heuristic", "con
                       "hybrid/bandit", "hybrid/fixed:4")
 PEER_METHODS = ("hf:constant:4", "hf:heuristic", "hf:dynamic", "hf:pld")
 SPECBENCH = "specbench"
-WARMUP_PROMPT_TOKENS, WARMUP_TOKENS = 48, 24  # each adaspec method's untimed warm-up generation  # Method.controller of a peer: the library whose speculative decoding it runs
+WARMUP_PROMPT_TOKENS, WARMUP_TOKENS = 48, 24  # each adaspec method's untimed warm-up generation
 
 PRESETS = {
     # About 15-20 minutes on 2 CPU cores (AVX2, bf16) with the default pair: three workloads (code, maths, and a
@@ -81,98 +81,30 @@ PRESETS = {
 }
 
 
-@dataclass(frozen=True)
-class Method:
-    """A decoding method: drafter spec (None = plain), controller name and K (fixed K or initial K)."""
-
-    label: str
-    drafter: str | None
-    controller: str
-    k: int | None
-    strict: bool = False
-    lossy: str | None = None
-    tree_budget: int = 0
-    tree_choice: str = "goodput"
-    tree_expand: int | None = None
-
-    @property
-    def reference(self) -> str:
-        """The plain-decoding method whose output this one must reproduce (see :func:`reference_method`)."""
-        return reference_method(self.label)
+Method = SpecSetting  # a compare method is a labelled speculation setting (peers: controller = their library)
 
 
-def parse_method(text: str, default_draft: str) -> Method:
+def parse_method(text: str, default_draft: str) -> SpecSetting:
     """Parse a method string (see module docstring). Raises ConfigError on a malformed one.
 
-    A transformers peer is ``Method(label, draft model spec or None for prompt lookup, "hf", K)``.
+    A transformers peer is ``SpecSetting(draft model spec or None for prompt lookup, "hf", K, label=text)``; every
+    other method is :func:`adaspec.spec_setting.parse_method`'s.
     """
     if is_combined_peer(text):  # llama-server:draft+ngram, vllm@http://...: no modifiers, no drafter prefix
-        peer = parse_peer(text)
-        return Method(text, default_draft if peer.needs_draft_model else None, peer.library, peer.k)
-    drafter_part, slash, rest = text.rpartition("/")
-    base, *mods = rest.split("+")
-    if mods:
-        strict, lossy, tree, choice, expand = False, None, 0, "goodput", None
-        for mod in mods:
-            if mod == "strict":
-                strict = True
-                continue
-            if mod.startswith("tree:"):
-                budget, *opts = mod[5:].split(":")
-                try:
-                    tree = int(budget)
-                    check_budget(tree)
-                    for opt in opts:
-                        if opt in ("goodput", "always"):
-                            choice = opt
-                        elif opt.startswith("expand="):
-                            expand = int(opt[7:])
-                            if expand < 0:
-                                raise ValueError(f"expand must be >= 0, got {expand}")
-                        else:
-                            raise ValueError(f"unknown choice {opt!r}")
-                except (ValueError, ConfigError) as e:
-                    raise ConfigError(f"bad method {text!r}: {mod!r} needs a node budget "
-                                      f"tree:N[:always][:expand=E], 1 <= N <= {MAX_TREE_NODES} ({e})") from None
-                if tree == 0:
-                    raise ConfigError(f"bad method {text!r}: tree:0 is a chain; drop the modifier")
-                continue
-            try:
-                parse_lossy(mod)
-            except ValueError as e:
-                raise ConfigError(f"bad method {text!r}: modifier {mod!r} is neither 'strict' nor a lossy rule "
-                                  f"({e})") from None
-            if lossy is not None:
-                raise ConfigError(f"bad method {text!r}: one lossy rule at most")
-            lossy = mod
-        inner = parse_method(drafter_part + slash + base, default_draft)
-        if inner.controller in PEER_LIBRARIES:
-            raise ConfigError(f"bad method {text!r}: modifiers apply to adaspec's methods, not to peers")
-        if (lossy is not None or tree) and inner.drafter is None:
-            raise ConfigError(f"bad method {text!r}: a lossy rule or a tree needs a drafter (plain decoding drafts "
-                              "nothing)")
-        return Method(text, inner.drafter, inner.controller, inner.k, strict, lossy, tree, choice, expand)
-    if text == "plain":
-        return Method("plain", None, "fixed", 0)
-    peer = parse_peer(text)
-    if peer is not None:
-        return Method(text, default_draft if peer.needs_draft_model else None, peer.library, peer.k)
-    drafter, _, rest = text.rpartition("/")
-    name, _, k = rest.partition(":")
-    if name not in CONTROLLERS:
-        raise ConfigError(f"bad method {text!r}: controller must be one of {', '.join(CONTROLLERS)}")
-    try:
-        k_value = int(k) if k else None
-    except ValueError:
-        raise ConfigError(f"bad method {text!r}: K must be an integer") from None
-    if name == "fixed" and k_value is None:
-        raise ConfigError(f"bad method {text!r}: use fixed:K")
-    make_controller(name, k_value)  # validates K
-    if drafter == "hybrid":
-        drafter = f"ngram+{default_draft}"
-    elif drafter == "hybrid-suffix":
-        drafter = f"suffix+ngram+{default_draft}"
-    return Method(text, drafter or default_draft, name, k_value)
+        return _peer_method(text, parse_peer(text), default_draft)
+    head, mods = split_method(text)
+    parse_modifiers(text, mods)  # a malformed modifier is named before anything else
+    if head != "plain":
+        peer = parse_peer(head)
+        if peer is not None:
+            if mods:
+                raise ConfigError(f"bad method {text!r}: modifiers apply to adaspec's methods, not to peers")
+            return _peer_method(text, peer, default_draft)
+    return spec_setting.parse_method(text, default_draft)
+
+
+def _peer_method(text: str, peer, default_draft: str) -> SpecSetting:
+    return SpecSetting(default_draft if peer.needs_draft_model else None, peer.library, peer.k, label=text)
 
 
 def result_key(row: dict) -> tuple:
@@ -231,7 +163,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
         parsed = [m if m.controller in PEER_LIBRARIES else replace(m, strict=True)
                   for m in parsed]
     if not any(m.label == "plain" for m in parsed):
-        parsed.insert(0, Method("plain", None, "fixed", 0, strict))
+        parsed.insert(0, SpecSetting(None, "fixed", 0, strict, label="plain"))
     if not strict and any(m.strict for m in parsed) and not any(m.label == "plain+strict" for m in parsed):
         parsed.insert(1, parse_method("plain+strict", draft))  # the reference of the strict methods
     prompts = _round_robin([(w, p) for w in workloads for p in (workload_tasks(limit) if w == STRUCTURED
@@ -264,7 +196,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                                       backend=backend)
     lm = SpeculativeLM(tgt, None, make_controller("fixed", 0))
 
-    def engine(m: Method) -> SpeculativeEngine:
+    def engine(m: SpecSetting) -> SpeculativeEngine:
         # each method its own suffix cache, kept across its prompts (it must not read another method's answers)
         drafter = with_own_cache(drafters[m.drafter]) if m.drafter else None
         return SpeculativeEngine(target_backend, drafter, make_controller(m.controller, m.k),
@@ -414,7 +346,7 @@ def _round_robin(prompts: list[tuple]) -> list[tuple]:
     return [g[i] for i in range(longest) for g in groups.values() if i < len(g)]
 
 
-def _peer_runners(methods: list[Method], tgt, drafters: dict, plain: SpeculativeEngine, *, dtype: str | None,
+def _peer_runners(methods: list[SpecSetting], tgt, drafters: dict, plain: SpeculativeEngine, *, dtype: str | None,
                   progress: bool, device: str = "auto", draft: str = "", threads: int | None = None,
                   log_dir: Path | None = None) -> dict:
     """A runner per peer: transformers peers (:class:`~adaspec.peers.PeerRunner`) on the very model objects adaspec
@@ -562,13 +494,6 @@ def _step_lines(rows: list[dict]) -> list[str]:
             lines.append(f"| {step} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
-
-
-def reference_method(label: str) -> str:
-    """The plain method a method's identity is measured against: ``plain+strict`` for a label with ``+strict``,
-    else ``plain`` (under ``run_compare(strict=True)`` labels carry no modifier and ``plain`` is strict too)."""
-    base, *mods = label.rpartition("/")[2].split("+")
-    return "plain+strict" if "strict" in mods else "plain"
 
 
 def oracle(stats: dict[str, dict]) -> str | None:

@@ -70,10 +70,10 @@ def test_parse_peer_methods():
 
 
 def test_parse_method_routes_peers():
-    assert parse_method("llama-server:draft:4+ngram", "d") == Method("llama-server:draft:4+ngram", "d",
-                                                                       "llama-server", 4)
-    assert parse_method("llama-server:plain", "d") == Method("llama-server:plain", None, "llama-server", None)
-    assert parse_method("llamacpp:pld", "d") == Method("llamacpp:pld", None, "llamacpp", 10)
+    assert parse_method("llama-server:draft:4+ngram", "d") == Method("d", "llama-server", 4,
+                                                                       label="llama-server:draft:4+ngram")
+    assert parse_method("llama-server:plain", "d") == Method(None, "llama-server", None, label="llama-server:plain")
+    assert parse_method("llamacpp:pld", "d") == Method(None, "llamacpp", 10, label="llamacpp:pld")
     assert parse_method("openvino:draft", "d").drafter == "d"
     assert parse_method("vllm@http://h:8000", "d").controller == "vllm"
 
