@@ -42,12 +42,13 @@ from adaspec.drafters import Drafter, ModelDrafter, NgramDrafter, NgramTreeDraft
 from adaspec.drafters.multi import MultiDrafter
 from adaspec.drafters.suffix import is_suffix_spec, suffix_from_spec
 from adaspec.engine import SpeculativeEngine
-from adaspec.request import GenerationConfig, GenerationResult, StreamChunk
 from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
 from adaspec.errors import ConfigError
 from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_tokenizers_compatible, resolve
 from adaspec.models.requantize import runnable_spec
 from adaspec.models.synthetic import SyntheticTokenizer, build_synthetic, is_synthetic, parse_synthetic
+from adaspec.request import GenerationConfig, GenerationResult, StreamChunk
+from adaspec.spec_setting import expand_drafter, layerskip_layers, validate
 
 
 def set_threads(threads: int | None) -> int:
@@ -159,14 +160,6 @@ def _load_synthetic(spec: str, *, backend: str, dtype: str | None, device: str, 
                        SyntheticTokenizer(extra_ids=0), name, "synthetic models are built in PyTorch")
 
 
-def builtin_drafter(spec: str) -> bool:
-    """True for drafter specs that load no model of their own: ``none``, ``ngram``, ``ngram-tree``,
-    ``suffix[:...]`` and ``layerskip:N`` (which shares the target's weights). Everything else (a model spec,
-    ``hybrid``, ``A+B``) loads a draft model."""
-    low = spec.lower()
-    return low in ("none", "ngram", "ngram-tree") or low.startswith("layerskip:") or is_suffix_spec(low)
-
-
 def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = None, device: str = "auto",
                  progress: bool = True, reuse: dict[str, Drafter] | None = None,
                  backend: str = "torch", max_sequences: int = 1) -> Drafter | None:
@@ -182,10 +175,7 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
     """
     if spec is None or spec.lower() == "none":
         return None
-    if spec.lower() == "hybrid":
-        spec = f"ngram+{DEFAULT_DRAFT}"
-    elif spec.lower() == "hybrid-suffix":  # suffix decoding first, then prompt lookup, then the draft model
-        spec = f"suffix+ngram+{DEFAULT_DRAFT}"
+    spec = expand_drafter(spec, DEFAULT_DRAFT)
     if "+" in spec:  # several drafters, one chosen per step (n-gram lookup of >= 2 tokens when it matches)
         parts = {}
         for part in spec.split("+"):
@@ -202,11 +192,8 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
         return suffix_from_spec(spec)
     if spec.lower() == "ngram-tree":  # prompt lookup whose several matches become a token tree (tree_budget > 0)
         return NgramTreeDrafter()
-    if spec.lower().startswith("layerskip:"):
-        try:
-            n = int(spec.split(":", 1)[1])
-        except ValueError:
-            raise ConfigError(f"expected layerskip:N with an integer N, got {spec!r}") from None
+    n = layerskip_layers(spec)
+    if n is not None:
         if not isinstance(target.backend, TorchBackend):
             raise ConfigError(f"layerskip drafting needs a PyTorch target; {target.name} runs on another backend "
                               "(use --backend torch, or a target spec ending in @torch)")
@@ -302,7 +289,8 @@ def load(target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFTER, *, c
         ConfigError: unknown controller, backend or device; see also :func:`load_model` and :func:`make_drafter`.
     """
     set_threads(threads)
-    ctrl = make_controller(controller, k)  # validate before loading anything heavy
+    setting = validate(draft, controller, k)  # before loading anything heavy
+    ctrl = make_controller(setting.controller, setting.k)
     tgt = load_model(target, backend=backend, dtype=dtype, device=device, progress=progress)
     drafter = make_drafter(draft, tgt, dtype=dtype, device=device, progress=progress, backend=backend)
     if drafter is None:

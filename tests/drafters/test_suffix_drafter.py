@@ -197,7 +197,8 @@ def test_priced_by_the_goodput_controller_it_stays_plain(qwen, plain_out):
 
 
 def test_make_drafter_knows_suffix():
-    from adaspec.api import builtin_drafter, make_drafter
+    from adaspec.api import make_drafter
+    from adaspec.spec_setting import builtin_drafter
 
     assert builtin_drafter("suffix") and builtin_drafter("suffix:tokens=10")
     assert isinstance(make_drafter("suffix", None), SuffixDrafter)

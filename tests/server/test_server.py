@@ -902,6 +902,7 @@ def test_observed_controller_is_the_inner_controller_to_the_engine():
 def test_server_names_stay_importable_from_runtime_and_app():
     """runtime.py and app.py were split by job (settings, host, jobs, batch_runner, service, ...); the names scripts
     and users import from them are the same objects as where they live now."""
+    from adaspec import spec_setting
     from adaspec.server import app, batch_runner, generation_thread, host, jobs, runtime, settings
 
     assert runtime.ModelHost is host.ModelHost
@@ -910,6 +911,7 @@ def test_server_names_stay_importable_from_runtime_and_app():
     assert runtime.BatchRunner is batch_runner.BatchRunner
     assert runtime.GenerationThread is generation_thread.GenerationThread
     assert runtime.PLAIN is settings.PLAIN and runtime.SpecSettings is settings.SpecSettings
+    assert settings.SpecSettings is spec_setting.SpecSetting and settings.PLAIN is spec_setting.PLAIN
     assert runtime.DEFAULT_PREFILL_CHUNK == settings.DEFAULT_PREFILL_CHUNK
     assert app.ServerConfig is settings.ServerConfig
     import adaspec.server

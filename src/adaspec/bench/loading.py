@@ -53,7 +53,8 @@ def on_backend(spec: str, setting: Setting) -> str:
     Raises:
         ConfigError: ``spec`` names another backend than the setting's (the backend is a bench axis).
     """
-    from adaspec.api import builtin_drafter, split_backend
+    from adaspec.api import split_backend
+    from adaspec.spec_setting import builtin_drafter
 
     if spec == "calibrated" or builtin_drafter(spec):
         return spec
@@ -97,7 +98,8 @@ def load_setting(loader, setting: Setting, specs: Iterable[str], log: Callable[[
     ``specs`` (builtin drafters, or draft models on the setting's backend, their tokenizers checked against the
     target's), each model's cache behind a :class:`PrefixCacheBackend`. Returns the models and the ``memory``
     record (bytes of weights, resident memory and KV cache per token of each model)."""
-    from adaspec.api import builtin_drafter, make_drafter
+    from adaspec.api import make_drafter
+    from adaspec.spec_setting import builtin_drafter
     from adaspec.drafters.model import ModelDrafter
 
     log(f"loading {setting.target} ({setting.dtype}, {setting.backend}"

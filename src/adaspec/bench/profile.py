@@ -51,7 +51,8 @@ def _sample(prompts: list, n: int) -> list:
 
 def _load_drafter(spec: str, target, dtype: str | None, loader: Callable | None, backend: str = "auto",
                   device: str = "cpu"):
-    from adaspec.api import builtin_drafter, make_drafter
+    from adaspec.api import make_drafter
+    from adaspec.spec_setting import builtin_drafter
     from adaspec.drafters.model import ModelDrafter
 
     if loader is None or builtin_drafter(spec):

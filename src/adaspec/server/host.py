@@ -19,10 +19,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from adaspec.api import LoadedModel, SpeculativeLM, builtin_drafter, load_model, make_drafter, set_threads
+from adaspec.api import LoadedModel, SpeculativeLM, load_model, make_drafter, set_threads
 from adaspec.backends.select import resolve_device
 from adaspec.batch import BatchEngine
-from adaspec.controllers import CONTROLLERS, FixedController, make_controller
+from adaspec.controllers import FixedController, make_controller
 from adaspec.defaults import DEFAULT_CONTROLLER
 from adaspec.drafters import Drafter
 from adaspec.drafters.suffix import is_suffix_spec
@@ -33,8 +33,9 @@ from adaspec.server.batch_runner import BatchRunner
 from adaspec.server.generation_thread import GenerationThread
 from adaspec.server.jobs import EngineHandle, Job, ObservedController
 from adaspec.server.metrics import ServerMetrics
-from adaspec.server.settings import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS, PLAIN, SpecSettings
+from adaspec.server.settings import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS
 from adaspec.server.suffix_partitions import ServerSuffixCache
+from adaspec.spec_setting import BUILTIN_LOOKUPS, PLAIN, SpecSetting, builtin_drafter, layerskip_layers, validate
 from adaspec.structured import Constraint
 
 
@@ -66,7 +67,7 @@ class ModelHost:
             server's suffix cache.
     """
 
-    def __init__(self, target: LoadedModel, default: SpecSettings, model_drafters: dict[str, Drafter] | None = None,
+    def __init__(self, target: LoadedModel, default: SpecSetting, model_drafters: dict[str, Drafter] | None = None,
                  *, max_engines: int = 32, max_batch: int = 1, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
                  prefill_step_ms: float | None = DEFAULT_PREFILL_STEP_MS, max_dynamic_drafters: int = 4,
                  suffix_tokens: int | None = None) -> None:
@@ -82,14 +83,15 @@ class ModelHost:
         model = getattr(target.backend, "model", None)  # a PyTorch target; None on llama.cpp (no layerskip there)
         self.num_layers = len(model.get_decoder().layers) if model is not None else 0
         self._model_drafters = {k.lower(): v for k, v in (model_drafters or {}).items()}
-        self.suffix = ServerSuffixCache(default.drafter, self._model_drafters.get(default.drafter.lower()),
+        default_drafter = default.drafter or "none"
+        self.suffix = ServerSuffixCache(default_drafter, self._model_drafters.get(default_drafter.lower()),
                                         suffix_tokens)
         for drafter in self._model_drafters.values():
             self.suffix.adopt(drafter)
-        self._drafters: dict[str, Drafter | None] = {"none": None}
+        self._drafters: dict[str, Drafter | None] = {}  # loaded at start, or the default (never evicted)
         self._dynamic: OrderedDict[str, Drafter | None] = OrderedDict()  # built on demand, least recently used first
         self.max_dynamic_drafters = max(1, max_dynamic_drafters)
-        self._engines: OrderedDict[SpecSettings, EngineHandle] = OrderedDict()
+        self._engines: OrderedDict[SpecSetting, EngineHandle] = OrderedDict()
         self.max_engines = max_engines
         self._raw_default = default
         self.default = self.normalise()
@@ -120,7 +122,7 @@ class ModelHost:
             ConfigError: ``max_batch`` < 1; ``strict`` batching on a runtime whose rows mix (ik_llama.cpp).
         """
         set_threads(threads)
-        make_controller(controller, k)  # validate before loading anything heavy
+        validate(draft, controller, k)  # before loading anything heavy
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
         device = resolve_device(device)
@@ -145,7 +147,7 @@ class ModelHost:
                                    max_sequences=max_batch)
             model_drafters[spec.lower()] = drafter
             model_drafters.setdefault(drafter.name.lower(), drafter)
-        host = cls(tgt, SpecSettings(draft, controller, k), model_drafters, max_batch=max_batch,
+        host = cls(tgt, SpecSetting(draft, controller, k), model_drafters, max_batch=max_batch,
                    prefill_chunk=prefill_chunk, prefill_step_ms=prefill_step_ms, suffix_tokens=suffix_tokens)
         host.backend = backend  # where a draft model a client names later is loaded
         host.requested_name = served_as or target
@@ -156,30 +158,27 @@ class ModelHost:
         """Drafter specs clients may send (local paths are left out of the list but still accepted)."""
         models = sorted(k for k in self._model_drafters if not os.path.exists(k))
         layerskip = [f"layerskip:N (1 <= N <= {self.num_layers})"] if self.num_layers else []
-        return ["none", "ngram", "ngram-tree", "suffix[:KEY=VALUE,...]", *layerskip, *models]
+        return ["none", *BUILTIN_LOOKUPS, "suffix[:KEY=VALUE,...]", *layerskip, *models]
 
     def normalise(self, drafter: str | None = None, controller: str | None = None,
-                  k: int | None = None) -> SpecSettings:
+                  k: int | None = None) -> SpecSetting:
         """Validate a (partial) setting against this server; fields left as None take the server's defaults.
 
         Raises:
             ConfigError: an unknown drafter or controller, or an invalid K (the message lists the choices).
         """
         raw = self._raw_default
-        spec = (raw.drafter if drafter is None else drafter).strip()
+        spec = ((raw.drafter or "none") if drafter is None else drafter).strip()
         controller = raw.controller if controller is None else controller
         k = raw.k if k is None else k
         low = spec.lower()
-        if low in ("none", "ngram", "ngram-tree"):
+        n = layerskip_layers(spec)
+        if low in ("none", *BUILTIN_LOOKUPS):
             spec = low
         elif is_suffix_spec(low):  # every suffix drafter shares the server's cache (.suffix_partitions)
             self.suffix.check(low)
             spec = low
-        elif low.startswith("layerskip:"):
-            try:
-                n = int(low.split(":", 1)[1])
-            except ValueError:
-                raise ConfigError(f"expected layerskip:N with an integer N, got {spec!r}") from None
+        elif n is not None:
             if not 1 <= n <= self.num_layers:
                 if not self.num_layers:
                     raise ConfigError(f"layerskip drafting needs a PyTorch target; {self.name} runs on a GGUF runtime "
@@ -191,12 +190,8 @@ class ModelHost:
         else:
             raise ConfigError(f"drafter {spec!r} is not available on this server; choose one of: "
                               + ", ".join(self.available_drafters()))
-        if controller not in CONTROLLERS:
-            raise ConfigError(f"unknown controller {controller!r}; choose one of {', '.join(CONTROLLERS)}")
-        make_controller(controller, k)  # validates K
-        if spec == "none" or k == 0:
-            return PLAIN
-        return SpecSettings(spec, controller, k)
+        setting = validate(spec, controller, k)
+        return PLAIN if setting.plain or k == 0 else setting
 
     def _drafter(self, spec: str) -> Drafter | None:
         if spec in self._drafters:
@@ -232,13 +227,13 @@ class ModelHost:
         """Specs of the on-demand drafters kept now, least recently used first."""
         return list(self._dynamic)
 
-    def engine_for(self, settings: SpecSettings) -> EngineHandle:
+    def engine_for(self, settings: SpecSetting) -> EngineHandle:
         """The engine for ``settings`` (built on first use; event-loop thread only)."""
         handle = self._engines.get(settings)
         if handle is not None:
             self._engines.move_to_end(settings)
             return handle
-        drafter = self._drafter(settings.drafter)
+        drafter = None if settings.plain else self._drafter(settings.drafter)
         if drafter is None:
             engine = SpeculativeEngine(self.target.backend, None, None, tokenizer=self.tokenizer)
         else:

@@ -24,7 +24,7 @@ from adaspec.drafters import Drafter
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
 from adaspec.errors import AdaspecError
 from adaspec.server.metrics import ServerMetrics
-from adaspec.server.settings import SpecSettings
+from adaspec.spec_setting import SpecSetting
 from adaspec.stats import GenerationStats, StepRecord, compress_trace
 
 log = logging.getLogger("adaspec.server")
@@ -97,7 +97,7 @@ class ObservedController(Controller):
 
 @dataclass
 class EngineHandle:
-    settings: SpecSettings
+    settings: SpecSetting
     engine: SpeculativeEngine
     controller: ObservedController
     drafter_label: str  # the drafter's name in metrics ("none" for plain decoding)
@@ -270,14 +270,14 @@ class Job:
                                    fallbacks=self.fallbacks)
 
 
-def speculation_summary(settings: SpecSettings, drafter_label: str, s: GenerationStats, *, queue_ms: float,
+def speculation_summary(settings: SpecSetting, drafter_label: str, s: GenerationStats, *, queue_ms: float,
                         plain_ms: float | None, fallbacks: int) -> dict:
     trace = s.k_trace
     decode_ms = sum(st.total_ms for st in s.steps)
     decode_tokens = sum(st.emitted for st in s.steps)
     speedup = (decode_tokens * plain_ms / decode_ms) if plain_ms and decode_ms > 0 else None
     return {
-        "drafter": settings.drafter,
+        "drafter": settings.drafter or "none",
         "drafter_model": drafter_label,
         "controller": settings.controller,
         "k": settings.k,

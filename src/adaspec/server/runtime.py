@@ -1,6 +1,7 @@
 """What the HTTP layer drives, by its old address: the names below live in their own modules now.
 
-* :mod:`.settings`: :class:`SpecSettings`, ``PLAIN``, the batch's prefill defaults.
+* :mod:`.settings`: ``SpecSettings`` (:class:`adaspec.spec_setting.SpecSetting`), ``PLAIN``, the batch's prefill
+  defaults.
 * :mod:`.host`: :class:`ModelHost` (the loaded models, engines per setting).
 * :mod:`.generation_thread`: :class:`GenerationThread` (the one thread every forward runs on).
 * :mod:`.jobs`: :class:`Job` (one request on the generation side), :class:`EngineHandle`,

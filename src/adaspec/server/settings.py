@@ -1,33 +1,20 @@
-"""Server settings: the speculation setting an engine is keyed by, the batch's prefill defaults, and
-:class:`ServerConfig` (the ``adaspec serve`` flags the HTTP layer reads)."""
+"""Server settings: the batch's prefill defaults and :class:`ServerConfig` (the ``adaspec serve`` flags the HTTP
+layer reads). Engines are keyed by :class:`~adaspec.spec_setting.SpecSetting` (``PLAIN``: plain decoding)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from adaspec.server.limits import DEFAULT_MAX_SCORED_LOGITS_MB, DEFAULT_MAX_SCORED_TOKENS
+from adaspec.spec_setting import PLAIN, SpecSetting
+
+__all__ = ["DEFAULT_PREFILL_CHUNK", "DEFAULT_PREFILL_STEP_MS", "PLAIN", "ServerConfig", "SpecSetting", "SpecSettings"]
 
 DEFAULT_PREFILL_CHUNK = 64  # prompt tokens per batch step while other rows decode (--prefill-chunk)
 DEFAULT_PREFILL_STEP_MS = 750.0  # wall-time budget of a batch step carrying prefill (--prefill-step-ms)
 
 
-@dataclass(frozen=True)
-class SpecSettings:
-    """A normalised speculation setting: the key of an engine. Plain decoding is always ('none', 'fixed', 0)."""
-
-    drafter: str
-    controller: str
-    k: int | None
-
-    @property
-    def plain(self) -> bool:
-        return self.drafter == "none"
-
-    def as_dict(self) -> dict:
-        return {"drafter": self.drafter, "controller": self.controller, "k": self.k}
-
-
-PLAIN = SpecSettings("none", "fixed", 0)
+SpecSettings = SpecSetting  # the server's older name for the one setting type (:mod:`adaspec.spec_setting`)
 
 
 @dataclass
