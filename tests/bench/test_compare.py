@@ -12,10 +12,10 @@ from adaspec.workloads import load_workload
 
 
 def test_parse_method():
-    assert parse_method("plain", "d") == Method("plain", None, "fixed", 0)
-    assert parse_method("fixed:4", "d") == Method("fixed:4", "d", "fixed", 4)
-    assert parse_method("adaptive", "d") == Method("adaptive", "d", "adaptive", None)
-    assert parse_method("ngram/fixed:3", "d") == Method("ngram/fixed:3", "ngram", "fixed", 3)
+    assert parse_method("plain", "d") == Method(None, "fixed", 0, label="plain")
+    assert parse_method("fixed:4", "d") == Method("d", "fixed", 4, label="fixed:4")
+    assert parse_method("adaptive", "d") == Method("d", "adaptive", None, label="adaptive")
+    assert parse_method("ngram/fixed:3", "d") == Method("ngram", "fixed", 3, label="ngram/fixed:3")
     for bad in ("fixed", "fixed:x", "bogus", "fixed:-1"):
         with pytest.raises(ConfigError):
             parse_method(bad, "d")

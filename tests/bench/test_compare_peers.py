@@ -15,11 +15,11 @@ from adaspec.workloads import Prompt
 
 
 def test_parse_new_methods():
-    assert parse_method("goodput", "d") == Method("goodput", "d", "goodput", None)
-    assert parse_method("hybrid/goodput", "d") == Method("hybrid/goodput", "ngram+d", "goodput", None)
-    assert parse_method("bandit:4", "d") == Method("bandit:4", "d", "bandit", 4)
-    assert parse_method("hf:constant:3", "d") == Method("hf:constant:3", "d", "hf", 3)
-    assert parse_method("hf:pld", "d") == Method("hf:pld", None, "hf", 10)
+    assert parse_method("goodput", "d") == Method("d", "goodput", None, label="goodput")
+    assert parse_method("hybrid/goodput", "d") == Method("ngram+d", "goodput", None, label="hybrid/goodput")
+    assert parse_method("bandit:4", "d") == Method("d", "bandit", 4, label="bandit:4")
+    assert parse_method("hf:constant:3", "d") == Method("d", "hf", 3, label="hf:constant:3")
+    assert parse_method("hf:pld", "d") == Method(None, "hf", 10, label="hf:pld")
     assert parse_method("hf:heuristic", "d").k == 20
     for bad in ("hf:bogus", "hf:constant:x", "hf:constant:0", "entropy:-1"):
         with pytest.raises(ConfigError):
