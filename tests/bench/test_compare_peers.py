@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from adaspec.compare import (DEFAULT_METHOD, PRESETS, Method, _round_robin, markdown_report, oracle, parse_method,
-                             summarize, target_check)
+from adaspec.compare import (DEFAULT_METHOD, PRESETS, Method, markdown_report, oracle, parse_method, summarize,
+                             target_check)
+from adaspec.compare.run import _round_robin
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.backends import TorchBackend
 from adaspec.errors import ConfigError

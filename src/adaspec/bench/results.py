@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 
 from adaspec.bench.grid import Setting
-from adaspec.compare import read_results  # noqa: F401 (re-exported: the sweep's results are read as compare's)
+from adaspec.compare.results import read_results  # noqa: F401 (re-exported: the sweep's results are read as compare's)
 
 
 def record_hash(obj) -> str:

@@ -113,7 +113,8 @@ class ModelHost:
              dtype: str | None = None, device: str = "cpu", threads: int | None = None,
              extra_drafters: Sequence[str] = (), progress: bool = True, backend: str = "torch",
              max_batch: int = 1, strict: bool = False, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
-             prefill_step_ms: float | None = DEFAULT_PREFILL_STEP_MS, served_as: str | None = None, suffix_tokens: int | None = None) -> ModelHost:
+             prefill_step_ms: float | None = DEFAULT_PREFILL_STEP_MS, served_as: str | None = None,
+             suffix_tokens: int | None = None) -> ModelHost:
         """Load the target and every model drafter clients may choose (the default one plus ``extra_drafters``) on
         ``backend``/``device`` (see :func:`adaspec.api.load`; ``adaspec serve`` passes ``auto``), each holding
         ``max_batch`` sequences. With ``max_batch`` > 1 the batch runs in ``strict`` mode or not for every request.
