@@ -110,8 +110,7 @@ def builtin_drafter(spec: str) -> bool:
 def check_controller(name: str, k: int | None) -> None:
     """Raise ConfigError for a controller name not in :data:`~adaspec.controllers.CONTROLLERS` (the message lists
     them), then for a K that controller refuses (K < 0)."""
-    if name not in CONTROLLERS:
-        raise ConfigError(f"unknown controller {name!r}; choose one of {', '.join(CONTROLLERS)}")
+    make_controller(name)  # an unknown name first, whatever K is
     make_controller(name, k)
 
 
