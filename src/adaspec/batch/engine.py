@@ -9,12 +9,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from adaspec.backends.base import Backend, BatchRow
-from adaspec.batch.drafting import _BatchedDrafting
-from adaspec.batch.prefill import _ChunkedPrefill
-from adaspec.batch.rows import _Row, _forward_isolated
+from adaspec.batch.drafting import draft_rows
+from adaspec.batch.prefill import ChunkedPrefill, Fail
+from adaspec.batch.rows import Row, forward_isolated
 from adaspec.controllers.base import Controller
 from adaspec.controllers.batch import BatchPricer, RowEstimate
-from adaspec.chunking import StepCosts
 from adaspec.constrained import RequestGrammar
 from adaspec.controllers.fixed import FixedController
 from adaspec.drafters.base import Draft, Drafter
@@ -28,7 +27,7 @@ from adaspec.stats import StepRecord
 from adaspec.structured import Constraint, GrammarVocab
 from adaspec.verify import in_vocab
 
-class BatchEngine(_ChunkedPrefill, _BatchedDrafting):
+class BatchEngine:
     """Continuous batching over one target backend with ``max_sequences`` >= ``max_batch``.
 
     Args:
@@ -72,10 +71,8 @@ class BatchEngine(_ChunkedPrefill, _BatchedDrafting):
         if max_scored_rows is not None and max_scored_rows < 1:
             raise ConfigError(f"max_scored_rows must be >= 1, got {max_scored_rows}")
         self.target = target
-        self.prefill_chunk = prefill_chunk
-        self.prefill_step_ms = prefill_step_ms
-        self._step_costs = StepCosts()
-        self.max_scored_rows = max_scored_rows or score_rows(target.vocab_size)
+        self.prefill = ChunkedPrefill(target, prefill_chunk, prefill_step_ms,
+                                      max_scored_rows or score_rows(target.vocab_size))
         self.probe_every = probe_every
         self._priced_steps = 0
         self.max_batch = max_batch or target.max_sequences
@@ -96,8 +93,8 @@ class BatchEngine(_ChunkedPrefill, _BatchedDrafting):
         # the shared prefix); every other row's draft caches are emptied when it leaves
         self.keep_draft_caches: set[Callable] = {drafter_for} if drafter_for is not None else set()
         self._free = list(range(self.max_batch))
-        self._waiting: deque[_Row] = deque()
-        self._running: dict[int, _Row] = {}
+        self._waiting: deque[Row] = deque()
+        self._running: dict[int, Row] = {}
         self._next_id = 0
         self.last_cap: int | None = None  # the K cap of the last step (None: no row decoded)
         self.last_rows = 0  # rows in the last step's forward
@@ -105,7 +102,6 @@ class BatchEngine(_ChunkedPrefill, _BatchedDrafting):
         self.last_forward_ms = 0.0
         self.last_step_ms = 0.0  # wall time of the last step (catch-up, drafting, forward, verification)
         self.last_prefill_tokens = 0  # prompt tokens the last step prefilled (chunks), over all rows
-        self.last_shared_tokens = 0  # prompt tokens the last step took from other rows' caches (share_prefix)
         self.grammar_vocab: GrammarVocab | None = None  # built from the tokenizer on the first constrained request
 
     # Requests ------------------------------------------------------------------------------------------------
@@ -140,7 +136,7 @@ class BatchEngine(_ChunkedPrefill, _BatchedDrafting):
         req.stats.tree_fallback = "chains: batched rows verify chains" if cfg.tree_budget else ""
         if cfg.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
-        row = _Row(self._next_id, req, time.perf_counter(), drafter_for, controller_factory)
+        row = Row(self._next_id, req, time.perf_counter(), drafter_for, controller_factory)
         self._next_id += 1
         self._waiting.append(row)
         return row.rid
@@ -180,12 +176,79 @@ class BatchEngine(_ChunkedPrefill, _BatchedDrafting):
     def __bool__(self) -> bool:
         return bool(self._running or self._waiting)
 
+    @property
+    def max_scored_rows(self) -> int:
+        """Positions whose logits one step keeps for prompt scoring, over all rows."""
+        return self.prefill.max_scored_rows
+
+    @max_scored_rows.setter
+    def max_scored_rows(self, rows: int) -> None:
+        self.prefill.max_scored_rows = rows
+
+    @property
+    def last_shared_tokens(self) -> int:
+        """Prompt tokens the last step took from other rows' caches (:meth:`Backend.share_prefix`)."""
+        return self.prefill.shared_tokens
+
     # The step ---------------------------------------------------------------------------------------------------
     def step(self) -> dict[int, StreamChunk]:
         """Admit waiting requests, run one batched step, and return each row's :class:`StreamChunk` by request id
         (a finished row's chunk carries its result, a failed row's its error; either way the row has left the
         batch)."""
         out: dict[int, StreamChunk] = {}
+
+        def fail(row: Row, error: BaseException) -> None:
+            self._fail(row, error, out)
+
+        self._admit(fail)
+        if not self._running:
+            self.last_rows = self.last_tokens = 0
+            return out
+        step_start = time.perf_counter()
+        decoding = [r for r in self._running.values() if r.prefilled]
+        alone = not decoding
+        waiting_on = len(self._running) > 1  # another row waits on this step's prefill and catch-up work
+        ks = self._choose_k(decoding, fail)
+        decoding = [r for r in decoding if r.rid in self._running]
+        self.prefill.catch_up(decoding, ks, self.draft_costs, fail, step_start if waiting_on else None)
+        decoding = [r for r in decoding if r.rid in self._running]
+        drafts, draft_ms, behind, forced = draft_rows(decoding, ks, fail)
+        decode_tokens = sum(len(drafts[r.rid]) + 1 for r in decoding if r.rid in self._running)
+        plan = self.prefill.plan(self._running, self.prefill.budget(alone, decode_tokens, step_start), fail)
+        running = [r for r in self._running.values() if r.prefilled or r.rid in plan]
+        self.last_prefill_tokens = sum(end - start for start, end in plan.values())
+        if not running:
+            self.last_rows = self.last_tokens = 0
+            return out
+        rows = [self.prefill.batch_row(r, *plan[r.rid]) if not r.prefilled
+                else BatchRow(r.seq, [r.ids[-1]] + in_vocab(drafts[r.rid].tokens, self.target.vocab_size),
+                              len(drafts[r.rid]) + 1)
+                for r in running]
+        forward_start = time.perf_counter()
+        logits = self._forward(running, rows, fail)
+        forward_ms = (time.perf_counter() - forward_start) * 1e3
+        self.last_rows, self.last_tokens = len(rows), sum(len(r.input_ids) for r in rows)
+        self.last_forward_ms = forward_ms
+        self.prefill.costs.forward(self.last_tokens, forward_ms, self.pricer.curve)
+        for row, lg in zip(running, logits):
+            if lg is None:
+                continue  # failed in the forward
+            try:
+                if not row.prefilled:
+                    if self.prefill.prefilled(row, plan[row.rid][1], lg):
+                        out[row.rid] = self._first(row, lg[-1:])
+                else:
+                    out[row.rid] = self._advance(row, ks[row.rid], drafts[row.rid], lg, draft_ms[row.rid],
+                                                 forward_ms, step_start, len(rows), behind[row.rid],
+                                                 forced.get(row.rid, 0))
+            except Exception as e:
+                fail(row, e)
+        self.last_step_ms = (time.perf_counter() - step_start) * 1e3
+        return out
+
+    def _admit(self, fail: Fail) -> None:
+        """Move waiting requests into free sequence slots: each gets its slot's drafter, a fresh controller seeded
+        with the batch's measured costs, and an empty cache."""
         while self._waiting and self._free:
             row = self._waiting.popleft()
             row.seq = self._free.pop(0)
@@ -206,72 +269,28 @@ class BatchEngine(_ChunkedPrefill, _BatchedDrafting):
                 row.req.start = time.perf_counter()
                 self.target.truncate_seq(row.seq, 0)
             except Exception as e:
-                self._fail(row, e, out)
-        if not self._running:
-            self.last_rows = self.last_tokens = 0
-            return out
-        step_start = time.perf_counter()
-        decoding = [r for r in self._running.values() if r.prefilled]
-        alone = not decoding
-        waiting_on = len(self._running) > 1  # another row waits on this step's prefill and catch-up work
-        ks = self._choose_k(decoding, out)
-        decoding = [r for r in decoding if r.rid in self._running]
-        self._catch_up(decoding, ks, out, step_start if waiting_on else None)
-        decoding = [r for r in decoding if r.rid in self._running]
-        drafts, draft_ms, behind, forced = self._draft(decoding, ks, out)
-        decode_tokens = sum(len(drafts[r.rid]) + 1 for r in decoding if r.rid in self._running)
-        plan = self._plan_prefill(self._prefill_budget(alone, decode_tokens, step_start), out)
-        running = [r for r in self._running.values() if r.prefilled or r.rid in plan]
-        self.last_prefill_tokens = sum(end - start for start, end in plan.values())
-        if not running:
-            self.last_rows = self.last_tokens = 0
-            return out
-        rows = [self._prefill_row(r, *plan[r.rid]) if not r.prefilled
-                else BatchRow(r.seq, [r.ids[-1]] + in_vocab(drafts[r.rid].tokens, self.target.vocab_size),
-                              len(drafts[r.rid]) + 1)
-                for r in running]
-        forward_start = time.perf_counter()
-        logits = self._forward(running, rows, out)
-        forward_ms = (time.perf_counter() - forward_start) * 1e3
-        self.last_rows, self.last_tokens = len(rows), sum(len(r.input_ids) for r in rows)
-        self.last_forward_ms = forward_ms
-        self._step_costs.forward(self.last_tokens, forward_ms, self.pricer.curve)
-        for row, lg in zip(running, logits):
-            if lg is None:
-                continue  # failed in the forward
-            try:
-                if not row.prefilled:
-                    chunk = self._prefilled(row, plan[row.rid][1], lg)
-                    if chunk is not None:
-                        out[row.rid] = chunk
-                else:
-                    out[row.rid] = self._advance(row, ks[row.rid], drafts[row.rid], lg, draft_ms[row.rid],
-                                                 forward_ms, step_start, len(rows), behind[row.rid],
-                                                 forced.get(row.rid, 0))
-            except Exception as e:
-                self._fail(row, e, out)
-        self.last_step_ms = (time.perf_counter() - step_start) * 1e3
-        return out
+                fail(row, e)
 
-    def _forward(self, running: list[_Row], rows: list[BatchRow],
-                 out: dict[int, StreamChunk]) -> list[torch.Tensor | None]:
+    def _forward(self, running: list[Row], rows: list[BatchRow], fail: Fail) -> list[torch.Tensor | None]:
         """The batched target forward; the rows that fail (alone) leave the batch (their logits are None)."""
         result: list[torch.Tensor | None] = []
-        for row, res in zip(running, _forward_isolated(self.target, rows)):
+        for row, res in zip(running, forward_isolated(self.target, rows)):
             if isinstance(res, BaseException):
-                self._fail(row, res, out)
+                fail(row, res)
                 result.append(None)
             else:
                 result.append(res)
         return result
 
-    def _fail(self, row: _Row, error: BaseException, out: dict[int, StreamChunk]) -> None:
+    def _fail(self, row: Row, error: BaseException, out: dict[int, StreamChunk]) -> None:
         """Take a failed row out of the batch; its chunk carries the error."""
         self._running.pop(row.rid, None)
         self._release(row)
         out[row.rid] = StreamChunk([], "", error=error)
 
-    def _choose_k(self, decoding: list[_Row], out: dict[int, StreamChunk]) -> dict[int, int]:
+    def _choose_k(self, decoding: list[Row], fail: Fail) -> dict[int, int]:
+        """Each decoding row's K: its controller's, within its room, capped by the batch pricer (a row whose drafter
+        choice or controller fails goes to ``fail``)."""
         ks = {}
         for row in decoding:
             room = row.req.room()
@@ -279,7 +298,7 @@ class BatchEngine(_ChunkedPrefill, _BatchedDrafting):
                 route(row.drafter, row.controller, row.ids)  # per-step drafter choice (MultiDrafter), as the engine
                 own = row.controller.next_k() if row.drafter is not None else 0
             except Exception as e:
-                self._fail(row, e, out)
+                fail(row, e)
                 continue
             ks[row.rid] = max(0, min(own, room - 1))
         estimates = []
@@ -312,7 +331,7 @@ class BatchEngine(_ChunkedPrefill, _BatchedDrafting):
             self._drafters[key] = drafter_for(seq)
         return self._drafters[key]
 
-    def _first(self, row: _Row, logits: torch.Tensor) -> StreamChunk:
+    def _first(self, row: Row, logits: torch.Tensor) -> StreamChunk:
         """The prefill's token from the last prompt position's ``[1, V]`` logits: TTFT, then the drafter's
         prefill."""
         new, finish, lp = row.req.first(logits)
@@ -328,7 +347,7 @@ class BatchEngine(_ChunkedPrefill, _BatchedDrafting):
         chunk.prompt_logprobs = row.req.prompt_logprobs
         return chunk
 
-    def _advance(self, row: _Row, k: int, draft: Draft, logits: torch.Tensor, draft_ms: float, forward_ms: float,
+    def _advance(self, row: Row, k: int, draft: Draft, logits: torch.Tensor, draft_ms: float, forward_ms: float,
                  step_start: float, batch: int, behind: int = 0, n_forced: int = 0) -> StreamChunk:
         """Verify one row's drafts on its logits (masked by its grammar, if any), cut its cache back, record the
         step (its controller sees it without the grammar's forced drafts)."""
@@ -351,7 +370,7 @@ class BatchEngine(_ChunkedPrefill, _BatchedDrafting):
             row.draft_ms = per_token if row.draft_ms is None else 0.8 * row.draft_ms + 0.2 * per_token
         return self._chunk(row, new, finish, lp)
 
-    def _chunk(self, row: _Row, new: list[int], finish: str | None,
+    def _chunk(self, row: Row, new: list[int], finish: str | None,
                logprobs: list[TokenLogprob] | None = None) -> StreamChunk:
         if finish is None:  # cut() sets a finish reason at max_new_tokens and at the context window
             return row.req.chunk(new, logprobs)
@@ -373,7 +392,7 @@ class BatchEngine(_ChunkedPrefill, _BatchedDrafting):
         """Keep valid ``{name: (draft_ms, feed_ms)}`` per token (draft_ms > 0, feed_ms >= 0) as :attr:`draft_costs`."""
         self.draft_costs.update({name: (float(d), float(f)) for name, (d, f) in costs.items() if d > 0 and f >= 0})
 
-    def _release(self, row: _Row) -> None:
+    def _release(self, row: Row) -> None:
         if row.drafter is not None and row.controller is not None:  # its draft models' measured costs price the
             try:  # next rows' first proposals
                 own = model_drafters(row.drafter)

@@ -14,7 +14,7 @@ from adaspec.request import GenerationConfig
 from adaspec.request_state import RequestState
 
 @dataclass
-class _Row:
+class Row:
     """One request in the batch: its :class:`RequestState` and the slot it runs in."""
 
     rid: int
@@ -45,14 +45,14 @@ class _Row:
         return self.req.ids
 
 
-def _sequence_of(backend: Backend) -> tuple[Backend, int]:
+def sequence_of(backend: Backend) -> tuple[Backend, int]:
     """(the multi-sequence backend, sequence id) a single-sequence view runs on; a backend itself is sequence 0."""
     if isinstance(backend, SequenceView):
         return backend.parent, backend.seq
     return backend, 0
 
 
-def _forward_isolated(backend: Backend, rows: list[BatchRow]) -> list[torch.Tensor | BaseException]:
+def forward_isolated(backend: Backend, rows: list[BatchRow]) -> list[torch.Tensor | BaseException]:
     """``backend.forward_batch(rows)``; when it fails, every row's sequence is rolled back to its length before and
     each row runs alone, so one row's failure (reported as its exception) does not fail the others."""
     before = [backend.seq_len_of(r.seq) for r in rows]
