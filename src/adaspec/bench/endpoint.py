@@ -36,7 +36,7 @@ import math
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -189,28 +189,12 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
     start = time.monotonic()
     deadline = start + time_limit_s if time_limit_s else float("inf")
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = set()
-    if out.exists():
-        for line in out.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a kill: rerun that configuration
-            if isinstance(row, dict) and row.get("kind") in ("meta", "endpoint"):
-                done.add(row.get("key"))
+    done = {row.get("key") for row in _rows(out, ("meta", "endpoint"))} if out.exists() else set()
     with httpx.Client(limits=httpx.Limits(max_connections=max(cfg.max_inflight, max(cfg.concurrency, default=1)) + 4),
                       headers={"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None) as client:
         models = {arm.name: probe(client, arm, cfg) for arm in arms}
-        for arm in arms:  # one short request each: the route works and the server is warm
-            for _ in range(cfg.warmup):
-                body = {**request_body(cfg, models[arm.name], prompts[0]), "max_tokens": min(cfg.max_tokens, 8)}
-                r = send(client, arm, cfg.api, body, prompts[0].id, cfg.timeout_s)
-                if not r.ok and r.status in (400, 422) and cfg.stream_usage:  # an older server: no stream_options
-                    body.pop("stream_options", None)
-                    r = send(client, arm, cfg.api, body, prompts[0].id, cfg.timeout_s)
-                    cfg.stream_usage = not r.ok
-                if not r.ok:
-                    raise EndpointError(f"{arm.url} ({arm.name} arm) failed a one-request check: {r.error}")
+        for arm in arms:
+            _warm_up(client, arm, cfg, models[arm.name], prompts[0])
         meta_fields = {k: v for k, v in asdict(cfg).items() if k != "api_key"}
         run = _key(meta_fields)
         with out.open("a") as f:
@@ -259,6 +243,24 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
     return {"run": measured, "done": skipped, "stopped": stopped, "key": run}
 
 
+def _warm_up(client: httpx.Client, arm: Arm, cfg: EndpointConfig, model: str, prompt) -> None:
+    """``cfg.warmup`` short requests to ``arm``: the route works and the server is warm. A server that refuses
+    ``stream_options`` turns ``cfg.stream_usage`` off.
+
+    Raises:
+        EndpointError: a request fails.
+    """
+    for _ in range(cfg.warmup):
+        body = {**request_body(cfg, model, prompt), "max_tokens": min(cfg.max_tokens, 8)}
+        r = send(client, arm, cfg.api, body, prompt.id, cfg.timeout_s)
+        if not r.ok and r.status in (400, 422) and cfg.stream_usage:  # an older server: no stream_options
+            body.pop("stream_options", None)
+            r = send(client, arm, cfg.api, body, prompt.id, cfg.timeout_s)
+            cfg.stream_usage = not r.ok
+        if not r.ok:
+            raise EndpointError(f"{arm.url} ({arm.name} arm) failed a one-request check: {r.error}")
+
+
 def measure(client: httpx.Client, arm: Arm, cfg: EndpointConfig, prompts: list, model: str, load: str,
             level: float, n: int, deadline: float) -> dict:
     """One configuration: scrape, send ``n`` requests at the load level, scrape again, summarise."""
@@ -302,18 +304,20 @@ def _line(arm: Arm, load: str, level: float, row: dict) -> str:
             + (f", α {alpha:.3f}" if alpha is not None else f" ({spec.get('note', 'no acceptance data')})"))
 
 
+def _rows(path: Path, kinds: tuple[str, ...]) -> Iterator[dict]:
+    """The rows of ``kinds`` in a results file (a line cut by a kill is skipped)."""
+    for line in Path(path).read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("kind") in kinds:
+            yield row
+
+
 def read_rows(paths: Sequence[Path]) -> list[dict]:
     """The ``endpoint`` and ``meta`` rows of results files (other kinds are skipped; a cut line is ignored)."""
-    rows = []
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and row.get("kind") in ("endpoint", "meta"):
-                rows.append(row)
-    return rows
+    return [row for path in paths for row in _rows(path, ("endpoint", "meta"))]
 
 
 def is_endpoint_file(path: Path) -> bool:

@@ -82,7 +82,8 @@ def _dist(values: Sequence[float], scale: float = 1e3) -> dict | None:
 
 def summarise(results: Sequence[RequestResult], wall_s: float, *, slo_ttft_ms: float | None = None,
               slo_tpot_ms: float | None = None) -> dict:
-    """Aggregate one configuration's requests (see the module docstring for each field)."""
+    """Aggregate one configuration's requests (each field is described in :mod:`adaspec.bench.endpoint`);
+    ``wall_s`` is the configuration's wall time in seconds."""
     ok = [r for r in results if r.ok]
     tpots = [(r.e2e_s - r.ttft_s) / (r.tokens - 1) for r in ok if r.tokens > 1]
     itls = [b - a for r in ok for a, b in zip(r.chunks, r.chunks[1:])]
