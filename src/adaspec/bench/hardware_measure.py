@@ -14,6 +14,7 @@ from adaspec.models.synthetic import SHAPES, ModelShape
 
 
 def _median_ms(fn, repeats: int, sync) -> float:
+    """Median wall time of ``fn()`` in ms over ``repeats`` runs after one warm-up, each ended by ``sync()``."""
     fn()
     sync()
     times = []

@@ -101,5 +101,6 @@ def validate_published(points=PUBLISHED, **overrides) -> list[dict]:
 
 
 def median_abs_error(rows: list[dict]) -> float:
+    """Median of ``|error|`` over :func:`validate_published` rows (NaN errors left out; NaN when none)."""
     errs = [abs(r["error"]) for r in rows if not math.isnan(r["error"])]
     return statistics.median(errs) if errs else math.nan
