@@ -57,7 +57,7 @@ def measure_layer_curve(matrices: tuple[tuple[int, int], ...], *, dtype: str = "
     """
     import torch
 
-    from adaspec.backends.torch_backend import resolve_dtype
+    from adaspec.backends.torch_models import resolve_dtype
 
     if not matrices:
         raise ConfigError("measure_layer_curve needs at least one (out_features, in_features) matrix")
@@ -168,7 +168,8 @@ def measure_overhead_curve(s: ModelShape, *, dtype: str = "float32", device: str
     """
     import torch
 
-    from adaspec.backends.torch_backend import TorchBackend, resolve_dtype
+    from adaspec.backends.torch_backend import TorchBackend
+    from adaspec.backends.torch_models import resolve_dtype
     from adaspec.controllers.costcurve import measure_verify_curve
 
     dt = resolve_dtype(dtype)
@@ -212,7 +213,7 @@ def measure_profile(*, dtype: str = "bfloat16", device: str = "cpu", threads: in
     """
     import torch
 
-    from adaspec.backends.torch_backend import resolve_dtype
+    from adaspec.backends.torch_models import resolve_dtype
 
     if threads:
         torch.set_num_threads(threads)
