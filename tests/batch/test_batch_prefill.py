@@ -12,7 +12,8 @@ from hypothesis import given
 from conftest import tiny_model as build_tiny_model
 from hypothesis import strategies as st
 
-import adaspec.batch
+import adaspec.batch.engine
+import adaspec.batch.prefill
 from adaspec.backends.base import BatchRow
 from adaspec.backends.torch_backend import TorchBackend
 from adaspec.batch import BatchEngine
@@ -113,7 +114,8 @@ class _TimedBackend(TorchBackend):
 
 def test_prefill_chunks_shrink_to_keep_each_step_within_its_budget(tiny_model, monkeypatch):
     clock = _Clock()
-    monkeypatch.setattr(adaspec.batch, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    for module in (adaspec.batch.engine, adaspec.batch.prefill):
+        monkeypatch.setattr(module, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     backend = _TimedBackend(tiny_model, "t", max_sequences=2)
     backend.clock = clock
     engine = BatchEngine(backend, max_batch=2, prefill_chunk=64, prefill_step_ms=100.0)

@@ -501,7 +501,8 @@ def test_levels_with_failed_requests_give_no_advice_and_are_flagged(tmp_path):
 def test_structured_workload_sends_constraints_and_grades_answers(served, tmp_path):
     """--workload structured: each task goes with its schema or forced tool (chat only); streamed content and
     tool-call pieces are put back together and graded (schema validity, exact fields)."""
-    from adaspec.bench.endpoint import _read_answer, request_body, structured_summary
+    from adaspec.bench.endpoint import request_body, structured_summary
+    from adaspec.bench.endpoint_client import _read_answer
     from adaspec.structured_workload import load_tasks
 
     tasks = load_tasks(3)

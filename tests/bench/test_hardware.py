@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaspec.bench.hardware import (PROFILES, PUBLISHED, HardwareProfile, bytes_per_param, predict_published, profile,
-                                    validate_published)
+from adaspec.bench.hardware import PROFILES, HardwareProfile, bytes_per_param, profile
+from adaspec.bench.published import PUBLISHED, predict_published, validate_published
 from adaspec.bench.measure import Meter
 from adaspec.cli import main
 from adaspec.errors import ConfigError
@@ -294,7 +294,7 @@ def test_matmul_free_model_runs_every_operator_but_the_matrices():
     """The stand-in model has no linear layer or embedding left, computes logits of the right shape with the
     TorchBackend, and keeps its KV cache as the real model does."""
     from adaspec.backends.torch_backend import TorchBackend
-    from adaspec.bench.hardware import _matmul_free_model, measure_overhead_curve
+    from adaspec.bench.hardware_measure import _matmul_free_model, measure_overhead_curve
 
     s = SHAPES["qwen2.5-0.5b"]
     model, stubs = _matmul_free_model(s, torch.float32, "cpu")
@@ -321,7 +321,7 @@ def test_layer_matrices_are_one_layer_in_forward_order():
 
 
 def test_measure_layer_curve_streams_enough_layers(monkeypatch):
-    from adaspec.bench import hardware
+    from adaspec.bench import hardware_measure
     from adaspec.errors import ConfigError
 
     made = []
@@ -329,25 +329,25 @@ def test_measure_layer_curve_streams_enough_layers(monkeypatch):
     monkeypatch.setattr(torch, "randn", lambda *a, **k: made.append(a) or real(*a, **k))
     mats = ((64, 32), (16, 32), (32, 64))
     size = sum(o * i for o, i in mats)
-    curve = hardware.measure_layer_curve(mats, widths=(1, 4), repeats=2, stream_bytes=size * 4 * 6)
+    curve = hardware_measure.measure_layer_curve(mats, widths=(1, 4), repeats=2, stream_bytes=size * 4 * 6)
     assert [n for n, _ in curve] == [1, 4] and all(v > 0 for _, v in curve)
     assert [made.count(m) for m in mats] == [6, 6, 6]  # six copies of the layer, every matrix of it
     assert made.count((4, 32)) == 1 and made.count((4, 64)) == 1  # one input per in_features and width
     with pytest.raises(ConfigError, match="at least one"):
-        hardware.measure_layer_curve(())
+        hardware_measure.measure_layer_curve(())
 
 
 def test_measure_linear_curve_streams_enough_copies(monkeypatch):
-    from adaspec.bench import hardware
+    from adaspec.bench import hardware_measure
 
     made = []
     real = torch.randn
     monkeypatch.setattr(torch, "randn", lambda *a, **k: made.append(a) or real(*a, **k))
-    curve = hardware.measure_linear_curve(64, 32, widths=(1, 3), repeats=2, stream_bytes=64 * 32 * 4 * 10)
+    curve = hardware_measure.measure_linear_curve(64, 32, widths=(1, 3), repeats=2, stream_bytes=64 * 32 * 4 * 10)
     assert [n for n, _ in curve] == [1, 3] and all(v > 0 for _, v in curve)
     assert made.count((64, 32)) == 10  # ten distinct copies of the matrix pass 10 matrices' worth of bytes
     made.clear()
-    hardware.measure_linear_curve(64, 32, widths=(1,), repeats=1, stream_bytes=1)
+    hardware_measure.measure_linear_curve(64, 32, widths=(1,), repeats=1, stream_bytes=1)
     assert made.count((64, 32)) == 1
 
 

@@ -803,7 +803,7 @@ def test_warmup_measures_draft_costs_even_when_the_draft_cache_holds_the_warmup_
     with a 0.5B draft on an AMX CPU, which kept goodput on plain decoding for whole requests). The warm-up now measures both costs on the
     draft's backend and seeds them."""
     from adaspec.backends import TorchBackend
-    from adaspec.backends.torch_backend import truncated_layers
+    from adaspec.backends.torch_models import truncated_layers
     from adaspec.controllers import FixedController
     from adaspec.drafters import ModelDrafter
     from adaspec.engine import SpeculativeEngine

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from adaspec.backends import TorchBackend
-from adaspec.backends.torch_backend import row_invariant_width
+from adaspec.backends.torch_invariant import row_invariant_width
 from adaspec.controllers import FixedController, make_controller
 from adaspec.drafters import ModelDrafter, NgramDrafter
 from adaspec.engine import GenerationConfig, SpeculativeEngine

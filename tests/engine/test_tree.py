@@ -341,7 +341,7 @@ def test_the_chooser_tries_trees_where_chain_steps_show_a_branch_would_pay_and_n
 
 # Trees from a draft model ------------------------------------------------------------------------------------------
 def _draft_model(qwen):
-    from adaspec.backends.torch_backend import truncated_layers
+    from adaspec.backends.torch_models import truncated_layers
 
     return TorchBackend(truncated_layers(qwen, 2), "d")  # the target's first 2 layers: agrees often, not always
 

@@ -19,7 +19,8 @@ import pytest
 pytest.importorskip("prometheus_client")
 
 from adaspec.bench import engine_metrics  # noqa: E402
-from adaspec.bench.endpoint import RequestResult, _json, _read_object, summarise  # noqa: E402
+from adaspec.bench.endpoint_client import RequestResult, _json, _read_object  # noqa: E402
+from adaspec.bench.endpoint_load import summarise  # noqa: E402
 from adaspec.engines.acceptance import check_vllm, llama_server_tau, vllm_log_totals  # noqa: E402
 from adaspec.engines.config import EngineConfig  # noqa: E402
 

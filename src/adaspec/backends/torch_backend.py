@@ -11,167 +11,13 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from adaspec.backends.base import Backend
+from adaspec.backends.torch_invariant import (  # noqa: F401  (invariant_attention re-exported)
+    INVARIANT_ATTENTION, invariant_attention, row_invariant_width, strict_unsupported)
+from adaspec.backends.torch_models import (  # noqa: F401  (re-exported)
+    DTYPES, load_causal_lm, resolve_dtype, truncated_layers)
 from adaspec.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
-          "float16": torch.float16, "fp16": torch.float16}
-
-
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """Map ``"bf16"``/``"bfloat16"``/``"fp32"``/... (or a torch.dtype) to a torch.dtype; ConfigError otherwise."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}") from None
-
-
-INVARIANT_ATTENTION = "adaspec_invariant"
-"""Name under which :func:`invariant_attention` is registered in transformers' ``AttentionInterface``."""
-
-
-def invariant_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                        **kwargs) -> tuple[torch.Tensor, None]:
-    """Causal attention whose result for a query row depends only on that row's position, not on how many rows
-    the forward has or how long the cache is (strict mode of :class:`TorchBackend`).
-
-    Each query row i of the last ``q`` positions attends to exactly its ``kv - q + i + 1`` visible keys, one row at a
-    time (a prefill of an empty cache, ``kv == q``, is the same call in every run and goes to SDPA) (the query heads sharing a KV head form the row block, so grouped-query attention needs no copy of K/V): the
-    matrix shapes, hence the kernels and their reduction order, are those of the same position in any other forward.
-    Fused attention (SDPA) and eager attention over the whole cache instead reduce over a length that includes the
-    masked keys, and their blocking changes with it (measured: bf16 logits differ).
-
-    Args:
-        query: ``[B, H, q, D]``; key, value: ``[B, H_kv, kv, D]`` (cache included); attention_mask: additive
-            ``[B, 1, q, kv]`` or None (causal); scaling: softmax scale (default D^-0.5). Dropout must be 0.
-
-    Returns:
-        ``(attn_output [B, q, H, D], None)`` as transformers' attention functions do.
-    """
-    b, h, q, d = query.shape
-    h_kv, kv = key.shape[1], key.shape[2]
-    if kv == q:  # a prefill of an empty cache: the same call in every run, so the fused kernel keeps invariance
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
-    if attention_mask is not None and attention_mask.dtype == torch.bool:  # "may attend" masks (a view's sdpa mask)
-        attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(~attention_mask,
-                                                                                          float("-inf"))
-    rep = h // h_kv
-    scale = d ** -0.5 if scaling is None else scaling
-    rows = []
-    for i in range(q):
-        n = kv - q + i + 1
-        qi = query[:, :, i].reshape(b, h_kv, rep, d)
-        scores = torch.matmul(qi, key[:, :, :n].transpose(2, 3)) * scale  # [B, H_kv, rep, n]
-        if attention_mask is not None:
-            scores = scores + attention_mask[:, :, i, :n].unsqueeze(2)
-        probs = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        rows.append(torch.matmul(probs, value[:, :, :n]).reshape(b, h, d))
-    return torch.stack(rows, dim=1), None  # [B, q, H, D]
-
-
-def _register_invariant_attention() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(INVARIANT_ATTENTION, invariant_attention)
-
-
-_register_invariant_attention()
-
-
-def strict_unsupported(config) -> str | None:
-    """Why :func:`invariant_attention` cannot stand in for a model's attention (None when it can): sliding-window
-    layers, attention-logit soft-capping or attention sinks, which it does not implement."""
-    types = getattr(config, "layer_types", None)
-    if types and any(t != "full_attention" for t in types):
-        return f"layer types {sorted(set(types))}"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) and not types:
-        return f"sliding-window attention (window {config.sliding_window})"
-    if getattr(config, "attn_logit_softcapping", None):
-        return "attention-logit soft-capping"
-    if getattr(config, "sinks", None) or "gpt_oss" in str(getattr(config, "model_type", "")):
-        return "attention sinks"
-    return None
-
-
-@torch.inference_mode()
-def row_invariant_width(model: torch.nn.Module, start: int, *, tries: int = 16) -> int | None:
-    """The smallest forward width ``W >= start`` (of ``start .. start + tries - 1``) at which every linear layer of
-    ``model`` gives each row of a ``W``-row input the same bits whatever the row's index, measured with the current
-    thread count (None when no width in the range is).
-
-    Strict mode pads every forward to one width so each position meets the same kernels, but that alone does not
-    make a position's logits independent of *where in the chunk* it sits: with 2 threads, fp32 GEMMs on an AMD EPYC
-    (PyTorch 2.13's CPU kernels) split a 9-row input as 8 + 1 and compute the 9th row another way (widths 5-7 and
-    9-11 differ, 8 and 12 do not; 1 and 3 threads, and bf16, are invariant at every width). Which widths are safe
-    is the kernel library's choice, so it is measured, never assumed: one ``[W, in_features]`` input of identical
-    rows per distinct linear layer shape (``nn.Linear``, and GPT-2's ``Conv1D``; a model with neither is not
-    measured: a warning, and ``start``) (the model's own weights, so its dtype, layout and device), and a width
-    passes when all output rows are equal. Cost: one such GEMM per shape and tried width (the LM head dominates:
-    ~30 ms at W = 9 for a 0.5B model's fp32 head on a 2-core CPU).
-    """
-    layers: dict[tuple, tuple[int, torch.nn.Module]] = {}  # one per distinct shape: (in_features, the layer)
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear):  # weight [out, in]
-            inputs = module.in_features
-        elif type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None:  # GPT-2: [in, out]
-            inputs = module.weight.shape[0]
-        else:
-            continue
-        key = (type(module).__name__, tuple(module.weight.shape), module.weight.dtype, module.bias is not None)
-        layers.setdefault(key, (inputs, module))
-    if not layers:
-        logger.warning("strict mode: %s has no Linear or Conv1D layer to measure; using width %d unmeasured",
-                       type(model).__name__, start)
-        return start
-    generator = torch.Generator().manual_seed(0)
-    for width in range(start, start + tries):
-        for inputs, layer in layers.values():
-            row = torch.randn(1, inputs, generator=generator).to(layer.weight.dtype)
-            out = layer(row.to(layer.weight.device).expand(width, -1).contiguous())
-            if not bool((out == out[:1]).all()):
-                break
-        else:
-            return width
-    return None
-
-
-def load_causal_lm(path: str, *, dtype: str | torch.dtype = "bfloat16", device: str = "cpu") -> PreTrainedModel:
-    """Load a transformers causal LM from a local folder or hub id, in eval mode, on ``device``."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
-    return model.to(device).eval()
-
-
-def truncated_layers(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
-    """A view of ``model`` that runs only its first ``num_layers`` decoder layers, then the final norm and LM head.
-
-    Shares every weight with ``model`` (no copy). Used as a cheap self-draft (layer skipping with an early exit at
-    the top: LayerSkip, Elhoushi et al. 2024, without the early-exit training) and in tests.
-    """
-    inner = model.get_decoder()
-    total = len(inner.layers)
-    if not 1 <= num_layers <= total:
-        raise ConfigError(f"num_layers must be in [1, {total}] for this model, got {num_layers}")
-    config = copy.deepcopy(model.config)
-    config.num_hidden_layers = num_layers
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = config.layer_types[:num_layers]
-    new_inner = copy.copy(inner)
-    new_inner._modules = dict(inner._modules)
-    new_inner.layers = torch.nn.ModuleList(list(inner.layers)[:num_layers])
-    new_inner.config = config
-    new_model = copy.copy(model)
-    new_model._modules = dict(model._modules)
-    setattr(new_model, model.base_model_prefix, new_inner)
-    new_model.config = config
-    return new_model
 
 
 class TorchBackend(Backend):
@@ -195,10 +41,11 @@ class TorchBackend(Backend):
     of rows, so a position's logits differ (~2e-5 in fp32, up to ~0.6 in bf16 on a CPU) between a one-token forward
     and a K + 1-token one, and between different K. In strict mode every forward after the prompt's (the cache is
     not empty) is padded to exactly W = :meth:`strict_width` positions (longer inputs: chunks of W, each padded), the
-    padding's cache entries are dropped at once, and attention runs :func:`invariant_attention` (each query row over
-    exactly its visible keys). Models whose attention that function does not implement (sliding windows, logit
-    soft-capping, sinks) are refused with a ConfigError. Every decoded position then sees the same kernels on the same shapes, and its logits
-    are bit-identical whatever K was (fp32 and bf16, tests/engine/test_strict.py). Cost: a plain decoding step runs a
+    padding's cache entries are dropped at once, and attention runs
+    :func:`~adaspec.backends.torch_invariant.invariant_attention` (each query row over exactly its visible keys).
+    Models whose attention that function does not implement (sliding windows, logit soft-capping, sinks) are refused
+    with a ConfigError. Every decoded position then sees the same kernels on the same shapes, and its logits are
+    bit-identical whatever K was (fp32 and bf16, tests/engine/test_strict.py). Cost: a plain decoding step runs a
     W-token forward, and attention runs row by row.
     """
 
@@ -315,8 +162,9 @@ class TorchBackend(Backend):
 
     def forward_batch(self, rows) -> list[torch.Tensor]:
         """Rows of at most ``pad_batch_max_tokens`` new tokens run as ONE padded forward (:meth:`_forward_padded`);
-        longer rows (prompt prefills), strict mode and attention :func:`invariant_attention` does not cover (sliding
-        windows, soft-capping, sinks) run one after another on their own caches, which is exactly what each sequence
+        longer rows (prompt prefills), strict mode and attention
+        :func:`~adaspec.backends.torch_invariant.invariant_attention` does not cover (sliding windows, soft-capping,
+        sinks) run one after another on their own caches, which is exactly what each sequence
         alone computes. A padded row's logits equal the row alone up to the kernels' blocking (~1e-6 in fp32; strict
         mode is the bit-exact path)."""
         self._check_not_growing()

@@ -8,7 +8,7 @@ file name says so. The report holds
 * the boundary α (the least acceptance at which speculation pays) against context, per K;
 * the best K and its speedup per α and context, next to the seed study's rules of thumb (α > 70 % pays, < 40 %
   hurts; K 4–8 for short, 3–5 for medium, 2–3 for long contexts), each marked confirmed or refuted by the model;
-* the published speedups of :data:`~adaspec.bench.hardware.PUBLISHED` on the same hardware, predicted from their
+* the published speedups of :data:`~adaspec.bench.published.PUBLISHED` on the same hardware, predicted from their
   published τ, with the error;
 * with ``--replay``, the speculation steps an ``adaspec compare`` run measured (on any machine) replayed on this
   hardware (:func:`replay_steps`): token trees against chains, predicted.
@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from adaspec.bench.hardware import HardwareProfile, measure_profile, profile, ram_bytes, validate_published
+from adaspec.bench.hardware import HardwareProfile, profile
+from adaspec.bench.hardware_measure import measure_profile, ram_bytes
+from adaspec.bench.published import validate_published
 from adaspec.errors import ConfigError
 from adaspec.models.synthetic import shape, shape_key
 
@@ -36,7 +38,7 @@ LOOKUP = "ngram-lookup"
 
 
 def resolve_profile(name: str, *, dtype: str, layer_ms: float | None = None, shapes=()) -> HardwareProfile:
-    """A named profile, or ``this-cpu`` (measured now, see :func:`~adaspec.bench.hardware.measure_profile`, with
+    """A named profile, or ``this-cpu`` (measured now, see :func:`~adaspec.bench.hardware_measure.measure_profile`, with
     the matrices of ``shapes`` timed one by one)."""
     if name.strip().lower() in ("this-cpu", "this"):
         prof, _ = measure_profile(dtype=dtype if dtype in ("bfloat16", "float32") else "float32", shapes=shapes)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import httpx
 
 from adaspec.bench import endpoint as ep
+from adaspec.bench.endpoint_client import Arm, send
 from adaspec.engines.acceptance import check_responses, llama_server_tau
 from adaspec.engines.config import EngineConfig
 from adaspec.engines.process import EngineError, EngineProcess, tail
@@ -63,11 +64,11 @@ def measure_levels(proc: EngineProcess, cfg: EngineConfig, phase: Phase, results
     prompts = load_workload(phase.workload)[:phase.prompts]
     ecfg = ep.EndpointConfig(url=proc.url, api=phase.api, workload=phase.workload, prompts=phase.prompts,
                              max_tokens=phase.max_tokens, temperature=0.0, seed=phase.seed, timeout_s=timeout_s)
-    arm = ep.Arm(cfg.label, proc.url)
+    arm = Arm(cfg.label, proc.url)
     with httpx.Client(limits=httpx.Limits(max_connections=32)) as client:
         model = ep.probe(client, arm, ecfg)
-        warm = ep.send(client, arm, phase.api, {**ep.request_body(ecfg, model, prompts[0]), "max_tokens": 4},
-                       prompts[0].id, timeout_s)
+        warm = send(client, arm, phase.api, {**ep.request_body(ecfg, model, prompts[0]), "max_tokens": 4},
+                    prompts[0].id, timeout_s)
         if not warm.ok:
             raise EngineError(f"{cfg.label}: the warm-up request failed ({warm.error})", tail(proc.log))
         for load, level in pending(phase, cfg, results):

@@ -1,7 +1,7 @@
 """The scale-out loop's results file: one JSON line per (phase, engine configuration, load level), written as soon
 as it is measured, so a killed or failed run keeps what it measured and resumes where it stopped.
 
-Kinds: ``scaleout`` (a measured level; the fields of :func:`adaspec.bench.endpoint.summarise` plus ``phase``,
+Kinds: ``scaleout`` (a measured level; the fields of :func:`adaspec.bench.endpoint_load.summarise` plus ``phase``,
 ``engine``, ``config``, ``method``, ``k``, ``load``, ``concurrency``, ``rate``), ``fault`` (an engine that failed to
 start, exited or answered with errors: the message and the log's tail; never counted as done), ``check``
 (acceptance read two ways, :mod:`adaspec.engines.acceptance`), ``advice`` and ``profile``. A line cut by a kill is

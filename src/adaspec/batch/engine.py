@@ -1,131 +1,31 @@
-"""Batched speculative decoding with continuous batching: B sequences advance per step over ONE target forward.
-
-Each step (as in vLLM's scheduler and llama.cpp's server slots):
-
-1. rows that joined are prefilled in the same forward as the others' decoding, by chunks of at most
-   ``prefill_chunk`` prompt tokens per step over all joining rows (chunked prefill, as vLLM and llama.cpp's server
-   do), so a long prompt delays the decoding rows by one chunk's forward per step, not by its whole prefill, and a
-   cancellation or deadline takes effect between chunks; a draft model that must catch up with a long sequence
-   is fed by chunks of the same size between steps (the row drafts nothing until it has caught up). With
-   ``prefill_step_ms`` the chunks are sized by time instead: from the measured cost per token of the step's
-   forward, a step that carries prefill or catch-up while other rows decode aims at that wall time. A row whose
-   prompt begins like an earlier row's takes that row's cached prefix (:meth:`Backend.share_prefix`, e.g. the
-   ``n`` choices of one request) instead of prefilling it again. A scored
-   prompt (``prompt_logprobs``) is prefilled in chunks of at most ``max_scored_rows`` positions per step, each
-   scored before the next, so its ``[len(prompt), V]`` logits are never held at once;
-2. every decoding row asks its own controller for K, the :class:`~adaspec.controllers.batch.BatchPricer` caps K for
-   the batch from the measured cost of the batch's total tokens, and the row's own drafter proposes; draft models
-   draft for all rows at once (batched drafting: each draft step is one forward of the multi-sequence draft backend
-   over every row still drafting, through :meth:`Drafter.proposal`);
-3. the target runs once over every row's ``[pending] + drafts`` (:meth:`Backend.forward_batch`, one sequence id per
-   row), each row is verified on its own logits (greedy or speculative sampling, exactly as
-   :class:`~adaspec.engine.SpeculativeEngine` does), and each row's cache is cut back to its own length;
-4. finished and cancelled rows leave, freeing their sequence for the next request.
-
-Each row keeps its own drafter (a model drafter runs on its own sequence of the draft backend), controller, sampler,
-stop conditions and statistics, so a row's output does not depend on the other rows except through the kernels:
-in strict mode it is the output of the request alone (PyTorch's strict mode runs the rows one after another; the
-GGUF runtimes refuse strict rows in a batch where their kernels mix rows).
-A request may bring its own drafter and controller (the server's per-request ``speculation``).
-
-A row with a grammar (structured output) is constrained as a request alone is (:class:`~adaspec.constrained.
-RequestGrammar`): its drafts are cut where the grammar rejects them before the batched forward, each of its
-verified positions is masked by the grammar after the accepted prefix, its grammar state rolls back with its cache,
-and the grammar's forced tokens are drafted for it (:class:`~adaspec.drafters.forced.ForcedDrafter`).
-
-A row that fails (its drafter raises, or the runtime rejects its tokens) leaves the batch with the error in its chunk;
-the other rows go on: when the batched forward fails, the rows are rolled back and run one by one to find the one at
-fault.
-"""
+"""The batch engine: requests join, step and leave (see :mod:`adaspec.batch`)."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
-from adaspec.backends.base import Backend, BatchRow, SequenceView
+from adaspec.backends.base import Backend, BatchRow
+from adaspec.batch.drafting import draft_rows
+from adaspec.batch.prefill import ChunkedPrefill, Fail
+from adaspec.batch.rows import Row, forward_isolated
 from adaspec.controllers.base import Controller
 from adaspec.controllers.batch import BatchPricer, RowEstimate
-from adaspec.chunking import MIN_PREFILL_CHUNK, StepCosts, common_prefix
 from adaspec.constrained import RequestGrammar
 from adaspec.controllers.fixed import FixedController
-from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
-from adaspec.drafters.forced import ForcedDrafter, request_drafter, unwrapped, without_forced
+from adaspec.drafters.base import Draft, Drafter
+from adaspec.drafters.forced import request_drafter, unwrapped, without_forced
 from adaspec.drafters.multi import cached_prefixes, measure_drafters, model_drafters, route
-from adaspec.logprobs import score_rows, token_logprobs
+from adaspec.logprobs import score_rows
 from adaspec.request_state import RequestState
 from adaspec.request import GenerationConfig, GenerationResult, StreamChunk, TokenLogprob, default_eos_ids
 from adaspec.errors import ConfigError
 from adaspec.stats import StepRecord
 from adaspec.structured import Constraint, GrammarVocab
 from adaspec.verify import in_vocab
-
-@dataclass
-class _Row:
-    """One request in the batch: its :class:`RequestState` and the slot it runs in."""
-
-    rid: int
-    req: RequestState
-    arrival: float
-    drafter_for: Callable[[int], Drafter | None] | None
-    controller_factory: Callable[[], Controller]
-    seq: int = -1
-    drafter: Drafter | None = None  # the slot's drafter (the one its controller routes and prices)
-    proposer: Drafter | None = None  # what drafts: the drafter, behind the grammar's forced tokens where it has one
-    controller: Controller | None = None
-    stop_rule: DraftStop | None = None  # the controller's early-stop rule for drafts, fixed per request
-    prefilled: bool = False
-    prefill_pos: int = 0  # prompt tokens in the target's cache while prefilling (chunked prefill)
-    alpha: float = 0.6  # acceptance estimate for the batch pricer (EMA)
-    draft_ms: float | None = None  # ms per drafted token (EMA)
-
-    @property
-    def prompt(self) -> list[int]:
-        return self.req.prompt
-
-    @property
-    def cfg(self) -> GenerationConfig:
-        return self.req.cfg
-
-    @property
-    def ids(self) -> list[int]:
-        return self.req.ids
-
-
-def _sequence_of(backend: Backend) -> tuple[Backend, int]:
-    """(the multi-sequence backend, sequence id) a single-sequence view runs on; a backend itself is sequence 0."""
-    if isinstance(backend, SequenceView):
-        return backend.parent, backend.seq
-    return backend, 0
-
-
-def _forward_isolated(backend: Backend, rows: list[BatchRow]) -> list[torch.Tensor | BaseException]:
-    """``backend.forward_batch(rows)``; when it fails, every row's sequence is rolled back to its length before and
-    each row runs alone, so one row's failure (reported as its exception) does not fail the others."""
-    before = [backend.seq_len_of(r.seq) for r in rows]
-    try:
-        logits = list(backend.forward_batch(rows))
-        backend.synchronize()
-        return logits
-    except Exception as e:
-        if len(rows) == 1:
-            backend.truncate_seq(rows[0].seq, before[0])
-            return [e]
-    result: list[torch.Tensor | BaseException] = []
-    for r, n in zip(rows, before):
-        backend.truncate_seq(r.seq, n)
-        try:
-            result.append(backend.forward_batch([r])[0])
-        except Exception as e:
-            backend.truncate_seq(r.seq, n)
-            result.append(e)
-    backend.synchronize()
-    return result
-
 
 class BatchEngine:
     """Continuous batching over one target backend with ``max_sequences`` >= ``max_batch``.
@@ -171,10 +71,8 @@ class BatchEngine:
         if max_scored_rows is not None and max_scored_rows < 1:
             raise ConfigError(f"max_scored_rows must be >= 1, got {max_scored_rows}")
         self.target = target
-        self.prefill_chunk = prefill_chunk
-        self.prefill_step_ms = prefill_step_ms
-        self._step_costs = StepCosts()
-        self.max_scored_rows = max_scored_rows or score_rows(target.vocab_size)
+        self.prefill = ChunkedPrefill(target, prefill_chunk, prefill_step_ms,
+                                      max_scored_rows or score_rows(target.vocab_size))
         self.probe_every = probe_every
         self._priced_steps = 0
         self.max_batch = max_batch or target.max_sequences
@@ -195,8 +93,8 @@ class BatchEngine:
         # the shared prefix); every other row's draft caches are emptied when it leaves
         self.keep_draft_caches: set[Callable] = {drafter_for} if drafter_for is not None else set()
         self._free = list(range(self.max_batch))
-        self._waiting: deque[_Row] = deque()
-        self._running: dict[int, _Row] = {}
+        self._waiting: deque[Row] = deque()
+        self._running: dict[int, Row] = {}
         self._next_id = 0
         self.last_cap: int | None = None  # the K cap of the last step (None: no row decoded)
         self.last_rows = 0  # rows in the last step's forward
@@ -204,7 +102,6 @@ class BatchEngine:
         self.last_forward_ms = 0.0
         self.last_step_ms = 0.0  # wall time of the last step (catch-up, drafting, forward, verification)
         self.last_prefill_tokens = 0  # prompt tokens the last step prefilled (chunks), over all rows
-        self.last_shared_tokens = 0  # prompt tokens the last step took from other rows' caches (share_prefix)
         self.grammar_vocab: GrammarVocab | None = None  # built from the tokenizer on the first constrained request
 
     # Requests ------------------------------------------------------------------------------------------------
@@ -239,7 +136,7 @@ class BatchEngine:
         req.stats.tree_fallback = "chains: batched rows verify chains" if cfg.tree_budget else ""
         if cfg.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
-        row = _Row(self._next_id, req, time.perf_counter(), drafter_for, controller_factory)
+        row = Row(self._next_id, req, time.perf_counter(), drafter_for, controller_factory)
         self._next_id += 1
         self._waiting.append(row)
         return row.rid
@@ -279,12 +176,79 @@ class BatchEngine:
     def __bool__(self) -> bool:
         return bool(self._running or self._waiting)
 
+    @property
+    def max_scored_rows(self) -> int:
+        """Positions whose logits one step keeps for prompt scoring, over all rows."""
+        return self.prefill.max_scored_rows
+
+    @max_scored_rows.setter
+    def max_scored_rows(self, rows: int) -> None:
+        self.prefill.max_scored_rows = rows
+
+    @property
+    def last_shared_tokens(self) -> int:
+        """Prompt tokens the last step took from other rows' caches (:meth:`Backend.share_prefix`)."""
+        return self.prefill.shared_tokens
+
     # The step ---------------------------------------------------------------------------------------------------
     def step(self) -> dict[int, StreamChunk]:
         """Admit waiting requests, run one batched step, and return each row's :class:`StreamChunk` by request id
         (a finished row's chunk carries its result, a failed row's its error; either way the row has left the
         batch)."""
         out: dict[int, StreamChunk] = {}
+
+        def fail(row: Row, error: BaseException) -> None:
+            self._fail(row, error, out)
+
+        self._admit(fail)
+        if not self._running:
+            self.last_rows = self.last_tokens = 0
+            return out
+        step_start = time.perf_counter()
+        decoding = [r for r in self._running.values() if r.prefilled]
+        alone = not decoding
+        waiting_on = len(self._running) > 1  # another row waits on this step's prefill and catch-up work
+        ks = self._choose_k(decoding, fail)
+        decoding = [r for r in decoding if r.rid in self._running]
+        self.prefill.catch_up(decoding, ks, self.draft_costs, fail, step_start if waiting_on else None)
+        decoding = [r for r in decoding if r.rid in self._running]
+        drafts, draft_ms, behind, forced = draft_rows(decoding, ks, fail)
+        decode_tokens = sum(len(drafts[r.rid]) + 1 for r in decoding if r.rid in self._running)
+        plan = self.prefill.plan(self._running, self.prefill.budget(alone, decode_tokens, step_start), fail)
+        running = [r for r in self._running.values() if r.prefilled or r.rid in plan]
+        self.last_prefill_tokens = sum(end - start for start, end in plan.values())
+        if not running:
+            self.last_rows = self.last_tokens = 0
+            return out
+        rows = [self.prefill.batch_row(r, *plan[r.rid]) if not r.prefilled
+                else BatchRow(r.seq, [r.ids[-1]] + in_vocab(drafts[r.rid].tokens, self.target.vocab_size),
+                              len(drafts[r.rid]) + 1)
+                for r in running]
+        forward_start = time.perf_counter()
+        logits = self._forward(running, rows, fail)
+        forward_ms = (time.perf_counter() - forward_start) * 1e3
+        self.last_rows, self.last_tokens = len(rows), sum(len(r.input_ids) for r in rows)
+        self.last_forward_ms = forward_ms
+        self.prefill.costs.forward(self.last_tokens, forward_ms, self.pricer.curve)
+        for row, lg in zip(running, logits):
+            if lg is None:
+                continue  # failed in the forward
+            try:
+                if not row.prefilled:
+                    if self.prefill.prefilled(row, plan[row.rid][1], lg):
+                        out[row.rid] = self._first(row, lg[-1:])
+                else:
+                    out[row.rid] = self._advance(row, ks[row.rid], drafts[row.rid], lg, draft_ms[row.rid],
+                                                 forward_ms, step_start, len(rows), behind[row.rid],
+                                                 forced.get(row.rid, 0))
+            except Exception as e:
+                fail(row, e)
+        self.last_step_ms = (time.perf_counter() - step_start) * 1e3
+        return out
+
+    def _admit(self, fail: Fail) -> None:
+        """Move waiting requests into free sequence slots: each gets its slot's drafter, a fresh controller seeded
+        with the batch's measured costs, and an empty cache."""
         while self._waiting and self._free:
             row = self._waiting.popleft()
             row.seq = self._free.pop(0)
@@ -305,263 +269,28 @@ class BatchEngine:
                 row.req.start = time.perf_counter()
                 self.target.truncate_seq(row.seq, 0)
             except Exception as e:
-                self._fail(row, e, out)
-        if not self._running:
-            self.last_rows = self.last_tokens = 0
-            return out
-        step_start = time.perf_counter()
-        decoding = [r for r in self._running.values() if r.prefilled]
-        alone = not decoding
-        waiting_on = len(self._running) > 1  # another row waits on this step's prefill and catch-up work
-        ks = self._choose_k(decoding, out)
-        decoding = [r for r in decoding if r.rid in self._running]
-        self._catch_up(decoding, ks, out, step_start if waiting_on else None)
-        decoding = [r for r in decoding if r.rid in self._running]
-        drafts, draft_ms, behind, forced = self._draft(decoding, ks, out)
-        decode_tokens = sum(len(drafts[r.rid]) + 1 for r in decoding if r.rid in self._running)
-        plan = self._plan_prefill(self._prefill_budget(alone, decode_tokens, step_start), out)
-        running = [r for r in self._running.values() if r.prefilled or r.rid in plan]
-        self.last_prefill_tokens = sum(end - start for start, end in plan.values())
-        if not running:
-            self.last_rows = self.last_tokens = 0
-            return out
-        rows = [self._prefill_row(r, *plan[r.rid]) if not r.prefilled
-                else BatchRow(r.seq, [r.ids[-1]] + in_vocab(drafts[r.rid].tokens, self.target.vocab_size),
-                              len(drafts[r.rid]) + 1)
-                for r in running]
-        forward_start = time.perf_counter()
-        logits = self._forward(running, rows, out)
-        forward_ms = (time.perf_counter() - forward_start) * 1e3
-        self.last_rows, self.last_tokens = len(rows), sum(len(r.input_ids) for r in rows)
-        self.last_forward_ms = forward_ms
-        self._step_costs.forward(self.last_tokens, forward_ms, self.pricer.curve)
-        for row, lg in zip(running, logits):
-            if lg is None:
-                continue  # failed in the forward
-            try:
-                if not row.prefilled:
-                    chunk = self._prefilled(row, plan[row.rid][1], lg)
-                    if chunk is not None:
-                        out[row.rid] = chunk
-                else:
-                    out[row.rid] = self._advance(row, ks[row.rid], drafts[row.rid], lg, draft_ms[row.rid],
-                                                 forward_ms, step_start, len(rows), behind[row.rid],
-                                                 forced.get(row.rid, 0))
-            except Exception as e:
-                self._fail(row, e, out)
-        self.last_step_ms = (time.perf_counter() - step_start) * 1e3
-        return out
+                fail(row, e)
 
-    # Chunked prefill ------------------------------------------------------------------------------------------------
-    def _prefill_budget(self, alone: bool, decode_tokens: int, step_start: float) -> int | None:
-        """Prompt tokens this step may prefill over all rows: None (whole prompts) without ``prefill_chunk``;
-        four chunks when no row decodes; else one chunk, or with ``prefill_step_ms`` what fits in the rest of the
-        step's budget beside the decoding rows' ``decode_tokens`` (at least ``MIN_PREFILL_CHUNK``)."""
-        if self.prefill_chunk is None:
-            return None
-        if alone:
-            return self.prefill_chunk * 4
-        if self.prefill_step_ms is None:
-            return self.prefill_chunk
-        spent = (time.perf_counter() - step_start) * 1e3
-        fits = self._step_costs.tokens_within(self.prefill_step_ms - spent, decode_tokens)
-        return self._bounded(fits)
-
-    def _bounded(self, tokens: int | None) -> int:
-        """``tokens`` within [``MIN_PREFILL_CHUNK``, ``prefill_chunk``] (``prefill_chunk`` when unknown)."""
-        cap = self.prefill_chunk
-        return cap if tokens is None else max(min(MIN_PREFILL_CHUNK, cap), min(cap, tokens))
-
-    def _plan_prefill(self, budget: int | None, out: dict[int, StreamChunk]) -> dict[int, tuple[int, int]]:
-        """``{rid: (start, end)}``: the prompt slice each prefilling row feeds this step, in admission order, within
-        ``budget`` tokens (None: no limit) and ``max_scored_rows``. A row first takes what an earlier row has
-        cached of the same prompt prefix (:meth:`_share`); a row whose prefix an earlier row is still prefilling
-        waits for it rather than computing it twice."""
-        scored_left = self.max_scored_rows
-        plan: dict[int, tuple[int, int]] = {}
-        self.last_shared_tokens = 0
-        for row in list(self._running.values()):
-            if row.prefilled:
-                continue
-            scored = row.cfg.prompt_logprobs is not None
-            if not scored and self._share(row, out):
-                continue  # waits for the row that prefills its prefix
-            if row.rid not in self._running:
-                continue  # failed while sharing
-            start = row.prefill_pos
-            n = len(row.prompt) - start
-            if budget is not None and not (self.target.batch_invariant and not scored):
-                if budget <= 0:
-                    continue
-                n = min(n, budget)
-            if scored:
-                if scored_left <= 0:
-                    continue
-                n = min(n, scored_left, row.cfg.prompt_logprobs_chunk or scored_left)
-                scored_left -= n
-            if budget is not None:
-                budget -= n
-            plan[row.rid] = (start, start + n)
-        return plan
-
-    def _share(self, row: _Row, out: dict[int, StreamChunk]) -> bool:
-        """Give ``row`` the longest prompt prefix that an earlier row holds in its cache (all but the row's last
-        prompt token, whose logits it needs), through :meth:`Backend.share_prefix`. Returns True when the row
-        should wait this step: an earlier row is still prefilling more of the same prefix. Strict batches and
-        runtimes without shared prefixes never share (each row prefills its own prompt)."""
-        if not self.target.shares_prefix or self.target.batch_invariant:
-            return False
-        limit = len(row.prompt) - 1
-        best, donor, wait = row.prefill_pos, None, False
-        for other in self._running.values():
-            if other is row:
-                break  # only rows admitted before this one
-            if other.cfg.prompt_logprobs is not None and not other.prefilled:
-                continue
-            cached = len(other.prompt) if other.prefilled else other.prefill_pos
-            common = common_prefix(row.prompt, other.prompt, limit)
-            if not other.prefilled and common > cached:
-                wait = wait or cached >= row.prefill_pos  # it will get there first
-            if min(common, cached) > best:
-                best, donor = min(common, cached), other
-        if donor is not None:
-            try:
-                self.target.share_prefix(donor.seq, row.seq, row.prefill_pos, best)
-            except Exception as e:
-                self._fail(row, e, out)
-                return False
-            self.last_shared_tokens += best - row.prefill_pos
-            row.prefill_pos = best
-        return wait and row.prefill_pos < limit
-
-    def _prefill_row(self, row: _Row, start: int, end: int) -> BatchRow:
-        return BatchRow(row.seq, row.prompt[start:end], end - start if row.cfg.prompt_logprobs is not None else 1)
-
-    def _prefilled(self, row: _Row, end: int, logits: torch.Tensor) -> StreamChunk | None:
-        """After a prefill chunk ending at prompt position ``end``: score its positions (with ``prompt_logprobs``);
-        after the last chunk, the first token (:meth:`_first`)."""
-        start, row.prefill_pos = row.prefill_pos, end
-        if row.req.prompt_logprobs is not None:  # position i predicts prompt token i + 1
-            row.req.prompt_logprobs += token_logprobs(logits, row.prompt[start + 1:end + 1],
-                                                  row.cfg.prompt_logprobs) or []
-        if end < len(row.prompt):
-            return None
-        return self._first(row, logits[-1:])
-
-    def _catch_up(self, decoding: list[_Row], ks: dict[int, int], out: dict[int, StreamChunk],
-                  step_start: float | None) -> None:
-        """Feed each draft model that is more than a chunk behind its row's sequence one chunk (the row drafts
-        nothing this step), so a long prompt's draft prefill is spread over steps too. The chunk is
-        ``prefill_chunk`` tokens, or with ``prefill_step_ms`` and ``step_start`` (another row waits on this step)
-        what the rest of the step's budget affords at the draft's measured ms per token fed."""
-        if self.prefill_chunk is None:
-            return
-        for row in decoding:
-            if row.drafter is None or not ks.get(row.rid):
-                continue
-            try:
-                for name, d in model_drafters(row.drafter).items():
-                    if not hasattr(d, "feed"):
-                        continue
-                    chunk = self.prefill_chunk
-                    if self.prefill_step_ms is not None and step_start is not None:
-                        left = self.prefill_step_ms - (time.perf_counter() - step_start) * 1e3
-                        prior = self.draft_costs.get(name, (0.0, None))[1]
-                        chunk = self._bounded(self._step_costs.feed_tokens_within(name, left, prior))
-                    have = d.cached_prefix(row.ids)
-                    if len(row.ids) - have > chunk:
-                        t = time.perf_counter()
-                        d.feed(row.ids[:have + chunk + 1])
-                        self._step_costs.fed(name, chunk + 1, (time.perf_counter() - t) * 1e3)
-                        ks[row.rid] = 0
-            except Exception as e:
-                self._fail(row, e, out)
-
-    def _draft(self, decoding: list[_Row], ks: dict[int, int], out: dict[int, StreamChunk]
-               ) -> tuple[dict[int, Draft], dict[int, float], dict[int, int], dict[int, int]]:
-        """Every decoding row's proposal (:meth:`Drafter.proposal`), with batched drafting: in each round, the rows
-        whose draft model needs a forward of the same multi-sequence draft backend go into one ``forward_batch``
-        (row ``i``'s draft model runs on sequence ``seq_i``), so K draft steps of B rows cost K batched forwards, not
-        B·K. A row with a grammar proposes its forced tokens on top of its K
-        (:meth:`ForcedDrafter.free_proposal`), and its draft is cut where the grammar rejects it. Returns the
-        drafts, each row's draft time in ms (its own work plus an equal share of every forward it was in), the
-        tokens each row's first forward fed (> 2: a catch-up, not the per-token cost) and each row's forced
-        tokens."""
-        drafts: dict[int, Draft] = {}
-        forced: dict[int, int] = {}
-        draft_ms: dict[int, float] = {r.rid: 0.0 for r in decoding}
-        behind: dict[int, int] = {}
-        rows = {r.rid: r for r in decoding}
-        proposals = {}
-        feeds: dict[int, tuple[Backend, int, list[int]]] = {}  # rid -> (parent backend, sequence, tokens)
-
-        def advance(rid: int, logits: torch.Tensor | None = None, error: BaseException | None = None) -> None:
-            t = time.perf_counter()
-            gen = proposals[rid]
-            feeds.pop(rid, None)
-            try:
-                backend, tokens = (gen.throw(error) if error is not None else
-                                   next(gen) if logits is None else gen.send(logits))
-                feeds[rid] = (*_sequence_of(backend), list(tokens))
-                behind.setdefault(rid, len(tokens))
-            except StopIteration as done:
-                row = rows[rid]
-                draft = done.value
-                if isinstance(row.proposer, ForcedDrafter):
-                    draft, forced[rid] = draft
-                drafts[rid] = draft if row.req.grammar is None else row.req.grammar.cut(draft)
-            except Exception as e:
-                self._fail(rows[rid], e, out)
-            draft_ms[rid] += (time.perf_counter() - t) * 1e3
-
-        for row in decoding:
-            k = ks[row.rid]
-            if isinstance(row.proposer, ForcedDrafter):  # forced tokens on top of K, within the row's room
-                proposals[row.rid] = row.proposer.free_proposal(row.ids, k, row.req.room() - 1, row.req.params,
-                                                                row.req.generator, row.stop_rule)
-                advance(row.rid)
-            elif k > 0 and row.proposer is not None:
-                proposals[row.rid] = row.proposer.proposal(row.ids, k, row.req.params, row.req.generator,
-                                                           row.stop_rule)
-                advance(row.rid)
-            else:
-                drafts[row.rid] = empty_draft()
-        while feeds:
-            groups: dict[int, list[int]] = {}
-            for rid, (parent, _, _) in feeds.items():
-                groups.setdefault(id(parent), []).append(rid)
-            for rids in groups.values():
-                parent = feeds[rids[0]][0]
-                t = time.perf_counter()
-                results = _forward_isolated(parent, [BatchRow(feeds[r][1], feeds[r][2], 1) for r in rids])
-                share = (time.perf_counter() - t) * 1e3 / len(rids)
-                for rid, res in zip(rids, results):
-                    draft_ms[rid] += share
-                    if isinstance(res, BaseException):
-                        advance(rid, error=res)
-                    else:
-                        advance(rid, logits=res[-1])
-        return drafts, draft_ms, {rid: behind.get(rid, 0) for rid in draft_ms}, forced
-
-    def _forward(self, running: list[_Row], rows: list[BatchRow],
-                 out: dict[int, StreamChunk]) -> list[torch.Tensor | None]:
+    def _forward(self, running: list[Row], rows: list[BatchRow], fail: Fail) -> list[torch.Tensor | None]:
         """The batched target forward; the rows that fail (alone) leave the batch (their logits are None)."""
         result: list[torch.Tensor | None] = []
-        for row, res in zip(running, _forward_isolated(self.target, rows)):
+        for row, res in zip(running, forward_isolated(self.target, rows)):
             if isinstance(res, BaseException):
-                self._fail(row, res, out)
+                fail(row, res)
                 result.append(None)
             else:
                 result.append(res)
         return result
 
-    def _fail(self, row: _Row, error: BaseException, out: dict[int, StreamChunk]) -> None:
+    def _fail(self, row: Row, error: BaseException, out: dict[int, StreamChunk]) -> None:
         """Take a failed row out of the batch; its chunk carries the error."""
         self._running.pop(row.rid, None)
         self._release(row)
         out[row.rid] = StreamChunk([], "", error=error)
 
-    def _choose_k(self, decoding: list[_Row], out: dict[int, StreamChunk]) -> dict[int, int]:
+    def _choose_k(self, decoding: list[Row], fail: Fail) -> dict[int, int]:
+        """Each decoding row's K: its controller's, within its room, capped by the batch pricer (a row whose drafter
+        choice or controller fails goes to ``fail``)."""
         ks = {}
         for row in decoding:
             room = row.req.room()
@@ -569,7 +298,7 @@ class BatchEngine:
                 route(row.drafter, row.controller, row.ids)  # per-step drafter choice (MultiDrafter), as the engine
                 own = row.controller.next_k() if row.drafter is not None else 0
             except Exception as e:
-                self._fail(row, e, out)
+                fail(row, e)
                 continue
             ks[row.rid] = max(0, min(own, room - 1))
         estimates = []
@@ -602,7 +331,7 @@ class BatchEngine:
             self._drafters[key] = drafter_for(seq)
         return self._drafters[key]
 
-    def _first(self, row: _Row, logits: torch.Tensor) -> StreamChunk:
+    def _first(self, row: Row, logits: torch.Tensor) -> StreamChunk:
         """The prefill's token from the last prompt position's ``[1, V]`` logits: TTFT, then the drafter's
         prefill."""
         new, finish, lp = row.req.first(logits)
@@ -618,7 +347,7 @@ class BatchEngine:
         chunk.prompt_logprobs = row.req.prompt_logprobs
         return chunk
 
-    def _advance(self, row: _Row, k: int, draft: Draft, logits: torch.Tensor, draft_ms: float, forward_ms: float,
+    def _advance(self, row: Row, k: int, draft: Draft, logits: torch.Tensor, draft_ms: float, forward_ms: float,
                  step_start: float, batch: int, behind: int = 0, n_forced: int = 0) -> StreamChunk:
         """Verify one row's drafts on its logits (masked by its grammar, if any), cut its cache back, record the
         step (its controller sees it without the grammar's forced drafts)."""
@@ -641,7 +370,7 @@ class BatchEngine:
             row.draft_ms = per_token if row.draft_ms is None else 0.8 * row.draft_ms + 0.2 * per_token
         return self._chunk(row, new, finish, lp)
 
-    def _chunk(self, row: _Row, new: list[int], finish: str | None,
+    def _chunk(self, row: Row, new: list[int], finish: str | None,
                logprobs: list[TokenLogprob] | None = None) -> StreamChunk:
         if finish is None:  # cut() sets a finish reason at max_new_tokens and at the context window
             return row.req.chunk(new, logprobs)
@@ -663,7 +392,7 @@ class BatchEngine:
         """Keep valid ``{name: (draft_ms, feed_ms)}`` per token (draft_ms > 0, feed_ms >= 0) as :attr:`draft_costs`."""
         self.draft_costs.update({name: (float(d), float(f)) for name, (d, f) in costs.items() if d > 0 and f >= 0})
 
-    def _release(self, row: _Row) -> None:
+    def _release(self, row: Row) -> None:
         if row.drafter is not None and row.controller is not None:  # its draft models' measured costs price the
             try:  # next rows' first proposals
                 own = model_drafters(row.drafter)
