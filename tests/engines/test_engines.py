@@ -215,6 +215,15 @@ def test_engine_config_names_bad_input():
         EngineConfig.parse("llamacpp", "eagle:3")
     with pytest.raises(ConfigError, match="needs --llama-server"):
         scaleout.parse_args(["--out", "x", "--engines", "llamacpp"])
+    # a zero or negative rate (once a ZeroDivisionError deep in the open loop, after an engine had started)
+    base = ["--out", "x", "--engines", "llamacpp", "--llama-server", "/bin/true"]
+    for flag, value in (("--rate", "0"), ("--rate", "-1"), ("--rate", "fast"), ("--concurrency", "0")):
+        with pytest.raises(ConfigError, match=f"{flag} takes positive numbers"):
+            scaleout.parse_args(base + [flag, value])
+    with pytest.raises(ConfigError, match="at least one --concurrency or --rate"):
+        scaleout.parse_args(base + ["--concurrency", "", "--rate", ""])
+    s = scaleout.parse_args(base + ["--concurrency", "1,4", "--rate", "0.5,"])
+    assert (s.concurrency, s.rates, s.llama_setup.slots) == ([1, 4], [0.5], 4)
 
 
 def _row(engine, method, k, c, decode, spec=None):

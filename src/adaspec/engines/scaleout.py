@@ -287,6 +287,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         if EngineConfig(e) not in cs:
             cs.insert(0, EngineConfig(e))  # off is the baseline of every speedup
     gguf = cache_root() / "gguf"
+    rates, concurrency = _numbers(a.rate, float, "--rate"), _numbers(a.concurrency, int, "--concurrency")
+    if not concurrency and not rates:
+        raise ConfigError("give at least one --concurrency or --rate level to measure")
     if "vllm" in engines and not (a.vllm_venv and a.vllm_target):
         raise ConfigError("--engines vllm needs --vllm-venv and --vllm-target (docs/guide/scaleout.md: install)")
     if "llamacpp" in engines and not a.llama_server:
@@ -299,13 +302,32 @@ def parse_args(argv: list[str] | None = None) -> Settings:
             Path(a.llama_server or "llama-server"),
             Path(a.gguf_target or gguf / "qwen2.5-coder-1.5b-instruct.gguf"),
             Path(a.gguf_draft or gguf / "qwen2.5-coder-0.5b-instruct.gguf"),
-            slots=max(int(c) for c in a.concurrency.split(",")), threads=a.threads),
+            slots=max(concurrency, default=1), threads=a.threads),
         workload=a.workload, derive_prompts=a.derive_prompts, heldout_prompts=a.heldout_prompts,
-        max_tokens=a.max_tokens, concurrency=[int(c) for c in a.concurrency.split(",") if c.strip()],
-        rates=[float(r) for r in a.rate.split(",") if r.strip()], api=a.api,
+        max_tokens=a.max_tokens, concurrency=concurrency, rates=rates, api=a.api,
         live_profile=[e for e in a.live_profile.split(",") if e], startup_timeout_s=a.startup_timeout,
         note=a.note, command="python -m adaspec.engines.scaleout " + shlex.join(argv if argv is not None
                                                                                    else sys.argv[1:]))
+
+
+def _numbers(text: str, kind: type, flag: str) -> list:
+    """Comma-separated positive numbers (concurrencies or requests/s); an empty string is none.
+
+    Raises:
+        ConfigError: naming ``flag`` for a value that is not a positive number.
+    """
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        try:
+            value = kind(item)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise ConfigError(f"{flag} takes positive numbers separated by commas, not {item!r}")
+        out.append(value)
+    return out
 
 
 def _exit_on_signal(signum, frame) -> None:
