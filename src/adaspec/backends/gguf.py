@@ -119,7 +119,7 @@ class GgufBackend(Backend):
     #: Compact a multi-sequence cache after every truncation, so that the cells rows give back (rejected drafts,
     #: released rows) leave no holes between the others'. ik_llama.cpp needs it: with holes, its attention returned
     #: NaN logits for a newly admitted row, and the NaN written into the cells then reached every row
-    #: (tests/backends/test_gguf_shared_cache.py; docs/guide/server.md, "NaN logits").
+    #: (tests/backends/test_gguf_shared_cache.py; docs/findings/server.md, "NaN logits").
     compacts_holes = False
 
     # Subclass hooks ---------------------------------------------------------------------------------------
