@@ -17,7 +17,7 @@ import torch
 
 from adaspec.backends import gguf_trees
 from adaspec.backends.base import Backend, BatchRow
-from adaspec.backends.gguf_trees import _GrowingTree, _PendingTree
+from adaspec.backends.gguf_trees import GrowingTree, PendingTree
 from adaspec.errors import ConfigError
 
 
@@ -39,15 +39,8 @@ class GgufBackend(Backend):
     position), so every logit comes from the matrix-matrix kernels and greedy speculative output is token-for-token
     identical to plain greedy output on the same backend, at the cost of a two-token forward per plain step.
 
-    **Token trees** (runtimes with one unified cache: ik_llama.cpp; ``tree_sequences`` > 0). The branches of a tree
-    are sequences that share cells, as llama.cpp's own tree-speculation example does: each leaf gets a sequence id
-    after the rows' own (``max_sequences`` + j), the prefix's cells are added to every leaf's sequence
-    (``llama_kv_cache_seq_cp``, no copy of data in a unified cache), and each node is decoded once, tagged with the
-    sequences of every leaf below it. The runtime masks attention by a token's first sequence id and position
-    (``cells[i].has_seq_id(seq_id[j][0]) && cells[i].pos <= pos[j]``), so a node whose first id is a leaf below it
-    sees the prefix, the pending token and its ancestors only, at the position of its depth: SpecInfer's tree
-    attention, from the runtime's own masks. :meth:`keep_tree_path` adds the accepted path's cells to sequence 0 and
-    removes the leaves' sequences, which frees the rejected branches' cells.
+    **Token trees** (runtimes with one unified cache: ik_llama.cpp; ``tree_sequences`` > 0): the branches of a tree
+    are sequences that share cells (:mod:`adaspec.backends.gguf_trees`).
 
     Logits are returned as float32 ``[num_logits, V]`` CPU tensors.
     """
@@ -56,8 +49,8 @@ class GgufBackend(Backend):
     supports_batch_invariance = True
     _invariant = False
     tree_sequences = 0  # sequence ids after the rows' own held for tree leaves (0: no trees on this runtime)
-    _tree: _PendingTree | None = None  # between forward_tree and keep_tree_path
-    _grown: _GrowingTree | None = None  # between the first grow_tree and keep_tree_path
+    _tree: PendingTree | None = None  # between forward_tree and keep_tree_path
+    _grown: GrowingTree | None = None  # between the first grow_tree and keep_tree_path
 
     @property
     def batch_invariant(self) -> bool:
@@ -256,7 +249,7 @@ class GgufBackend(Backend):
             self._check_open()
         if not 0 <= length <= len(ids):
             raise ValueError(f"cannot truncate a cache of {len(ids)} tokens to {length}")
-        pending = self._tree.prefix + 1 if self._tree is not None else self._grown.prefix if self._grown else None
+        pending = gguf_trees.pending_root(self)
         if pending is not None and seq == 0:  # the nodes are not in sequence 0's cells: only back to the root
             if length > pending:
                 raise ValueError(f"{self.name}: a token tree is pending; keep a path (keep_tree_path) or truncate "

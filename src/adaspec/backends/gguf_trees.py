@@ -1,6 +1,15 @@
-"""Token trees on a GGUF runtime with one unified cache (ik_llama.cpp): :class:`~adaspec.backends.gguf.GgufBackend`'s
-tree methods, as functions of the backend (they read and write its sequences and its pending tree; see the
-class docstring, "Token trees").
+"""Token trees on a GGUF runtime with one unified cache (ik_llama.cpp; ``tree_sequences`` > 0):
+:class:`~adaspec.backends.gguf.GgufBackend`'s tree methods, as functions of the backend (they read and write its
+sequences and its pending tree).
+
+The branches of a tree are sequences that share cells, as llama.cpp's own tree-speculation example does: each leaf
+gets a sequence id after the rows' own (``max_sequences`` + j), the prefix's cells are added to every leaf's
+sequence (``llama_kv_cache_seq_cp``, no copy of data in a unified cache), and each node is decoded once, tagged with
+the sequences of every leaf below it. The runtime masks attention by a token's first sequence id and position
+(``cells[i].has_seq_id(seq_id[j][0]) && cells[i].pos <= pos[j]``), so a node whose first id is a leaf below it sees
+the prefix, the pending token and its ancestors only, at the position of its depth: SpecInfer's tree attention, from
+the runtime's own masks. :func:`keep_tree_path` adds the accepted path's cells to sequence 0 and removes the leaves'
+sequences, which frees the rejected branches' cells.
 """
 
 from __future__ import annotations
@@ -11,8 +20,10 @@ from typing import NamedTuple
 
 import torch
 
+from adaspec.tree import check_parents, depth_first_order, depths
 
-class _PendingTree(NamedTuple):
+
+class PendingTree(NamedTuple):
     """A tree decoded by :meth:`GgufBackend.forward_tree` whose path is not kept yet."""
 
     prefix: int  # sequence 0's length before the tree (the pending token sits at this position)
@@ -24,7 +35,7 @@ class _PendingTree(NamedTuple):
 
 
 @dataclass
-class _GrowingTree:
+class GrowingTree:
     """A tree grown by :meth:`GgufBackend.grow_tree` whose path is not kept yet."""
 
     prefix: int  # sequence 0's length before the tree (its nodes of depth 1 sit at this position)
@@ -36,7 +47,7 @@ class _GrowingTree:
 
 
 def forward_tree(backend, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-    """See :meth:`Backend.forward_tree`; the branches are sequences sharing cells (class docstring). Sequence 0
+    """See :meth:`Backend.forward_tree`; the branches are sequences sharing cells (module docstring). Sequence 0
     holds the prefix. Until :meth:`keep_tree_path` (or a truncation to the prefix and pending token) the backend
     refuses other forwards.
 
@@ -46,8 +57,6 @@ def forward_tree(backend, input_ids: Sequence[int], parents: Sequence[int]) -> t
             has more leaves than ``tree_sequences``, or a tree is already pending.
         ContextLengthError: the prefix plus every node exceeds ``max_context``.
     """
-    from adaspec.tree import check_parents, depth_first_order, depths
-
     if not backend.tree_sequences:
         raise NotImplementedError(f"{backend.name}: {backend.runtime} here cannot verify token trees")
     ids = [int(t) for t in input_ids]
@@ -86,13 +95,13 @@ def forward_tree(backend, input_ids: Sequence[int], parents: Sequence[int]) -> t
         backend._seq_rm(prefix, 0)
 
     out = backend._decode_items(items, n, undo, rows=[0] + [1 + i for i in order])  # logits in node order
-    backend._tree = _PendingTree(prefix, ids, parents, tree_seqs, [seqs[0] for seqs in node_seqs], order)
+    backend._tree = PendingTree(prefix, ids, parents, tree_seqs, [seqs[0] for seqs in node_seqs], order)
     backend._seqs[0].extend(ids)  # as :meth:`Backend.forward_tree` says: every node counted until a path is kept
     return torch.from_numpy(out)
 
 
 def grow_tree(backend, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-    """See :meth:`Backend.grow_tree`, with the branches as sequences sharing cells (class docstring): a node's
+    """See :meth:`Backend.grow_tree`, with the branches as sequences sharing cells (module docstring): a node's
     first child takes over its parent's sequence, every other child gets a new sequence holding the cells of the
     prefix, its ancestors and its parent (``llama_kv_cache_seq_cp`` over those positions, no data moves), and
     the call's nodes are decoded in one batch, each tagged with its own sequence. The tree holds at most
@@ -104,8 +113,6 @@ def grow_tree(backend, input_ids: Sequence[int], parents: Sequence[int]) -> torc
             the tree's sequences are used up, or a :meth:`forward_tree` tree is pending.
         ContextLengthError: the prefix plus every grown node exceeds ``max_context``.
     """
-    from adaspec.tree import check_parents, depths
-
     if not backend.tree_sequences:
         raise NotImplementedError(f"{backend.name}: {backend.runtime} here cannot grow token trees")
     if backend._tree is not None:
@@ -115,7 +122,7 @@ def grow_tree(backend, input_ids: Sequence[int], parents: Sequence[int]) -> torc
     m = len(ids)
     if m < 1 or len(parents) != m:
         raise ValueError(f"grow_tree needs m >= 1 nodes and as many parents, got {m} and {len(parents)}")
-    g = backend._grown or _GrowingTree(len(backend._seqs[0]))
+    g = backend._grown or GrowingTree(len(backend._seqs[0]))
     n = len(g.tokens)
     check_parents(g.parents + parents)
     if any(p >= n for p in parents):
@@ -162,17 +169,22 @@ def _keep_grown_path(backend, base: int, path: Sequence[int]) -> None:
     g = backend._grown
     if base != g.prefix:
         raise ValueError(f"{backend.name}: the grown tree starts after {g.prefix} cached entries, not {base}")
-    prev = -1
-    for p in path:
-        if not 0 <= p < len(g.parents) or g.parents[p] != prev:
-            raise ValueError(f"tree path {list(path)} does not follow the tree from its root")
-        prev = p
+    _check_root_path(path, g.parents)
     if path:  # the last node's sequence holds the prefix and exactly its ancestors up to its own position
         backend._lib.llama_kv_cache_seq_cp(backend._ctx, g.seq[path[-1]], 0, base, base + len(path))
     drop_tree(backend)
     backend._seqs[0][base:] = [g.tokens[p] for p in path]
     if path:
         backend._compact()  # the path's cells lie between rejected ones (see keep_tree_path)
+
+
+def _check_root_path(path: Sequence[int], parents: Sequence[int]) -> None:
+    """Raises ValueError unless ``path`` starts at a root and each node is the child of the one before."""
+    prev = -1
+    for p in path:
+        if not 0 <= p < len(parents) or parents[p] != prev:
+            raise ValueError(f"tree path {list(path)} does not follow the tree from its root")
+        prev = p
 
 
 def keep_tree_path(backend, base: int, path: Sequence[int]) -> None:
@@ -191,11 +203,7 @@ def keep_tree_path(backend, base: int, path: Sequence[int]) -> None:
     prefix, ids, parents, _, node_seq, order = backend._tree
     if base != prefix + 1:
         raise ValueError(f"{backend.name}: the pending tree starts after {prefix + 1} cached entries, not {base}")
-    prev = -1
-    for p in path:
-        if not 0 <= p < len(parents) or parents[p] != prev:
-            raise ValueError(f"tree path {list(path)} does not follow the tree from its root")
-        prev = p
+    _check_root_path(path, parents)
     if path:  # the path's cells join sequence 0: the last node's leaf sequence holds exactly its ancestors
         backend._lib.llama_kv_cache_seq_cp(backend._ctx, node_seq[path[-1]], 0, base, base + len(path))
     drop_tree(backend)
@@ -219,6 +227,14 @@ def drop_tree(backend) -> None:
         for s in backend._grown.seqs:
             backend._seq_rm(0, s)
         backend._grown = None
+
+
+def pending_root(backend) -> int | None:
+    """Cached entries of sequence 0 below a pending tree's nodes (the prefix and pending token of a
+    :func:`forward_tree`, the prefix of a :func:`grow_tree`); None when no tree is pending."""
+    if backend._tree is not None:
+        return backend._tree.prefix + 1
+    return backend._grown.prefix if backend._grown is not None else None
 
 
 def check_no_tree(backend) -> None:
