@@ -10,7 +10,7 @@ from typing import Any
 from adaspec.errors import ConfigError
 
 KINDS = ("json_object", "json_schema", "regex", "lark")
-#: llguidance compile options of every JSON grammar (see the module docstring).
+#: llguidance compile options of every JSON grammar: compact output (see :mod:`adaspec.structured`).
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 #: a JSON value large enough to be a mistake, in characters of its text (schemas, regexes, grammars).
 MAX_SOURCE_CHARS = 200_000
@@ -26,7 +26,7 @@ def _llguidance():
 
 @dataclass(frozen=True)
 class Constraint:
-    """What a request's output must be (see the module docstring); build it with the class methods.
+    """What a request's output must be (see :mod:`adaspec.structured`); build it with the class methods.
 
     Attributes:
         kind: one of :data:`KINDS`.

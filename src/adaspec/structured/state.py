@@ -21,11 +21,11 @@ class GrammarState:
     grammar's overhead on the request.
     """
 
-    def __init__(self, matcher, vocab_size: int) -> None:
+    def __init__(self, matcher, vocab_size: int, trigger: int | None = None) -> None:
         self._m = matcher
         self.vocab_size = vocab_size
         self.ms = 0.0
-        self.trigger: int | None = None  # a lazy grammar's trigger token (adaspec.constrained.RequestGrammar)
+        self.trigger = trigger  # a lazy grammar's trigger token (adaspec.constrained.RequestGrammar)
 
     # Reading ----------------------------------------------------------------------------------------------------
     def allowed(self) -> torch.Tensor:

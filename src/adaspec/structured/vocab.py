@@ -15,8 +15,8 @@ from adaspec.structured.state import GrammarState
 
 
 def parser_limits():
-    """Parser limits: llguidance's defaults made explicit (fuel ~50k/ms to build a lexer, ~14k/ms per mask step),
-    which bound one compile to well under a second and one mask to a few milliseconds of work."""
+    """Parser limits: llguidance's defaults made explicit; "fuel" bounds the work of building a grammar's lexer
+    (``initial_lexer_fuel``) and of each mask step (``step_lexer_fuel``, ``step_max_items``)."""
     llg = _llguidance()
     return llg.LLParserLimits(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, step_max_items=50_000,
                               max_grammar_size=500_000, verbose_errors=False)
@@ -24,7 +24,7 @@ def parser_limits():
 
 class GrammarVocab:
     """One model's vocabulary as the grammar engine sees it (token ids as the backend numbers them), with a cache
-    of compiled grammars. Build it once per model: :meth:`from_tokenizer` reads a Hugging Face tokenizer (~1 s).
+    of compiled grammars. Build it once per model (:meth:`from_tokenizer` reads a whole Hugging Face vocabulary).
 
     Args:
         tokenizer: an ``llguidance.LLTokenizer``.
@@ -151,7 +151,6 @@ class GrammarVocab:
                                      "model's vocabulary")
         return int(ids[0])
 
-
     def _special_literals(self, lark: str) -> str:
         """``lark`` with each quoted literal that this tokenizer reads as one special token (``"<tool_call>"`` in
         Qwen2.5's vocabulary) written as that token (``<[id]>``): the model emits such a text as its special token,
@@ -186,6 +185,4 @@ class CompiledGrammar:
         self.trigger = trigger
 
     def start(self) -> GrammarState:
-        state = GrammarState(self._matcher.deep_copy(), self.vocab_size)
-        state.trigger = self.trigger
-        return state
+        return GrammarState(self._matcher.deep_copy(), self.vocab_size, self.trigger)
