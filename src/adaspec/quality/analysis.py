@@ -8,7 +8,7 @@ from collections import defaultdict
 from adaspec.compare import parse_method
 from adaspec.errors import AdaspecError
 from adaspec.quality.gsm8k import is_correct, reference_answer
-from adaspec.quality.scoring import GSM8K_TASKS, STRUCTURED, _hash, _problems
+from adaspec.quality.scoring import GSM8K_TASKS, STRUCTURED, text_hash, task_problems
 from adaspec.quality.stats import paired_difference, wilson_interval
 
 
@@ -30,12 +30,12 @@ def analyse(task: str, rows: list[dict], scores: dict[tuple[str, str], bool], th
         raise AdaspecError(f"{task}: no plain-decoding rows to compare with")
 
     def correct(r: dict) -> bool:
-        return scores[(r["prompt_id"], _hash(r["text"]))]
+        return scores[(r["prompt_id"], text_hash(r["text"]))]
 
     def cut(r: dict) -> bool:
         return r.get("finish_reason") == "length"
 
-    references = {pid: reference_answer(row["answer"]) for pid, row in _problems(task).items()} \
+    references = {pid: reference_answer(row["answer"]) for pid, row in task_problems(task).items()} \
         if task in GSM8K_TASKS else {}
 
     def stated(r: dict) -> bool:

@@ -21,9 +21,11 @@ answer to "did speculation change my results" is task accuracy measured on both,
 The threshold is measured, not assumed: :func:`kernel_noise` runs the same tokens through the target one at a time
 and K + 1 at a time and takes the largest logit difference; two logits each off by at most that much can swap when
 their margin is below twice it, and the threshold is 4× the noise (a 2× safety factor for noise accumulated in the
-cache over a long generation). A strict method claims more, bit-exactness: any divergence from ``plain+strict`` fails the run. Lossy methods
-(``+typical``, ``+topk``, ``+bild``) are labelled and compared on speed
-and accuracy; identity is not expected of them.
+cache over a long generation). A strict method claims more, bit-exactness: any divergence from ``plain+strict``
+fails the run. Lossy methods (``+typical``, ``+topk``, ``+bild``) are labelled and compared on speed and accuracy;
+identity is not expected of them.
+
+Modules: :mod:`.noise` (the threshold), :mod:`.scoring`, :mod:`.analysis`, :mod:`.report`; this one runs them.
 """
 
 from __future__ import annotations

@@ -35,11 +35,12 @@ def humaneval_completion(text: str, problem: dict) -> str:
     return code
 
 
-def _problems(task: str) -> dict[str, dict]:
+def task_problems(task: str) -> dict[str, dict]:
+    """A task's problems by prompt id (HumanEval's task ids; GSM8K's row numbers, as ``load_workload`` gives them)."""
     rows = list(read_rows(data_dir() / FILES["gsm8k" if task in GSM8K_TASKS else task]))
     if task == "humaneval":
         return {r["task_id"]: r for r in rows}
-    return {str(i): r for i, r in enumerate(rows)}  # the ids load_workload gives GSM8K rows
+    return {str(i): r for i, r in enumerate(rows)}
 
 
 def score_rows(task: str, rows: list[dict], cache_path: Path, *, timeout_s: float = 10.0,
@@ -47,15 +48,15 @@ def score_rows(task: str, rows: list[dict], cache_path: Path, *, timeout_s: floa
     """Score every row's text; returns ``{(prompt_id, text hash): correct}``. Scores are appended to
     ``cache_path`` (JSONL) and reused, so a rerun executes no completion twice."""
     if task == STRUCTURED:  # graded as generated (adaspec.compare): right = schema-valid with every field exact
-        return {(r["prompt_id"], _hash(r["text"])): bool(r.get("valid")) and r.get("exact") == 1.0 for r in rows}
-    problems = _problems(task)
+        return {(r["prompt_id"], text_hash(r["text"])): bool(r.get("valid")) and r.get("exact") == 1.0 for r in rows}
+    problems = task_problems(task)
     cache: dict[tuple[str, str], bool] = {}
     for r in read_results(cache_path):
         if r.get("task") == task:
             cache[(r["prompt_id"], r["hash"])] = r["correct"]
     todo = {}
     for r in rows:
-        key = (r["prompt_id"], _hash(r["text"]))
+        key = (r["prompt_id"], text_hash(r["text"]))
         if key not in cache:
             todo[key] = r
     if todo:
@@ -77,5 +78,6 @@ def score_rows(task: str, rows: list[dict], cache_path: Path, *, timeout_s: floa
     return cache
 
 
-def _hash(text: str) -> str:
+def text_hash(text: str) -> str:
+    """A completion's key in the score cache: 16 hex digits of its SHA-1."""
     return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
