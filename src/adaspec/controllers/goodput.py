@@ -77,6 +77,7 @@ from dataclasses import dataclass
 import torch
 
 from adaspec.backends.base import Backend
+from adaspec.controllers.acceptance import Acceptance
 from adaspec.controllers.base import Controller
 from adaspec.backends.costcurve import DEFAULT_WIDTHS, measure_verify_curve
 from adaspec.controllers.costmodel import (BUCKET_EDGES, MeasuredCosts, Recent, _nearest,  # noqa: F401 (re-exported)
@@ -87,39 +88,6 @@ from adaspec.errors import ConfigError
 from adaspec.stats import StepRecord
 
 CostModel = MeasuredCosts  # its name here before issue 40 (docs/results/issue15/seed_drift.py imports it)
-
-
-class Acceptance:
-    """Per-position acceptance of one drafter: forgetful counts, shrunk toward the previous position."""
-
-    def __init__(self, positions: int, forget: float, shrink: float, prior: float) -> None:
-        self.accepted = [0.0] * positions
-        self.reached = [0.0] * positions
-        self.forget, self.shrink, self.prior = forget, shrink, prior
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        for i in range(len(self.reached)):
-            self.accepted[i] *= self.forget
-            self.reached[i] *= self.forget
-        for i in range(min(drafted, len(self.reached))):
-            if i < accepted:
-                self.accepted[i] += 1.0
-                self.reached[i] += 1.0
-            else:  # the first rejected position; later ones were never judged
-                self.reached[i] += 1.0
-                break
-
-    def scale(self, factor: float) -> None:
-        self.accepted = [a * factor for a in self.accepted]
-        self.reached = [r * factor for r in self.reached]
-
-    def rates(self) -> list[float]:
-        """α[i] for each position i."""
-        out, previous = [], self.prior
-        for acc, reached in zip(self.accepted, self.reached):
-            previous = (acc + self.shrink * previous) / (reached + self.shrink)
-            out.append(previous)
-        return out
 
 
 @dataclass(frozen=True)
