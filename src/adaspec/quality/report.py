@@ -11,6 +11,15 @@ def _pct(x: float) -> str:
     return "—" if x != x else f"{100 * x:.1f}%"
 
 
+def _accuracy_cells(s: dict) -> str:
+    """The cells accuracy, its 95 % CI, Δ vs plain, its 95 % CI, McNemar p and discordant prompts of ``s`` (an
+    ``analyse`` entry, or its ``stated`` part)."""
+    v = s["vs_plain"]
+    return (f"{_pct(s['accuracy'])} | {_pct(s['ci95'][0])}–{_pct(s['ci95'][1])} | "
+            f"{100 * v['diff']:+.1f} pt | {100 * v['ci95'][0]:+.1f}…{100 * v['ci95'][1]:+.1f} | "
+            f"{v['p_mcnemar']:.3f} | {v['c']}/{v['b']}")
+
+
 def markdown(results: dict[str, dict[str, dict]], meta: dict) -> str:
     """The evaluation report (per task: one table of methods, then the divergences)."""
     lines = [f"# Quality: plain vs speculative decoding — {meta['target']}", "",
@@ -32,12 +41,9 @@ def markdown(results: dict[str, dict[str, dict]], meta: dict) -> str:
                   "|---|---|---:|---|---:|---|---:|---:|---:|---|---:|---:|---:|"]
         for m, s in stats.items():
             kind = "lossy" if s["lossy"] else "lossless, strict" if s["strict"] else "lossless"
-            v = s["vs_plain"]
             margins = [dv["ref_margin"] for dv in s["divergences"] if dv["ref_margin"] is not None]
             div = f"{len(s['divergences'])}" + (f" ({max(margins):.3g})" if margins and not s["lossy"] else "")
-            lines.append(f"| {m} | {kind} | {_pct(s['accuracy'])} | {_pct(s['ci95'][0])}–{_pct(s['ci95'][1])} | "
-                         f"{100 * v['diff']:+.1f} pt | {100 * v['ci95'][0]:+.1f}…{100 * v['ci95'][1]:+.1f} | "
-                         f"{v['p_mcnemar']:.3f} | {v['c']}/{v['b']} | {_pct(s['identical'])} | {div} | "
+            lines.append(f"| {m} | {kind} | {_accuracy_cells(s)} | {_pct(s['identical'])} | {div} | "
                          f"{_pct(s['truncated'])} | {s['tokens_per_s']:.2f} | {s['speedup']:.2f}x |")
         if any("stated" in s for s in stats.values()):
             lines += ["", "Scoring only the answer the text states (`####`, \"the answer is\", `\\boxed{}`; no "
@@ -45,11 +51,7 @@ def markdown(results: dict[str, dict[str, dict]], meta: dict) -> str:
                           "then scores as wrong instead of by whichever number its reasoning stopped at.", "",
                       "| method | accuracy (stated) | 95 % CI | Δ vs plain | 95 % CI | McNemar p | discordant |",
                       "|---|---:|---|---:|---|---:|---:|"]
-            for m, s in stats.items():
-                st, v = s["stated"], s["stated"]["vs_plain"]
-                lines.append(f"| {m} | {_pct(st['accuracy'])} | {_pct(st['ci95'][0])}–{_pct(st['ci95'][1])} | "
-                             f"{100 * v['diff']:+.1f} pt | {100 * v['ci95'][0]:+.1f}…{100 * v['ci95'][1]:+.1f} | "
-                             f"{v['p_mcnemar']:.3f} | {v['c']}/{v['b']} |")
+            lines += [f"| {m} | {_accuracy_cells(s['stated'])} |" for m, s in stats.items()]
         if any("structured" in s for s in stats.values()):
             lines += ["", "Structured output: accuracy above counts an answer right when it is schema-valid (finished, "
                           "JSON following the schema or a well-formed call of the tool) with every expected field "
