@@ -35,7 +35,7 @@ import torch
 
 from adaspec.drafters.base import Draft
 from adaspec.sampling import SamplingParams, logits_to_probs, sample
-from adaspec.structured import GrammarState, mask_logits
+from adaspec.structured.state import GrammarState, mask_logits
 
 
 def cut_draft(state: GrammarState, draft: Draft) -> tuple[Draft, torch.Tensor | None]:

@@ -39,7 +39,9 @@ from adaspec.request import (  # noqa: F401 (re-exported: adaspec.engine is wher
 from adaspec.request_state import RequestState
 from adaspec.sampling import logits_to_probs
 from adaspec.stats import StepRecord
-from adaspec.structured import Constraint, GrammarState, GrammarVocab
+from adaspec.structured.constraint import Constraint
+from adaspec.structured.state import GrammarState
+from adaspec.structured.vocab import GrammarVocab
 from adaspec.tree import path_rows, verify_tree_greedy, verify_tree_sampling
 from adaspec.verify import common_width, in_vocab
 

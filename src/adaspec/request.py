@@ -19,7 +19,7 @@ from adaspec.logprobs import TokenLogprob
 from adaspec.processors import LogitsControls
 from adaspec.sampling import SamplingParams
 from adaspec.stats import GenerationStats
-from adaspec.structured import Constraint, constraint_of
+from adaspec.structured.constraint import Constraint, constraint_of
 from adaspec.text import TextStream
 from adaspec.tree import check_budget
 from adaspec.verify import parse_lossy

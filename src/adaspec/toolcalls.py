@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adaspec.errors import ConfigError
-from adaspec.structured import JSON_OPTIONS, Constraint
+from adaspec.structured.constraint import JSON_OPTIONS, Constraint
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)

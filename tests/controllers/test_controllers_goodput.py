@@ -12,7 +12,7 @@ from adaspec.backends import Backend, costcurve
 from adaspec.backends.costcurve import DEFAULT_WIDTHS, interpolate, measure_verify_curve
 from adaspec.controllers import GoodputController, make_controller
 from adaspec.controllers.costmodel import MeasuredCosts, Recent, bucket_of, expected_tokens
-from adaspec.controllers.goodput import Acceptance
+from adaspec.controllers.acceptance import Acceptance
 from adaspec.errors import ConfigError
 from adaspec.stats import StepRecord
 

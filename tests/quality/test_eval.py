@@ -8,11 +8,12 @@ import pytest
 
 from adaspec.compare import parse_method
 from adaspec.errors import AdaspecError, ConfigError
-from adaspec.quality import evaluate
+from adaspec.quality import evaluate, scoring
+from adaspec.quality.gsm8k import is_correct, reference_answer
 from adaspec.quality.evaluate import analyse, humaneval_completion, score_rows
 from adaspec.workloads import load_workload
 
-PROBLEMS = evaluate._problems("humaneval")
+PROBLEMS = scoring.task_problems("humaneval")
 FIRST = next(iter(PROBLEMS.values()))  # HumanEval/0 style row: prompt, canonical_solution, test, entry_point
 
 
@@ -45,7 +46,7 @@ def test_score_rows_executes_once_and_caches(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("executed again")
 
-    monkeypatch.setattr(evaluate, "check_humaneval", boom)
+    monkeypatch.setattr(scoring, "check_humaneval", boom)
     assert score_rows("humaneval", rows, cache, progress=False) == scores
 
 
@@ -74,7 +75,7 @@ def test_analyse_pairs_methods_and_flags_large_margin_divergences():
         # a lossy method diverges at a large margin: reported, never a failure
         rows.append(_row(pid, "hybrid/goodput+topk:2", [1, 2, 7, 4], f"c{i}", [5.0, 0.01, 1.0, 2.0], ms=500))
     for r in rows:
-        scores[(r["prompt_id"], evaluate._hash(r["text"]))] = r["text"].startswith("a") or r["text"] == "c1"
+        scores[(r["prompt_id"], scoring.text_hash(r["text"]))] = r["text"].startswith("a") or r["text"] == "c1"
     out = analyse("humaneval", rows, scores, threshold=0.1)
     plain, spec, lossy = out["plain"], out["hybrid/goodput"], out["hybrid/goodput+topk:2"]
     assert plain["accuracy"] == 1.0 and plain["identical"] == 1.0
@@ -99,7 +100,7 @@ def test_analyse_splits_identity_and_speed_by_machine():
         rows.append(_row(pid, "plain", [1, 2, 3, 4], "a", [5.0, 0.01, 3.0, 2.0], ms=plain_ms) | {"cpu": cpu})
         tokens = [1, 9, 3, 4] if i == 4 else [1, 2, 3, 4]  # one divergence, on the second machine
         rows.append(_row(pid, "ngram/goodput", tokens, "a", [5.0, 0.02, 3.0, 2.0], ms=spec_ms) | {"cpu": cpu})
-    scores = {(r["prompt_id"], evaluate._hash(r["text"])): True for r in rows}
+    scores = {(r["prompt_id"], scoring.text_hash(r["text"])): True for r in rows}
     spec = analyse("humaneval", rows, scores, threshold=0.1)["ngram/goodput"]
     assert spec["identical"] == pytest.approx(0.8)
     amd, xeon = spec["machines"]["AMD (AVX2)"], spec["machines"]["Xeon (AVX-512)"]
@@ -121,8 +122,8 @@ def test_analyse_splits_identity_and_speed_by_machine():
 def test_gsm8k_analysis_counts_cut_answers_and_scores_stated_answers():
     """Two answers cut mid-way by the token limit: the last-number fallback scores one right by luck, the stated
     score (no fallback) counts both wrong; a finished answer scores the same both ways."""
-    problems = evaluate._problems("gsm8k")
-    ref = {pid: evaluate.reference_answer(problems[pid]["answer"]) for pid in ("0", "1")}
+    problems = scoring.task_problems("gsm8k")
+    ref = {pid: reference_answer(problems[pid]["answer"]) for pid in ("0", "1")}
     rows = []
     for pid, r in ref.items():
         wrong = str(int(float(r)) + 1)
@@ -130,7 +131,7 @@ def test_gsm8k_analysis_counts_cut_answers_and_scores_stated_answers():
         lucky = f"so far {r}" if pid == "0" else f"Thus \\boxed{{{r}}}."
         rows.append(_row(pid, "hybrid/goodput", [1, 4, 3], lucky, [1.0, 0.04, 1.0])
                     | {"finish_reason": "length" if pid == "0" else "stop"})
-    scores = {(r["prompt_id"], evaluate._hash(r["text"])): evaluate.is_correct(r["text"], ref[r["prompt_id"]])
+    scores = {(r["prompt_id"], scoring.text_hash(r["text"])): is_correct(r["text"], ref[r["prompt_id"]])
               for r in rows}
     out = analyse("gsm8k", rows, scores, threshold=1.0)
     plain, spec = out["plain"], out["hybrid/goodput"]
@@ -195,7 +196,7 @@ def test_score_rows_gsm8k_cot_uses_the_gsm8k_answers(tmp_path):
     rows = [_row(pid, "plain", [1, 2], "A: She sells 16 - 3 - 4 = 9 eggs. 9 * 2 = 18. The answer is 18.", [1.0, 0.1]),
             _row(pid, "ngram/goodput", [1, 3], "A: 16 - 3 = 13. 13 * 2 = 26. The answer is 26.", [1.0, 0.1])]
     scores = score_rows("gsm8k-cot", rows, tmp_path / "s.jsonl", progress=False)
-    assert [scores[(pid, evaluate._hash(r["text"]))] for r in rows] == [True, False]
+    assert [scores[(pid, scoring.text_hash(r["text"]))] for r in rows] == [True, False]
     stats = analyse("gsm8k-cot", rows, scores, threshold=1.0)
     assert stats["ngram/goodput"]["stated"]["accuracy"] == 0.0 and stats["plain"]["stated"]["accuracy"] == 1.0
 
@@ -209,7 +210,7 @@ def test_structured_rows_score_validity_and_exact_fields(tmp_path):
         rows.append({**_row(f"s{i}", "ngram/goodput", [1, 2], f"p{i}", [1.0, 1.0]), "valid": valid,
                      "exact": exact})
     scores = score_rows("structured", rows, tmp_path / "s.jsonl", progress=False)
-    assert [scores[(f"s{i}", evaluate._hash(f"p{i}"))] for i in range(3)] == [True, False, False]
+    assert [scores[(f"s{i}", scoring.text_hash(f"p{i}"))] for i in range(3)] == [True, False, False]
     stats = analyse("structured", rows, scores, threshold=1.0)
     spec = stats["ngram/goodput"]
     assert spec["accuracy"] == pytest.approx(1 / 3) and spec["identical"] == 1.0

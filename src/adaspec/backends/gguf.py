@@ -10,38 +10,15 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from adaspec.backends import gguf_trees
 from adaspec.backends.base import Backend, BatchRow
+from adaspec.backends.gguf_trees import GrowingTree, PendingTree
 from adaspec.errors import ConfigError
-
-
-class _PendingTree(NamedTuple):
-    """A tree decoded by :meth:`GgufBackend.forward_tree` whose path is not kept yet."""
-
-    prefix: int  # sequence 0's length before the tree (the pending token sits at this position)
-    ids: list[int]  # [pending] + nodes
-    parents: list[int]
-    leaf_seqs: list[int]  # the leaves' sequence ids
-    node_seq: list[int]  # each node's first sequence id: a leaf below it, whose cells are exactly its ancestors
-    order: list[int]  # the nodes in batch (and so cell) order
-
-
-@dataclass
-class _GrowingTree:
-    """A tree grown by :meth:`GgufBackend.grow_tree` whose path is not kept yet."""
-
-    prefix: int  # sequence 0's length before the tree (its nodes of depth 1 sit at this position)
-    tokens: list[int] = field(default_factory=list)
-    parents: list[int] = field(default_factory=list)
-    seq: list[int] = field(default_factory=list)  # each node's sequence: the prefix, its ancestors and itself
-    claimed: set[int] = field(default_factory=set)  # nodes whose sequence a child took over
-    seqs: list[int] = field(default_factory=list)  # the tree's sequence ids
 
 
 class GgufBackend(Backend):
@@ -62,15 +39,8 @@ class GgufBackend(Backend):
     position), so every logit comes from the matrix-matrix kernels and greedy speculative output is token-for-token
     identical to plain greedy output on the same backend, at the cost of a two-token forward per plain step.
 
-    **Token trees** (runtimes with one unified cache: ik_llama.cpp; ``tree_sequences`` > 0). The branches of a tree
-    are sequences that share cells, as llama.cpp's own tree-speculation example does: each leaf gets a sequence id
-    after the rows' own (``max_sequences`` + j), the prefix's cells are added to every leaf's sequence
-    (``llama_kv_cache_seq_cp``, no copy of data in a unified cache), and each node is decoded once, tagged with the
-    sequences of every leaf below it. The runtime masks attention by a token's first sequence id and position
-    (``cells[i].has_seq_id(seq_id[j][0]) && cells[i].pos <= pos[j]``), so a node whose first id is a leaf below it
-    sees the prefix, the pending token and its ancestors only, at the position of its depth: SpecInfer's tree
-    attention, from the runtime's own masks. :meth:`keep_tree_path` adds the accepted path's cells to sequence 0 and
-    removes the leaves' sequences, which frees the rejected branches' cells.
+    **Token trees** (runtimes with one unified cache: ik_llama.cpp; ``tree_sequences`` > 0): the branches of a tree
+    are sequences that share cells (:mod:`adaspec.backends.gguf_trees`).
 
     Logits are returned as float32 ``[num_logits, V]`` CPU tensors.
     """
@@ -79,8 +49,8 @@ class GgufBackend(Backend):
     supports_batch_invariance = True
     _invariant = False
     tree_sequences = 0  # sequence ids after the rows' own held for tree leaves (0: no trees on this runtime)
-    _tree: _PendingTree | None = None  # between forward_tree and keep_tree_path
-    _grown: _GrowingTree | None = None  # between the first grow_tree and keep_tree_path
+    _tree: PendingTree | None = None  # between forward_tree and keep_tree_path
+    _grown: GrowingTree | None = None  # between the first grow_tree and keep_tree_path
 
     @property
     def batch_invariant(self) -> bool:
@@ -240,198 +210,30 @@ class GgufBackend(Backend):
         return self.tree_sequences
 
     def forward_tree(self, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        """See :meth:`Backend.forward_tree`; the branches are sequences sharing cells (class docstring). Sequence 0
-        holds the prefix. Until :meth:`keep_tree_path` (or a truncation to the prefix and pending token) the backend
-        refuses other forwards.
-
-        Raises:
-            NotImplementedError: this runtime holds no tree sequences.
-            ValueError: ``parents`` is not a topologically ordered forest over ``len(input_ids) - 1`` nodes, the tree
-                has more leaves than ``tree_sequences``, or a tree is already pending.
-            ContextLengthError: the prefix plus every node exceeds ``max_context``.
-        """
-        from adaspec.tree import check_parents, depth_first_order, depths
-
-        if not self.tree_sequences:
-            raise NotImplementedError(f"{self.name}: {self.runtime} here cannot verify token trees")
-        ids = [int(t) for t in input_ids]
-        n = len(ids)
-        if len(parents) != n - 1:
-            raise ValueError(f"a tree over {n - 1} nodes needs {n - 1} parents, got {len(parents)}")
-        parents = [int(p) for p in parents]
-        check_parents(parents)
-        self._check_no_tree()
-        self._check_open()
-        self.check_forward(n, n)
-        has_child = set(parents)
-        leaves = [i for i in range(n - 1) if i not in has_child]
-        if len(leaves) > self.tree_sequences:
-            raise ValueError(f"{self.name}: a tree with {len(leaves)} leaves; this backend holds "
-                             f"{self.tree_sequences} tree sequences")
-        first = self.max_sequences
-        node_seqs: list[list[int]] = [[] for _ in range(n - 1)]
-        for j, leaf in enumerate(leaves):  # each node's sequences: the leaves below it, the first leaf's first
-            node = leaf
-            while node >= 0:
-                node_seqs[node].append(first + j)
-                node = parents[node]
-        prefix = len(self._seqs[0])
-        tree_seqs = list(range(first, first + len(leaves)))
-        for s in tree_seqs:  # the prefix's cells join every branch (a unified cache shares them, no data moves)
-            self._lib.llama_kv_cache_seq_cp(self._ctx, 0, s, 0, -1)
-        depth = depths(parents)
-        order = depth_first_order(parents)  # the batch (and so the cells) with the main path first
-        items = [((0, *tree_seqs), prefix, ids[0], True)]
-        items += [(tuple(node_seqs[i]), prefix + depth[i], ids[i + 1], True) for i in order]
-
-        def undo() -> None:
-            for s in tree_seqs:
-                self._seq_rm(0, s)
-            self._seq_rm(prefix, 0)
-
-        out = self._decode_items(items, n, undo, rows=[0] + [1 + i for i in order])  # logits in node order
-        self._tree = _PendingTree(prefix, ids, parents, tree_seqs, [seqs[0] for seqs in node_seqs], order)
-        self._seqs[0].extend(ids)  # as :meth:`Backend.forward_tree` says: every node counted until a path is kept
-        return torch.from_numpy(out)
+        """See :func:`adaspec.backends.gguf_trees.forward_tree`."""
+        return gguf_trees.forward_tree(self, input_ids, parents)
 
     @property
     def supports_tree_growth(self) -> bool:  # type: ignore[override]
         return self.tree_sequences > 0
 
     def grow_tree(self, input_ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        """See :meth:`Backend.grow_tree`, with the branches as sequences sharing cells (class docstring): a node's
-        first child takes over its parent's sequence, every other child gets a new sequence holding the cells of the
-        prefix, its ancestors and its parent (``llama_kv_cache_seq_cp`` over those positions, no data moves), and
-        the call's nodes are decoded in one batch, each tagged with its own sequence. The tree holds at most
-        ``tree_sequences`` sequences (``max_tree_nodes`` nodes always fit).
-
-        Raises:
-            NotImplementedError: this runtime holds no tree sequences.
-            ValueError: a parent out of range or among this call's nodes (this backend grows one level per call),
-                the tree's sequences are used up, or a :meth:`forward_tree` tree is pending.
-            ContextLengthError: the prefix plus every grown node exceeds ``max_context``.
-        """
-        from adaspec.tree import check_parents, depths
-
-        if not self.tree_sequences:
-            raise NotImplementedError(f"{self.name}: {self.runtime} here cannot grow token trees")
-        if self._tree is not None:
-            raise ValueError(f"{self.name}: a token tree is pending; keep a path first")
-        self._check_open()
-        ids, parents = [int(t) for t in input_ids], [int(p) for p in parents]
-        m = len(ids)
-        if m < 1 or len(parents) != m:
-            raise ValueError(f"grow_tree needs m >= 1 nodes and as many parents, got {m} and {len(parents)}")
-        g = self._grown or _GrowingTree(len(self._seqs[0]))
-        n = len(g.tokens)
-        check_parents(g.parents + parents)
-        if any(p >= n for p in parents):
-            raise ValueError(f"{self.name}: grow_tree adds one level per call: a parent must be a node of an earlier "
-                             f"call (< {n}), got {parents}")
-        self.check_forward(m, m)
-        depth = depths(g.parents + parents)
-        free = [s for s in range(self.max_sequences, self.max_sequences + self.tree_sequences) if s not in g.seqs]
-        copies, seqs, claimed = [], [], set()  # (from, to, first position, end position)
-        for p in parents:
-            if p >= 0 and p not in g.claimed and p not in claimed:
-                claimed.add(p)
-                seqs.append(g.seq[p])
-                continue
-            if not free:
-                raise ValueError(f"{self.name}: a grown tree needs more than its {self.tree_sequences} sequences")
-            s = free.pop(0)
-            # the prefix (all of sequence 0), or the parent's sequence up to the parent's position
-            copies.append((0, s, 0, -1) if p < 0 else (g.seq[p], s, 0, g.prefix + depth[p]))
-            seqs.append(s)
-        new = [c[1] for c in copies]
-        for src, dst, p0, p1 in copies:
-            self._lib.llama_kv_cache_seq_cp(self._ctx, src, dst, p0, p1)
-        items = [((s,), g.prefix + d - 1, t, True) for s, d, t in zip(seqs, depth[n:], ids)]
-
-        def undo() -> None:
-            for s in new:
-                self._seq_rm(0, s)
-            for p in claimed:  # the cells added after the parent's position
-                self._seq_rm(g.prefix + depth[p], g.seq[p])
-
-        out = self._decode_items(items, m, undo)
-        g.tokens += ids
-        g.parents += parents
-        g.seq += seqs
-        g.claimed |= claimed
-        g.seqs += new
-        self._grown = g
-        self._seqs[0].extend(ids)  # every node counted until a path is kept, as forward_tree does
-        return torch.from_numpy(out)
-
-    def _keep_grown_path(self, base: int, path: Sequence[int]) -> None:
-        g = self._grown
-        if base != g.prefix:
-            raise ValueError(f"{self.name}: the grown tree starts after {g.prefix} cached entries, not {base}")
-        prev = -1
-        for p in path:
-            if not 0 <= p < len(g.parents) or g.parents[p] != prev:
-                raise ValueError(f"tree path {list(path)} does not follow the tree from its root")
-            prev = p
-        if path:  # the last node's sequence holds the prefix and exactly its ancestors up to its own position
-            self._lib.llama_kv_cache_seq_cp(self._ctx, g.seq[path[-1]], 0, base, base + len(path))
-        self._drop_tree()
-        self._seqs[0][base:] = [g.tokens[p] for p in path]
-        if path:
-            self._compact()  # the path's cells lie between rejected ones (see keep_tree_path)
+        """See :func:`adaspec.backends.gguf_trees.grow_tree`."""
+        return gguf_trees.grow_tree(self, input_ids, parents)
 
     def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
-        """See :meth:`Backend.forward_tree`: ``base`` must be the prefix plus the pending token (after
-        :meth:`grow_tree`: the prefix), and ``path`` a path from the root (each node the child of the one before;
-        ``[]`` keeps none).
-
-        Raises:
-            ValueError: no tree is pending, ``base`` is not where it starts, or ``path`` is not a root path.
-        """
-        if self._grown is not None:
-            self._keep_grown_path(base, path)
-            return
-        if self._tree is None:
-            raise ValueError(f"{self.name}: keep_tree_path without a tree forward before it")
-        prefix, ids, parents, _, node_seq, order = self._tree
-        if base != prefix + 1:
-            raise ValueError(f"{self.name}: the pending tree starts after {prefix + 1} cached entries, not {base}")
-        prev = -1
-        for p in path:
-            if not 0 <= p < len(parents) or parents[p] != prev:
-                raise ValueError(f"tree path {list(path)} does not follow the tree from its root")
-            prev = p
-        if path:  # the path's cells join sequence 0: the last node's leaf sequence holds exactly its ancestors
-            self._lib.llama_kv_cache_seq_cp(self._ctx, node_seq[path[-1]], 0, base, base + len(path))
-        self._drop_tree()
-        self._seqs[0][base:] = [ids[1 + p] for p in path]
-        if list(path) != order[:len(path)]:
-            # a side branch was kept: rejected nodes left holes between the kept cells. ik_llama.cpp's attention
-            # depends on the cells' layout (with holes left in, SmolLM2-135M's logits drifted 4-9 logits from a
-            # chain fed the same tokens within 7-24 steps; tests/backends/test_tree_gguf.py), so the cache is compacted at
-            # once (about 1 ms). The first path's nodes come first in the batch, so keeping a prefix of it leaves no
-            # hole, as a chain's rejection does.
-            self._compact()
+        """See :func:`adaspec.backends.gguf_trees.keep_tree_path`."""
+        gguf_trees.keep_tree_path(self, base, path)
 
     def _compact(self) -> None:
         """Move the cache's cells together (no holes). Runtimes with trees implement it."""
         raise NotImplementedError(f"{self.name}: {self.runtime} cannot compact its cache")
 
     def _drop_tree(self) -> None:
-        """Remove the tree's sequences (cells only they hold are freed)."""
-        if self._tree is not None:
-            for s in self._tree.leaf_seqs:
-                self._seq_rm(0, s)
-            self._tree = None
-        if self._grown is not None:
-            for s in self._grown.seqs:
-                self._seq_rm(0, s)
-            self._grown = None
+        gguf_trees.drop_tree(self)
 
     def _check_no_tree(self) -> None:
-        if self._tree is not None or self._grown is not None:
-            raise ValueError(f"{self.name}: a token tree is pending; keep a path (keep_tree_path) or truncate to the "
-                             "prefix and pending token first")
+        gguf_trees.check_no_tree(self)
 
     def _check_open(self) -> None:
         if self._ctx is None:
@@ -447,7 +249,7 @@ class GgufBackend(Backend):
             self._check_open()
         if not 0 <= length <= len(ids):
             raise ValueError(f"cannot truncate a cache of {len(ids)} tokens to {length}")
-        pending = self._tree.prefix + 1 if self._tree is not None else self._grown.prefix if self._grown else None
+        pending = gguf_trees.pending_root(self)
         if pending is not None and seq == 0:  # the nodes are not in sequence 0's cells: only back to the root
             if length > pending:
                 raise ValueError(f"{self.name}: a token tree is pending; keep a path (keep_tree_path) or truncate "

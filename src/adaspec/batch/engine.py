@@ -24,7 +24,8 @@ from adaspec.request_state import RequestState
 from adaspec.request import GenerationConfig, GenerationResult, StreamChunk, TokenLogprob, default_eos_ids
 from adaspec.errors import ConfigError
 from adaspec.stats import StepRecord
-from adaspec.structured import Constraint, GrammarVocab
+from adaspec.structured.constraint import Constraint
+from adaspec.structured.vocab import GrammarVocab
 from adaspec.verify import in_vocab
 
 class BatchEngine:

@@ -32,7 +32,7 @@ from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
 from adaspec.peers import PEER_LIBRARIES
 from adaspec.spec_setting import SpecSetting
-from adaspec.structured import GrammarVocab
+from adaspec.structured.vocab import GrammarVocab
 
 
 def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[str], limit: int | None,

@@ -77,8 +77,9 @@ from dataclasses import dataclass
 import torch
 
 from adaspec.backends.base import Backend
-from adaspec.controllers.base import Controller
 from adaspec.backends.costcurve import DEFAULT_WIDTHS, measure_verify_curve
+from adaspec.controllers.acceptance import Acceptance
+from adaspec.controllers.base import Controller
 from adaspec.controllers.costmodel import (BUCKET_EDGES, MeasuredCosts, Recent, _nearest,  # noqa: F401 (re-exported)
                                            bucket_of, expected_tokens)
 from adaspec.controllers.threshold import Calibration
@@ -86,40 +87,7 @@ from adaspec.drafters.base import DraftStop
 from adaspec.errors import ConfigError
 from adaspec.stats import StepRecord
 
-CostModel = MeasuredCosts  # its name here before issue 40 (docs/results/issue15/seed_drift.py imports it)
-
-
-class Acceptance:
-    """Per-position acceptance of one drafter: forgetful counts, shrunk toward the previous position."""
-
-    def __init__(self, positions: int, forget: float, shrink: float, prior: float) -> None:
-        self.accepted = [0.0] * positions
-        self.reached = [0.0] * positions
-        self.forget, self.shrink, self.prior = forget, shrink, prior
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        for i in range(len(self.reached)):
-            self.accepted[i] *= self.forget
-            self.reached[i] *= self.forget
-        for i in range(min(drafted, len(self.reached))):
-            if i < accepted:
-                self.accepted[i] += 1.0
-                self.reached[i] += 1.0
-            else:  # the first rejected position; later ones were never judged
-                self.reached[i] += 1.0
-                break
-
-    def scale(self, factor: float) -> None:
-        self.accepted = [a * factor for a in self.accepted]
-        self.reached = [r * factor for r in self.reached]
-
-    def rates(self) -> list[float]:
-        """α[i] for each position i."""
-        out, previous = [], self.prior
-        for acc, reached in zip(self.accepted, self.reached):
-            previous = (acc + self.shrink * previous) / (reached + self.shrink)
-            out.append(previous)
-        return out
+CostModel = MeasuredCosts  # an older name (a results script, docs/results/endpoint/*/seed_drift.py, imports it)
 
 
 @dataclass(frozen=True)
@@ -318,15 +286,11 @@ class GoodputController(Controller):
     def _probe(self, name: str, k: int, baseline_ms: float, b: int, cap: int | None) -> tuple[str, int]:
         """A probe's plan. A probe is there to measure how deep the drafter's acceptance runs, so a drafter that
         consults the stop rule drafts on (up to k_max) while its own calibrated confidence says the next token is
-        worth more than the baseline's rate (one token per ``baseline_ms``: a plain step's, or the step it displaces), with the positional acceptance it has not yet measured taken as 1;
-        others are probed at their best K. (Probing at the best K under the shrunk acceptance alone drafts one token
-        and never observes the later positions, so a draft model that agrees with the target stays unused.)"""
-        self._thresholds = None
-        if not (self.config.confidence_stop and name in self.stoppable):
-            return name, k
-        k_top = self.config.k_max if cap is None else min(self.config.k_max, cap)
-        self._thresholds = self._stop_thresholds(name, 1.0 / baseline_ms, b, k_top, [1.0] * k_top)
-        return name, k_top
+        worth more than the baseline's rate (one token per ``baseline_ms``: a plain step's, or the step it
+        displaces), with the positional acceptance it has not yet measured taken as 1; others are probed at their
+        best K. (Probing at the best K under the shrunk acceptance alone drafts one token and never observes the
+        later positions, so a draft model that agrees with the target stays unused.)"""
+        return self._plan_stop(name, k, 1.0 / baseline_ms, b, cap, measured=False)
 
     def _stop_thresholds(self, name: str, gain: float, b: int, k_top: int, alphas: list[float]) -> list[float]:
         """Per draft position j, the calibrated probability that tokens 0..j are all accepted below which drafting
@@ -340,8 +304,7 @@ class GoodputController(Controller):
         """Milliseconds a probe may spend catching its drafter up: a share (``probe_share``) of what this request
         has cost so far, at least one plain step and at most ``probe_budget`` plain steps. Exploring in proportion
         to the time already spent (the ski-rental rule) keeps a short request from paying a draft model's prefill
-        it cannot earn back, while a long one soon affords it (a 0.5B GGUF draft catching up on a 50-token chat
-        prompt costs ~3 plain steps on 2 cores: allowed from about the 12th step)."""
+        it cannot earn back, while a long one soon affords it."""
         c = self.config
         return min(c.probe_budget * plain_ms, max(plain_ms, c.probe_share * self.request_ms))
 
@@ -350,11 +313,18 @@ class GoodputController(Controller):
         and stops after token j once the calibrated probability that tokens 0..j all get accepted, times the
         next position's acceptance, is below the planned goodput times the next token's cost: the marginal
         token would lower the step's expected tokens per millisecond."""
+        return self._plan_stop(name, k, gain, b, cap, measured=True)
+
+    def _plan_stop(self, name: str, k: int, gain: float, b: int, cap: int | None, measured: bool) -> tuple[str, int]:
+        """``(name, k)`` without the stop rule (off, or ``name`` does not consult it); else ``(name, k_top)``, the
+        draft cut by the stop thresholds under ``gain`` tokens per ms, with the drafter's positional acceptance
+        (``measured``) or every position's taken as 1."""
         self._thresholds = None
         if not (self.config.confidence_stop and name in self.stoppable):
             return name, k
         k_top = self.config.k_max if cap is None else min(self.config.k_max, cap)
-        self._thresholds = self._stop_thresholds(name, gain, b, k_top, self._acceptance(name).rates())
+        alphas = self._acceptance(name).rates() if measured else [1.0] * k_top
+        self._thresholds = self._stop_thresholds(name, gain, b, k_top, alphas)
         return name, k_top
 
     def draft_stop(self) -> DraftStop | None:

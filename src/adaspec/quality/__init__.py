@@ -4,6 +4,8 @@
   tests in a fresh, resource-limited process; needs ``pip install 'adaspec[eval]'``; not a security sandbox).
 * :mod:`~adaspec.quality.gsm8k`: GSM8K reference and final-answer extraction, as in lm-evaluation-harness.
 * :mod:`~adaspec.quality.stats`: Wilson intervals, exact McNemar test, Newcombe paired-difference interval.
+* :mod:`~adaspec.quality.evaluate`: ``adaspec eval``, over :mod:`~adaspec.quality.noise` (the divergence threshold),
+  :mod:`~adaspec.quality.scoring`, :mod:`~adaspec.quality.analysis` and :mod:`~adaspec.quality.report`.
 """
 
 from adaspec.quality.gsm8k import (

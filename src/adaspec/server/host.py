@@ -36,7 +36,7 @@ from adaspec.server.metrics import ServerMetrics
 from adaspec.server.settings import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS
 from adaspec.server.suffix_partitions import ServerSuffixCache
 from adaspec.spec_setting import BUILTIN_LOOKUPS, PLAIN, SpecSetting, builtin_drafter, layerskip_layers, validate
-from adaspec.structured import Constraint
+from adaspec.structured.constraint import Constraint
 
 
 class ModelHost:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from adaspec.errors import ConfigError
 from adaspec.server.protocol import APIError
 from adaspec.toolcalls import ToolCallStream, ToolPlan, parse_tool_calls, plan_tools, template_message
-from adaspec.structured import Constraint, TriggerUnavailable
+from adaspec.structured.constraint import Constraint
+from adaspec.structured.vocab import TriggerUnavailable
 
 
 @dataclass
