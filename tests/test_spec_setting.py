@@ -73,3 +73,16 @@ def test_drafter_helpers():
     assert layerskip_layers("layerskip:12") == 12 and layerskip_layers("ngram") is None
     assert [builtin_drafter(s) for s in ("none", "ngram", "ngram-tree", "suffix:factor=2", "layerskip:3",
                                          "hybrid", "a+b", "qwen")] == [True] * 5 + [False] * 3
+
+
+def test_none_drafter_is_plain_and_a_label_first_call_is_refused():
+    """``"none"`` (plain decoding's drafter as the server reports it) is stored as None, so it equals PLAIN; the
+    older ``compare.Method(label, drafter, controller, k)`` order, called positionally, fails instead of shifting
+    every field silently."""
+    from adaspec.errors import ConfigError
+    from adaspec.spec_setting import PLAIN, SpecSetting
+
+    assert SpecSetting("none", "fixed", 0) == PLAIN and SpecSetting("None", "fixed", 0).plain
+    assert SpecSetting("ngram", "fixed", 4).drafter == "ngram"
+    with pytest.raises(ConfigError, match="k must be an int or None, not 'fixed'"):
+        SpecSetting("ngram/fixed:4", "ngram", "fixed", 4)

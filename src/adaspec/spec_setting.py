@@ -50,6 +50,19 @@ class SpecSetting:
     tree_expand: int | None = None
     label: str = ""
 
+    def __post_init__(self) -> None:
+        """``"none"`` is plain decoding's drafter as the server reports it: stored as None. K must be an int.
+
+        Raises:
+            ConfigError: ``k`` is neither None nor an int (e.g. a label-first positional call of the older
+                ``compare.Method(label, drafter, controller, k)``).
+        """
+        if isinstance(self.drafter, str) and self.drafter.strip().lower() in ("", "none"):
+            object.__setattr__(self, "drafter", None)
+        if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int)):
+            raise ConfigError(f"SpecSetting k must be an int or None, not {self.k!r} "
+                              "(fields: drafter, controller, k, ...; label= by keyword)")
+
     @property
     def plain(self) -> bool:
         return self.drafter is None

@@ -217,7 +217,7 @@ def test_engine_config_names_bad_input():
         scaleout.parse_args(["--out", "x", "--engines", "llamacpp"])
     # a zero or negative rate (once a ZeroDivisionError deep in the open loop, after an engine had started)
     base = ["--out", "x", "--engines", "llamacpp", "--llama-server", "/bin/true"]
-    for flag, value in (("--rate", "0"), ("--rate", "-1"), ("--rate", "fast"), ("--concurrency", "0")):
+    for flag, value in (("--rate", "0"), ("--rate", "-1"), ("--rate", "fast"), ("--rate", "inf"), ("--concurrency", "0")):
         with pytest.raises(ConfigError, match=f"{flag} takes positive numbers"):
             scaleout.parse_args(base + [flag, value])
     with pytest.raises(ConfigError, match="at least one --concurrency or --rate"):

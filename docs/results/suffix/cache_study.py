@@ -27,8 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from tree_cost import texts  # noqa: E402  (the shipped texts that fill the cache)
 
-from adaspec.compare import (WARMUP_PROMPT_TOKENS, WARMUP_TOKENS, _run_engine, read_results,  # noqa: E402
-                             step_table, summarize)
+from adaspec.compare import read_results, step_table, summarize  # noqa: E402
+from adaspec.compare.methods import WARMUP_PROMPT_TOKENS, WARMUP_TOKENS  # noqa: E402
+from adaspec.compare.run import _run_engine  # noqa: E402
 
 
 def fill(drafter, pool: list[list[int]], tokens: int, seed: int) -> None:
@@ -88,7 +89,7 @@ def main() -> None:
 
     from adaspec.api import SpeculativeLM, load_model, set_threads
     from adaspec.backends.prefix_cache import PrefixCacheBackend
-    from adaspec.compare import _round_robin
+    from adaspec.compare.run import _round_robin
     from adaspec.controllers import make_controller
     from adaspec.drafters.suffix import SuffixDrafter, remember
     from adaspec.engine import GenerationConfig, SpeculativeEngine

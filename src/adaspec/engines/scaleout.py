@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -311,7 +312,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
 
 
 def _numbers(text: str, kind: type, flag: str) -> list:
-    """Comma-separated positive numbers (concurrencies or requests/s); an empty string is none.
+    """Comma-separated positive finite numbers (concurrencies or requests/s); an empty string is none.
 
     Raises:
         ConfigError: naming ``flag`` for a value that is not a positive number.
@@ -324,7 +325,7 @@ def _numbers(text: str, kind: type, flag: str) -> list:
             value = kind(item)
         except ValueError:
             value = None
-        if value is None or not value > 0:
+        if value is None or not 0 < value < math.inf:
             raise ConfigError(f"{flag} takes positive numbers separated by commas, not {item!r}")
         out.append(value)
     return out
