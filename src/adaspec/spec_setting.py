@@ -57,7 +57,7 @@ class SpecSetting:
             ConfigError: ``k`` is neither None nor an int (e.g. a label-first positional call of the older
                 ``compare.Method(label, drafter, controller, k)``).
         """
-        if isinstance(self.drafter, str) and self.drafter.strip().lower() in ("", "none"):
+        if is_plain_drafter(self.drafter):
             object.__setattr__(self, "drafter", None)
         if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int)):
             raise ConfigError(f"SpecSetting k must be an int or None, not {self.k!r} "
@@ -75,6 +75,11 @@ class SpecSetting:
     def as_dict(self) -> dict:
         """``{"drafter", "controller", "k"}`` as the server reports them (plain decoding's drafter is ``"none"``)."""
         return {"drafter": self.drafter or "none", "controller": self.controller, "k": self.k}
+
+
+def is_plain_drafter(spec: str | None) -> bool:
+    """True for the drafter specs that mean plain decoding: None, ``"none"`` (any case) and ``""``."""
+    return spec is None or spec.strip().lower() in ("", "none")
 
 
 PLAIN = SpecSetting(None, "fixed", 0)
@@ -136,7 +141,7 @@ def validate(drafter: str | None, controller: str, k: int | None, *, strict: boo
         ConfigError: an unknown controller, a K it refuses, a malformed ``layerskip:N``, an unknown lossy rule, a
             tree budget out of range, or a lossy rule or a tree without a drafter.
     """
-    if drafter is not None and drafter.lower() == "none":
+    if is_plain_drafter(drafter):
         drafter = None
     if drafter is not None:
         layerskip_layers(drafter)
