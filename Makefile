@@ -31,6 +31,13 @@ $(VENV)/.test-extras: $(BIN)/adaspec
 
 setup: $(BIN)/adaspec
 
+# ik_llama.cpp built for THIS CPU instead of the prebuilt AVX2 wheel (optional, ~6-10 min on 2 cores): on AVX-512
+# CPUs its AVX-512/VNNI kernels verify several tokens faster (docs/findings/ik-native.md). `make setup` after a change
+# keeps it (pip sees the same version); `pip install --force-reinstall ik-llama-cpp-python==0.1.5` puts the wheel back.
+.PHONY: ik-native
+ik-native: setup
+	bash scripts/build_ik_native.sh $(BIN)/python
+
 models: setup
 	$(BIN)/adaspec models fetch --gguf-only qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct qwen2.5-coder-0.5b-instruct-q4_0
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from adaspec.backends.base import Backend
+from adaspec.backends.cpu import cpu_has_avx512
 from adaspec.backends.select import (BACKENDS, GGUF_RUNTIMES, RUNTIME_LABELS, choose_backend, make_gguf_backend,
                                      normalize_backend, require_runtime, resolve_device)
 from adaspec.backends.torch_backend import TorchBackend, load_causal_lm, resolve_dtype, truncated_layers
@@ -138,9 +139,13 @@ def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, d
         name, gguf_file, tok_dir = resolve_gguf(spec, progress=progress)
         label = f"{name}@{backend}"
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
-        return LoadedModel(make_gguf_backend(backend, gguf_file, name=label, threads=threads,
-                                             max_context=max_context, max_sequences=max_sequences),
-                           tokenizer, label, reason)
+        gguf_backend = make_gguf_backend(backend, gguf_file, name=label, threads=threads, max_context=max_context,
+                                         max_sequences=max_sequences)
+        if backend == "ik" and gguf_backend.simd == "AVX2" and cpu_has_avx512():
+            hint = ("ik_llama.cpp's prebuilt wheel runs AVX2 kernels on this AVX-512 CPU; `make ik-native` rebuilds "
+                    "it for this CPU (faster verification: docs/findings/ik-native.md)")
+            reason = f"{reason}; {hint}" if reason else hint
+        return LoadedModel(gguf_backend, tokenizer, label, reason)
     resolved = resolve(spec, progress=progress)
     model = load_causal_lm(resolved.path, dtype=dtype or "bfloat16", device=device)
     tokenizer = AutoTokenizer.from_pretrained(resolved.path)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from adaspec.backends import cpu, select
-from adaspec.backends.select import (NLL_TOLERANCE, choose_backend, fastest_gguf_runtime, normalize_backend,
-                                     resolve_device)
+from adaspec.backends.select import (NLL_TOLERANCE, choose_backend, fastest_gguf_runtime, make_gguf_backend,
+                                     normalize_backend, resolve_device)
 from adaspec.errors import ConfigError
 
 MODEL = "smollm2-135m-instruct"
@@ -233,3 +233,31 @@ def test_both_gguf_libraries_in_one_process_each_run_their_own_code(tmp_path):
         mixed = run(order)
         for rt in ("llamacpp", "ik"):
             assert torch.equal(mixed[rt], solo[rt]), (order, rt)
+
+
+def test_simd_of_reads_the_widest_extension_a_build_reports():
+    from adaspec.backends.gguf import simd_of
+
+    wheel = ("AVX = 1 | AVX_VNNI = 0 | AVX2 = 1 | AVX512 = 0 | AVX512_VBMI = 0 | AVX512_VNNI = 0 | AVX512_BF16 = 0 | "
+             "FMA = 1 | NEON = 0 | F16C = 1 | SSE3 = 1 | MATMUL_INT8 = 0 | ")
+    native = wheel.replace("AVX512 = 0", "AVX512 = 1").replace("AVX512_VNNI = 0", "AVX512_VNNI = 1")
+    assert simd_of(wheel) == "AVX2"
+    assert simd_of(native) == "AVX-512"
+    assert simd_of("AVX = 1 | AVX2 = 0 | AVX512 = 0") == "AVX"
+    assert simd_of("NEON = 1 | ARM_FMA = 1") == ""
+    assert simd_of("") == ""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_IK, reason="ik-llama-cpp-python not installed")
+def test_a_loaded_ik_backend_reports_its_builds_simd():
+    from adaspec.models import resolve_gguf
+
+    _, path, _ = resolve_gguf(MODEL, progress=False)
+    backend = make_gguf_backend("ik", path, threads=1, max_context=64)
+    try:
+        assert backend.simd in ("AVX-512", "AVX2", "AVX")  # every x86 build of the runtime reports one of them
+        if backend.simd == "AVX-512":
+            assert cpu.cpu_has_avx512()  # a build running AVX-512 code can only be running on such a CPU
+    finally:
+        backend.close()

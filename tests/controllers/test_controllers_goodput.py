@@ -10,7 +10,7 @@ import torch
 
 from adaspec.backends import Backend, costcurve
 from adaspec.backends.costcurve import DEFAULT_WIDTHS, interpolate, measure_verify_curve
-from adaspec.controllers import GoodputController, make_controller
+from adaspec.controllers import GoodputConfig, GoodputController, make_controller
 from adaspec.controllers.costmodel import MeasuredCosts, Recent, bucket_of, expected_tokens
 from adaspec.controllers.acceptance import Acceptance
 from adaspec.errors import ConfigError
@@ -846,3 +846,72 @@ def test_a_drafter_that_pays_does_not_keep_a_free_lookup_with_a_long_match_from_
     first = used.index("lookup")
     assert first <= 4 + 2  # probed once it has sat out its gap
     assert used[60:].count("lookup") >= 55  # and used from then on
+
+
+class AllOrNothing(Machine):
+    """A lookup drafter on repeated text: with probability ``p`` the match is right and every draft is accepted,
+    else the first draft is rejected (α[0] = p, α[i > 0] = 1: not i.i.d.)."""
+
+    def step(self, k: int, drafter: str = "d") -> StepRecord:
+        accepted = k if k and self.rng.random() < self.alphas[0] else 0
+        return rec(k, accepted, draft_ms=0.0, verify_ms=self.verify(k + 1), ctx=self.ctx, drafter=drafter)
+
+    def goodput(self, k: int) -> float:
+        return (1 + self.alphas[0] * k) / self.verify(k + 1) if k else 1 / self.verify(1)
+
+
+# ik_llama.cpp's verification curve on 2 Zen 5 cores (docs/results/ik-native): n = 2 is nearly free, n = 4 is not
+ZEN5 = {1: 24.0, 2: 27.0, 4: 45.0, 6: 56.0, 8: 68.0, 9: 75.0}
+
+
+def sessions(depth_probe: bool, seed: int, machines, steps: int = 24) -> tuple[float, list[list[int]]]:
+    """Requests of ``steps`` steps, one per machine in turn, through one seeded controller: (tokens per ms, Ks)."""
+    ctrl = GoodputController(depth_probe=depth_probe)
+    ctrl.seed_verify_costs(ZEN5, 100)
+    ctrl.seed_draft_costs({"d": (0.01, 0.0)})
+    tokens = ms = 0.0
+    ks = []
+    for r, make in enumerate(machines):
+        machine = make(seed * 100 + r)
+        ctrl.reset()
+        ks.append([])
+        for _ in range(steps):
+            k = ctrl.next_k()
+            step = machine.step(k)
+            ctrl.update(step)
+            tokens, ms = tokens + step.emitted, ms + step.verify_ms
+            ks[-1].append(k)
+    return tokens / ms, ks
+
+
+def test_depth_probes_find_sooner_that_an_all_or_nothing_lookup_pays_deep():
+    """Novel requests (a lookup's first draft accepted 30 % of the time) alternate with repeated ones (95 %, then
+    the whole match): on the repeated ones the best K is 8, but priced as i.i.d. from a record that the novel ones
+    pulled down, K = 1 looks best and deeper positions go unmeasured until a run of luck lifts α[0]."""
+    curve = lambda n: interpolate(ZEN5, n)  # noqa: E731
+    novel, repeat = (lambda seed: AllOrNothing(0.0, curve, [0.3], seed=seed)), \
+        (lambda seed: AllOrNothing(0.0, curve, [0.95], seed=seed))
+    assert repeat(0).best_k() == 8 and repeat(0).goodput(8) > 1.4 * repeat(0).goodput(1)
+
+    def first_deep(ks: list[list[int]]) -> float:  # mean index of the first step with K >= 3 in the repeated ones
+        firsts = [next((i for i, k in enumerate(r) if k >= 3), len(r)) for r in ks[1::2]]
+        return sum(firsts) / len(firsts)
+
+    without = [sessions(False, seed, [novel, repeat] * 6) for seed in range(6)]
+    probed = [sessions(True, seed, [novel, repeat] * 6) for seed in range(6)]
+    assert sum(first_deep(ks) for _, ks in probed) < 0.75 * sum(first_deep(ks) for _, ks in without)
+    assert sum(g for g, _ in probed) > 1.02 * sum(g for g, _ in without)
+
+
+def test_depth_probes_back_off_and_cost_little_where_deeper_does_not_pay():
+    curve = lambda n: interpolate(ZEN5, n)  # noqa: E731
+    iid = lambda seed: Machine(0.0, curve, [0.8, 0.3], seed=seed)  # noqa: E731  (deeper positions do worse)
+    assert iid(0).best_k() <= 2
+    g_off, _ = sessions(False, 7, [iid] * 10, steps=40)
+    g_on, ks = sessions(True, 7, [iid] * 10, steps=40)
+    flat = [k for r in ks for k in r]
+    deep = [i for i, k in enumerate(flat) if k > 2]
+    gaps = [b - a for a, b in zip(deep, deep[1:])]
+    assert gaps and max(gaps) >= GoodputConfig.probe_max  # the depth gap doubles while the probes lose
+    assert len(deep) <= 20
+    assert g_on >= 0.97 * g_off

@@ -14,6 +14,14 @@ def cpu_has_avx2() -> bool:
         return platform.machine().lower() in ("x86_64", "amd64")
 
 
+def cpu_has_avx512() -> bool:
+    """True when the CPU reports AVX-512 Foundation (Linux /proc/cpuinfo; elsewhere False)."""
+    try:
+        return " avx512f" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 def cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()`` or the machine type."""
     try:

@@ -21,6 +21,21 @@ from adaspec.backends.gguf_trees import GrowingTree, PendingTree
 from adaspec.errors import ConfigError
 
 
+def simd_of(system_info: str) -> str:
+    """The widest x86 vector extension a llama.cpp-family build was compiled for, read from its
+    ``llama_print_system_info()`` text (``"AVX = 1 | AVX2 = 1 | AVX512 = 0 | ..."``): ``"AVX-512"``, ``"AVX2"``,
+    ``"AVX"``, or ``""`` (none of them, e.g. an ARM build, or text in another format).
+
+    Not the CPU's own features: ik-llama-cpp-python's prebuilt wheel reports ``"AVX2"`` on an AVX-512 CPU
+    (``make ik-native`` rebuilds it for the CPU)."""
+    flags = {}
+    for part in system_info.split("|"):
+        key, _, value = part.partition("=")
+        flags[key.strip()] = value.strip()
+    return next((label for key, label in (("AVX512", "AVX-512"), ("AVX2", "AVX2"), ("AVX", "AVX"))
+                 if flags.get(key) == "1"), "")
+
+
 class GgufBackend(Backend):
     """A GGUF model on a llama.cpp-family runtime: ``max_sequences`` sequences (``seq_id`` 0..), each with its own
     ``max_context`` positions of one KV cache; :meth:`forward_batch` runs tokens of several sequences in one
@@ -49,6 +64,7 @@ class GgufBackend(Backend):
     supports_batch_invariance = True
     _invariant = False
     tree_sequences = 0  # sequence ids after the rows' own held for tree leaves (0: no trees on this runtime)
+    simd = ""  # the widest x86 vector extension the runtime's build uses (:func:`simd_of`); "" where unknown
     _tree: PendingTree | None = None  # between forward_tree and keep_tree_path
     _grown: GrowingTree | None = None  # between the first grow_tree and keep_tree_path
 
@@ -68,6 +84,8 @@ class GgufBackend(Backend):
         really has them)."""
         self.name = name or path.stem
         self.path = path
+        info = getattr(self._lib, "llama_print_system_info", None)
+        self.simd = simd_of((info() or b"").decode(errors="replace")) if info is not None else ""
         self.n_batch = n_batch
         self.threads = threads
         self.max_sequences = max_sequences

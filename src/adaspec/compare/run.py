@@ -183,6 +183,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                        "reference": m.reference,
                        "dtype": "gguf" if isinstance(tgt.backend, GgufBackend) else dtype or "bfloat16",
                        "prompt_cache": prompt_cache, "cpu": cpu,
+                       **({"runtime_simd": tgt.backend.simd} if getattr(tgt.backend, "simd", "") else {}),
                        "prompt_prefill_ms": round(prompt_prefill_ms, 2) if prompt_cache else None, **result}
                 f.write(json.dumps(row) + "\n")
                 f.flush()

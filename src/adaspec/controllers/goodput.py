@@ -50,7 +50,12 @@ time was never measured without catch-up is tried at ``k_init`` (twice in a row 
 the first try feeds it the prompt tokens it lacks, the second measures t_d, and the first is then booked as
 catch-up f_d), unless its t_d and f_d were seeded from a measurement made elsewhere
 (:meth:`GoodputController.seed_draft_costs`: a batched row gets what the batch engine measured), in which case its
-first proposal is priced like any other, catch-up included. The first step of every request is plain (it costs
+first proposal is priced like any other, catch-up included. The chosen drafter's depth is probed too: while the
+position after its best K has fewer than ``shrink`` observations (its α there is the position before it, shrunk, not
+measured) and drafting to its best-case K would beat the plan if every draft were accepted, it drafts to that K once
+per depth gap (``probe_init`` chosen steps, doubling up to ``probe_max`` while such probes lose). A lookup drafter's
+acceptance is not i.i.d. (a repeated answer is accepted to its end once its first tokens are), so without the probe
+its first positions' mixed record keeps K small and the deeper positions are never measured. The first step of every request is plain (it costs
 nothing against plain decoding and tells the controller the context length, which the catch-up cost needs). Costs
 persist across requests (they belong to the machine); acceptance counts are scaled by ``carry`` at each new
 request (they belong to the text).
@@ -109,6 +114,7 @@ class GoodputConfig:
     horizon: int = 16
     probe_budget: float = 8.0
     probe_share: float = 0.25
+    depth_probe: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_init <= self.k_max:
@@ -144,6 +150,10 @@ class GoodputController(Controller):
         self.context_len = 0
         self.last_choice: tuple[str | None, int, float, float] = (None, 0, 0.0, 0.0)  # drafter, K, G, G(plain)
         self.planned: tuple[float, float] = (0.0, 0.0)  # the last decision's draft ms per token and catch-up ms
+        # per drafter, across requests: steps it was chosen since it last drafted beyond its K, and how many such
+        # steps before its depth is probed again
+        self.shallow: dict[str, int] = {}
+        self.depth_gap: dict[str, int] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -156,7 +166,8 @@ class GoodputController(Controller):
         self.request_ms = 0.0  # time of this request's steps so far
         self.idle: dict[str, int] = {}  # per drafter: steps it could have drafted since it last did
         self.probe_gap: dict[str, int] = {}  # per drafter: idle steps before it is probed again
-        self.probing: tuple[str, float] | None = None  # the probed drafter and the plain step's ms, on a probe
+        # on a probe: the probed drafter, the rate it must beat (ms per token) and the gaps a win resets
+        self.probing: tuple[str, float, dict[str, int]] | None = None
 
     def set_synced(self, synced: Mapping[str, int]) -> None:
         """At a request's start: per drafter, the leading tokens of the sequence it already holds (a draft model
@@ -263,11 +274,14 @@ class GoodputController(Controller):
                 if other != name and best_case > gain and self.idle[other] > gap \
                         and candidates[other][2] <= self._probe_allowance(plain_ms):
                     self.idle[other], self.probe_gap[other] = 0, min(2 * gap, c.probe_max)
-                    self.probing = (other, 1.0 / gain)
+                    self.probing = (other, 1.0 / gain, self.probe_gap)
                     self.planned = (self.costs.draft_ms(other, b) or 0.0, candidates[other][2])
                     return self._probe(other, k_other, 1.0 / gain, b, options[other])
             self.plain_run, self.idle[name], self.probe_gap[name] = 0, 0, c.probe_init
             self.planned = (self.costs.draft_ms(name, b) or 0.0, catch_up)
+            if self._probe_depth(name, k, optimistic[name], gain):
+                self.probing = (name, 1.0 / gain, self.depth_gap)
+                return self._probe(name, min(optimistic[name][1], 2 * k + 1), 1.0 / gain, b, options[name])
             return self._speculate(name, k, gain, b, options[name])
         self.plain_run += 1
         # Nothing pays now. Probe (at its best K, not extended) the most promising drafter that has sat out more
@@ -278,10 +292,32 @@ class GoodputController(Controller):
             gap = self.probe_gap.get(name, c.probe_init)
             if self.idle[name] > gap and catch_up <= self._probe_allowance(plain_ms):  # else: as soon as allowed
                 self.idle[name], self.probe_gap[name] = 0, min(2 * gap, c.probe_max)
-                self.probing = (name, plain_ms)
+                self.probing = (name, plain_ms, self.probe_gap)
                 self.planned = (self.costs.draft_ms(name, b) or 0.0, catch_up)
                 return self._probe(name, k, plain_ms, b, options[name])
         return None, 0
+
+    def _probe_depth(self, name: str, k: int, optimistic: tuple[float, int], gain: float) -> bool:
+        """Whether this step probes the chosen drafter beyond its best K: when the position after K has fewer
+        observations than ``shrink`` (its α is mostly the position before it, shrunk, not measured), drafting
+        deeper would beat the plan were every draft accepted, and the drafter was chosen at least its depth gap
+        (``probe_init`` steps, doubling up to ``probe_max`` while depth probes lose) since it last drafted deeper.
+        Without it a lookup drafter whose matches are all-or-nothing (a repeated answer is accepted to its end)
+        keeps a small K that its first positions' mixed record prices, and never measures how far it runs."""
+        c = self.config
+        best_case, k_deep = optimistic
+        if not c.depth_probe:
+            return False
+        reached = self._acceptance(name).reached
+        if k_deep <= k or best_case <= gain or k >= len(reached) or reached[k] >= c.shrink:
+            self.shallow[name] = 0
+            return False
+        gap = self.depth_gap.get(name, c.probe_init)
+        self.shallow[name] = self.shallow.get(name, 0) + 1
+        if self.shallow[name] <= gap:
+            return False
+        self.shallow[name], self.depth_gap[name] = 0, min(2 * gap, c.probe_max)
+        return True
 
     def _probe(self, name: str, k: int, baseline_ms: float, b: int, cap: int | None) -> tuple[str, int]:
         """A probe's plan. A probe is there to measure how deep the drafter's acceptance runs, so a drafter that
@@ -343,14 +379,14 @@ class GoodputController(Controller):
 
         return stop
 
-    def _judge_probe(self, step: StepRecord, name: str, baseline_ms: float) -> None:
+    def _judge_probe(self, step: StepRecord, name: str, baseline_ms: float, gaps: dict[str, int]) -> None:
         """A probe that beat its baseline (one token per ``baseline_ms``; tokens per millisecond of its drafting, at
-        the steady draft cost, and verification) resets the drafter's probe gap: the gap doubles only while the
-        drafter keeps losing."""
+        the steady draft cost, and verification) resets the drafter's gap in ``gaps`` (its probe gap, or its depth
+        gap for a depth probe): a gap doubles only while the drafter keeps losing."""
         per_token = self.costs.draft_ms(name, bucket_of(step.context_len)) or step.draft_ms / step.drafted
         cost = step.drafted * per_token + step.verify_ms + self.costs.overhead_ms()
         if step.emitted / cost >= self.config.min_gain / baseline_ms:
-            self.probe_gap[name] = self.config.probe_init
+            gaps[name] = self.config.probe_init
 
     def _acceptance(self, name: str) -> Acceptance:
         if name not in self.acceptance:
