@@ -117,9 +117,11 @@ def report(results: Path, path: Path) -> None:
     for r in rows:
         by.setdefault(r["method"], []).append(r)
     plain_tps = {r["task"]: r["tokens_per_s"] for r in by.get("plain", [])}
+    plain_decode = {r["task"]: r.get("decode_tokens_per_s") for r in by.get("plain", [])}
     lines = ["| method | tasks | tokens/s (sum tokens / sum time) | speedup vs constrained plain (median per task) | "
+             "decode speedup (median per task; prefill left out) | "
              "identical to plain | schema-valid | exact fields | α | grammar time / decode time |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for method in METHODS:
         rs = by.get(method)
         if not rs:
@@ -127,9 +129,11 @@ def report(results: Path, path: Path) -> None:
         tokens = sum(r["new_tokens"] for r in rs)
         secs = sum(r["new_tokens"] / r["tokens_per_s"] for r in rs if r["tokens_per_s"])
         speed = [r["tokens_per_s"] / plain_tps[r["task"]] for r in rs if plain_tps.get(r["task"])]
+        decode = [r["decode_tokens_per_s"] / plain_decode[r["task"]] for r in rs
+                  if r.get("decode_tokens_per_s") and plain_decode.get(r["task"])]
         drafted = sum(r["draft_tokens"] for r in rs)
         lines.append(f"| {method} | {len(rs)} | {tokens / secs:.2f} | "
-                     f"{statistics.median(speed):.2f}x | {sum(r['identical'] for r in rs)}/{len(rs)} | "
+                     f"{statistics.median(speed):.2f}x | {f'{statistics.median(decode):.2f}x' if decode else '–'} | {sum(r['identical'] for r in rs)}/{len(rs)} | "
                      f"{sum(r['valid'] for r in rs)}/{len(rs)} | {statistics.mean(r['exact'] for r in rs):.2f} | "
                      f"{(sum(r['accepted_tokens'] for r in rs) / drafted) if drafted else 0:.2f} | "
                      f"{statistics.mean(r['grammar_share'] for r in rs) * 100:.1f} % |")

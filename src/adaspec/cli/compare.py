@@ -22,7 +22,7 @@ def add_compare_parser(sub) -> None:
                           "hybrid/CONTROLLER, hf:constant[:K], hf:heuristic, hf:dynamic, hf:pld; peers in their own "
                           "processes: llama-server:plain|draft[:K]|ngram[:N]|draft+ngram, llamacpp:pld[:N], "
                           "openvino:plain|draft[:K]|lookup[:K], vllm@URL (docs/guide/peers.md) "
-                          "(default: plain,hybrid/goodput,goodput,fixed:2,fixed:4)")
+                          "(default: plain,hybrid-suffix/goodput,goodput,fixed:2,fixed:4)")
     cmp.add_argument("--workloads", default=None,
                      help="comma-separated: humaneval, gsm8k, specbench, specbench:<category>, rag, summarization, "
                           "code-edit, multi-turn, gsm8k-cot, agentic (sessions, in step order), or JSONL paths "
@@ -55,7 +55,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     out = run_compare(target=args.target, draft=args.draft,
                       methods=pick(args.methods, "methods",
-                                   ["plain", "hybrid/goodput", "goodput", "fixed:2", "fixed:4"]),
+                                   ["plain", DEFAULT_METHOD, "goodput", "fixed:2", "fixed:4"]),
                       workloads=pick(args.workloads, "workloads", ["humaneval"]),
                       limit=pick(args.limit, "limit", 10),
                       max_new_tokens=pick(args.max_new_tokens, "max_new_tokens", 128),

@@ -29,7 +29,7 @@ DEFAULT_METHOD = f"{DEFAULT_DRAFTER}/{DEFAULT_CONTROLLER}"
 STRUCTURED = "structured"  # the structured-output workload (adaspec.structured_workload): rows carry valid, exact
 
 FIXED_KS = (1, 2, 3, 4, 6, 8)
-CONTROLLER_METHODS = ("goodput", "hybrid/goodput", "adaptive", "heuristic", "confidence", "entropy", "bandit",
+CONTROLLER_METHODS = ("goodput", DEFAULT_METHOD, "hybrid/goodput", "adaptive", "heuristic", "confidence", "entropy", "bandit",
                       "hybrid/bandit", "hybrid/fixed:4")
 PEER_METHODS = ("hf:constant:4", "hf:heuristic", "hf:dynamic", "hf:pld")
 SPECBENCH = "specbench"
@@ -41,7 +41,7 @@ PRESETS = {
     # can be the oracle there, the default and the goodput controller alone, and two transformers peers.
     "quick": dict(workloads=["humaneval", "gsm8k", "specbench:translation"], limit=1, max_new_tokens=32,
                   temperatures=[0.0, 1.0],
-                  methods=["plain", "fixed:1", "fixed:2", "fixed:3", "goodput", "hybrid/goodput", "hf:dynamic",
+                  methods=["plain", "fixed:1", "fixed:2", "fixed:3", "goodput", DEFAULT_METHOD, "hf:dynamic",
                            "hf:pld"]),
     # Many hours here: every method of the issue, 10 prompts per category, 128 tokens, greedy and sampling.
     "full": dict(workloads=["humaneval", "gsm8k", SPECBENCH], limit=10, max_new_tokens=128, temperatures=[0.0, 1.0],
