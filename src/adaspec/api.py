@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from adaspec.backends.base import Backend
-from adaspec.backends.cpu import cpu_has_avx512
+from adaspec.backends.cpu import cpu_simd
 from adaspec.backends.select import (BACKENDS, GGUF_RUNTIMES, RUNTIME_LABELS, choose_backend, make_gguf_backend,
                                      normalize_backend, require_runtime, resolve_device)
 from adaspec.backends.torch_backend import TorchBackend, load_causal_lm, resolve_dtype, truncated_layers
@@ -141,7 +141,7 @@ def load_model(spec: str, *, backend: str = "torch", dtype: str | None = None, d
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
         gguf_backend = make_gguf_backend(backend, gguf_file, name=label, threads=threads, max_context=max_context,
                                          max_sequences=max_sequences)
-        if backend == "ik" and gguf_backend.simd == "AVX2" and cpu_has_avx512():
+        if backend == "ik" and gguf_backend.simd == "AVX2" and cpu_simd() == "AVX-512":
             hint = ("ik_llama.cpp's prebuilt wheel runs AVX2 kernels on this AVX-512 CPU; `make ik-native` rebuilds "
                     "it for this CPU (faster verification: docs/findings/ik-native.md)")
             reason = f"{reason}; {hint}" if reason else hint

@@ -29,8 +29,9 @@ DEFAULT_METHOD = f"{DEFAULT_DRAFTER}/{DEFAULT_CONTROLLER}"
 STRUCTURED = "structured"  # the structured-output workload (adaspec.structured_workload): rows carry valid, exact
 
 FIXED_KS = (1, 2, 3, 4, 6, 8)
-CONTROLLER_METHODS = ("goodput", DEFAULT_METHOD, "hybrid/goodput", "adaptive", "heuristic", "confidence", "entropy", "bandit",
-                      "hybrid/bandit", "hybrid/fixed:4")
+CONTROLLER_METHODS = tuple(dict.fromkeys((  # the default first; hybrid/goodput is the default of before 2026-12-05
+    "goodput", DEFAULT_METHOD, "hybrid/goodput", "adaptive", "heuristic", "confidence", "entropy", "bandit",
+    "hybrid/bandit", "hybrid/fixed:4")))
 PEER_METHODS = ("hf:constant:4", "hf:heuristic", "hf:dynamic", "hf:pld")
 SPECBENCH = "specbench"
 WARMUP_PROMPT_TOKENS, WARMUP_TOKENS = 48, 24  # each adaspec method's untimed warm-up generation

@@ -52,11 +52,12 @@ catch-up f_d), unless its t_d and f_d were seeded from a measurement made elsewh
 (:meth:`GoodputController.seed_draft_costs`: a batched row gets what the batch engine measured), in which case its
 first proposal is priced like any other, catch-up included. The chosen drafter's depth is probed too: while the
 position after its best K has fewer than ``shrink`` observations (its α there is the position before it, shrunk, not
-measured) and drafting to its best-case K would beat the plan if every draft were accepted, it drafts to that K once
-per depth gap (``probe_init`` chosen steps, doubling up to ``probe_max`` while such probes lose). A lookup drafter's
-acceptance is not i.i.d. (a repeated answer is accepted to its end once its first tokens are), so without the probe
-its first positions' mixed record keeps K small and the deeper positions are never measured. The first step of every request is plain (it costs
-nothing against plain decoding and tells the controller the context length, which the catch-up cost needs). Costs
+measured) and a deeper draft would beat the plan if every draft were accepted, it drafts to min(best-case K, 2K + 1)
+once per depth gap (``probe_init`` chosen steps, doubling up to ``probe_max`` while such probes lose). A lookup
+drafter's acceptance is not i.i.d. (a repeated answer is accepted to its end once its first tokens are), so without
+the probe its first positions' mixed record keeps K small and the deeper positions are never measured. The first
+step of every request is plain (it costs nothing against plain decoding and tells the controller the context
+length, which the catch-up cost needs). Costs
 persist across requests (they belong to the machine); acceptance counts are scaled by ``carry`` at each new
 request (they belong to the text).
 
@@ -279,9 +280,10 @@ class GoodputController(Controller):
                     return self._probe(other, k_other, 1.0 / gain, b, options[other])
             self.plain_run, self.idle[name], self.probe_gap[name] = 0, 0, c.probe_init
             self.planned = (self.costs.draft_ms(name, b) or 0.0, catch_up)
-            if self._probe_depth(name, k, optimistic[name], gain):
+            depth = self._probe_depth(name, k, optimistic[name], gain)
+            if depth:
                 self.probing = (name, 1.0 / gain, self.depth_gap)
-                return self._probe(name, min(optimistic[name][1], 2 * k + 1), 1.0 / gain, b, options[name])
+                return self._probe(name, depth, 1.0 / gain, b, options[name])
             return self._speculate(name, k, gain, b, options[name])
         self.plain_run += 1
         # Nothing pays now. Probe (at its best K, not extended) the most promising drafter that has sat out more
@@ -297,27 +299,29 @@ class GoodputController(Controller):
                 return self._probe(name, k, plain_ms, b, options[name])
         return None, 0
 
-    def _probe_depth(self, name: str, k: int, optimistic: tuple[float, int], gain: float) -> bool:
-        """Whether this step probes the chosen drafter beyond its best K: when the position after K has fewer
-        observations than ``shrink`` (its α is mostly the position before it, shrunk, not measured), drafting
-        deeper would beat the plan were every draft accepted, and the drafter was chosen at least its depth gap
-        (``probe_init`` steps, doubling up to ``probe_max`` while depth probes lose) since it last drafted deeper.
+    def _probe_depth(self, name: str, k: int, optimistic: tuple[float, int], gain: float) -> int:
+        """The K at which this step probes the chosen drafter beyond its best ``k`` (0: no probe): min(best-case K,
+        2k + 1) when the position after k has fewer observations than ``shrink`` (its α is mostly the position
+        before it, shrunk, not measured), drafting deeper would beat the plan were every draft accepted, and the
+        drafter was chosen more than its depth gap (``probe_init`` steps, doubling up to ``probe_max`` while depth
+        probes lose) since it last drafted deeper. (2k + 1, not the best case: a probe that loses costs a few
+        tokens' verification, not k_max's.)
         Without it a lookup drafter whose matches are all-or-nothing (a repeated answer is accepted to its end)
         keeps a small K that its first positions' mixed record prices, and never measures how far it runs."""
         c = self.config
         best_case, k_deep = optimistic
         if not c.depth_probe:
-            return False
+            return 0
         reached = self._acceptance(name).reached
         if k_deep <= k or best_case <= gain or k >= len(reached) or reached[k] >= c.shrink:
             self.shallow[name] = 0
-            return False
+            return 0
         gap = self.depth_gap.get(name, c.probe_init)
         self.shallow[name] = self.shallow.get(name, 0) + 1
         if self.shallow[name] <= gap:
-            return False
+            return 0
         self.shallow[name], self.depth_gap[name] = 0, min(2 * gap, c.probe_max)
-        return True
+        return min(k_deep, 2 * k + 1)
 
     def _probe(self, name: str, k: int, baseline_ms: float, b: int, cap: int | None) -> tuple[str, int]:
         """A probe's plan. A probe is there to measure how deep the drafter's acceptance runs, so a drafter that
