@@ -660,7 +660,7 @@ def test_engine_tells_the_controller_what_the_draft_model_holds():
         def decide(self, options):
             return (None, 0) if self.fresh else ("draft", 2)
 
-    ctrl = Always()
+    ctrl = Always()  # lazy prefill (the default): the draft feeds what it lacks at its first proposal
     behinds: list[tuple[StepRecord, int]] = []
     observe = ctrl.costs.observe
     ctrl.costs.observe = lambda step, behind=0: (behinds.append((step, behind)), observe(step, behind))
@@ -915,3 +915,162 @@ def test_depth_probes_back_off_and_cost_little_where_deeper_does_not_pay():
     assert gaps and max(gaps) >= GoodputConfig.probe_max  # the depth gap doubles while the probes lose
     assert len(deep) <= 20
     assert g_on >= 0.97 * g_off
+
+
+# A draft model fed at the request's start, probed at once, priced per step and per token -----------------------------
+def eager_ctrl(**overrides) -> GoodputController:
+    """Plain step 100 ms; the draft model 10 ms per drafted token, 2 ms per token fed; never observed; eager
+    prefills allowed up to a tenth of the answer's plain decoding time (off by default)."""
+    ctrl = GoodputController(**{"prefill_share": 0.1, **overrides})
+    ctrl.seed_verify_costs({1: 100.0, 2: 104.0, 3: 108.0, 5: 116.0, 9: 132.0}, 200)
+    ctrl.seed_draft_costs({"model": (10.0, 2.0)})
+    return ctrl
+
+
+def test_prefill_now_feeds_a_draft_model_whose_prompt_costs_a_small_share_of_the_answer():
+    synced = {"model": 0, "lookup": 200}
+    # 200 tokens × 2 ms = 400 ms against 0.1 × 128 plain steps of 100 ms = 1280 ms: fed now; a lookup never is
+    assert eager_ctrl().prefill_now(synced, 200, 128) == {"model"}
+    assert eager_ctrl().prefill_now(synced, 200, 16) == set()  # 16 tokens to go: 160 ms, less than the feed
+    assert eager_ctrl().prefill_now({"model": 0}, 2000, 10_000) == set()  # 4 s > 0.1 × 256 (the horizon) steps
+    assert eager_ctrl().prefill_now({"model": 150}, 200, 16) == {"model"}  # it holds most of it: 100 ms
+    assert eager_ctrl().prefill_now({"model": 199}, 200, 128) == set()  # nothing worth feeding ahead
+    assert eager_ctrl(prefill_share=0.0).prefill_now(synced, 200, 128) == set()  # off
+    assert GoodputController(prefill_share=0.1).prefill_now(synced, 200, 128) == set()  # no costs measured: lazy
+    assert GoodputConfig().prefill_share == 0.0  # the default: lazy
+    dear = eager_ctrl()
+    dear.seed_draft_costs({"model": (200.0, 2.0)})  # two plain steps per drafted token: cannot pay at α = 1
+    assert dear.prefill_now(synced, 200, 128) == set()
+    losing = eager_ctrl()
+    losing.seed_draft_costs({"model": (30.0, 2.0)})
+    for _ in range(6):  # earlier requests found it rejected at once: its carried acceptance says it does not pay
+        losing._acceptance("model").observe(4, 0)
+    assert losing.prefill_now(synced, 200, 128) == set()
+    with pytest.raises(ConfigError, match="prefill_share"):
+        GoodputController(prefill_share=-0.1)
+
+
+def test_prefill_now_bets_only_on_a_draft_model_that_drafted_in_the_last_request():
+    """A prompt fed eagerly is wasted when the draft model then sits out the request: after a request in which it
+    was only probed, the next one feeds it lazily; after one in which it was chosen, eagerly again."""
+    ctrl = eager_ctrl()
+    synced = {"model": 0}
+
+    def request(steps: list[tuple[int, bool]]) -> None:  # (drafted, a probe?) per step
+        ctrl.reset()
+        ctrl.set_synced(synced)
+        ctrl.update(rec(0, 0, ctx=200))
+        for i, (n, probe) in enumerate(steps):
+            ctrl.probing = ("model", 100.0, {}) if probe else None
+            ctrl.update(rec(n, n // 2, draft_ms=10.0 * n, ctx=201 + i, drafter="model"))
+
+    assert ctrl.prefill_now(synced, 200, 128) == {"model"}  # no record: the first request bets
+    request([(0, False), (4, True), (0, False)])
+    request([])  # the request after it starts
+    assert ctrl.drafted_last == {"model": False} and ctrl.prefill_now(synced, 200, 128) == set()
+    request([(3, False), (3, False)])  # chosen (not a probe) in this one
+    request([])
+    assert ctrl.drafted_last == {"model": True} and ctrl.prefill_now(synced, 200, 128) == {"model"}
+
+
+def test_the_engine_feeds_the_prompt_eagerly_when_the_controller_asks():
+    from conftest import MarkovBackend, markov_table
+    from test_drafters import Spy
+
+    from adaspec.drafters import ModelDrafter
+    from adaspec.engine import GenerationConfig, SpeculativeEngine
+
+    class Eager(GoodputController):
+        """Speculates with K = 2 after the first step; asks for an eager prefill of every drafter it is told of."""
+
+        def decide(self, options):
+            return (None, 0) if self.fresh else ("draft", 2)
+
+        def prefill_now(self, synced, context_len, room):
+            asked.append((dict(synced), context_len, room))
+            return set(synced)
+
+    asked: list = []
+    table = markov_table(16, seed=3, scale=3.0)
+    spy = Spy(MarkovBackend(table + 0.5 * torch.randn(table.shape, generator=torch.Generator().manual_seed(4)),
+                            "draft"))
+    ctrl = Eager()
+    behinds: list[tuple[StepRecord, int]] = []
+    observe = ctrl.costs.observe
+    ctrl.costs.observe = lambda step, behind=0: (behinds.append((step, behind)), observe(step, behind))
+    told: list[dict] = []
+    set_synced = ctrl.set_synced
+    ctrl.set_synced = lambda synced: (told.append(dict(synced)), set_synced(synced))
+    engine = SpeculativeEngine(MarkovBackend(table, "target"), ModelDrafter(spy), ctrl)
+    prompt = [random.Random(8).randrange(16) for _ in range(40)]
+    cfg = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    out = engine.generate(prompt, cfg)
+    assert asked == [({"draft": 0}, 41, 11)]  # the prompt and the first token; 11 tokens to go
+    assert spy.fed[0] == 40  # the prompt, in one forward, before any step (the first token comes with the draft)
+    assert told == [{"draft": 40}]
+    step, behind = next((step, behind) for step, behind in behinds if step.drafted)
+    assert behind <= MeasuredCosts.STEADY  # its first proposal has no catch-up left
+    plain = SpeculativeEngine(MarkovBackend(table, "target")).generate(prompt, cfg)
+    assert out.token_ids == plain.token_ids  # greedy: still the target's own tokens
+
+
+def test_a_drafter_never_observed_is_probed_at_once_and_later_ones_wait_their_gap():
+    """The draft model does not pay under the prior α (0.5) and the request's first probe comes at its second
+    step, not after probe_init plain steps; a probe it loses sends it back to waiting probe_init steps, and in the
+    next request, whose acceptance is carried, it waits its gap too."""
+    ctrl = eager_ctrl(probe_init=6)
+    ctrl.seed_draft_costs({"model": (40.0, 2.0)})  # 40 % of a plain step per drafted token: pays only if α is high
+    ctrl.set_synced({"model": 200})
+    ctrl.update(rec(0, 0, ctx=200))
+    ks = []
+    for step in range(1, 12):
+        name = ctrl.choose_drafter({"model": None})
+        k = ctrl.next_k()
+        ks.append(k if name else 0)
+        ctrl.update(rec(k, 0, draft_ms=40.0 * k, verify_ms=100.0 + 4 * k, ctx=200 + step, drafter="model") if k
+                    else rec(0, 0, ctx=200 + step))
+    assert ks[0] > 0  # probed at once
+    assert ks[1:7] == [0] * 6 and ks[7] > 0  # the probe lost (nothing accepted): its gap, then the next probe
+    ctrl.reset()
+    ctrl.set_synced({"model": 300})
+    ctrl.update(rec(0, 0, ctx=300))
+    assert [ctrl.choose_drafter({"model": None}) for _ in range(3)] == [None] * 3  # carried evidence: no rush
+
+
+def test_the_stop_rule_looks_past_a_next_token_that_costs_a_step():
+    """A verification curve that is flat, then one step dearer at the third token, then nearly flat again (as on a
+    CPU, where n = 2 costs a plain step but n = 3 costs 1.5). After one sure token the next alone does not pay,
+    while drafting on to the sixth does: the threshold is the best over every later stopping point, not the next
+    token's alone."""
+    ctrl = GoodputController()
+    curve = {1: 100.0, 2: 100.0, 3: 150.0, 4: 152.0, 5: 154.0, 6: 156.0, 7: 158.0, 8: 160.0, 9: 162.0}
+    ctrl.seed_verify_costs(curve, 100)
+    ctrl.seed_draft_costs({"d": (5.0, 1.0)})
+    alphas = [0.95] * 8
+    gain = expected_tokens(alphas, 1) / (5.0 + 100.0)  # the plan: one drafted token per step
+    thresholds = ctrl._stop_thresholds("d", gain, 0, 8, alphas)
+    for j, t in enumerate(thresholds):  # brute force: the best later stopping point m
+        reach, tokens, best = 1.0, 0.0, float("inf")
+        for m in range(j + 1, 8):
+            reach *= alphas[m]
+            tokens += reach
+            best = min(best, gain * ((m - j) * 5.0 + curve[m + 2] - curve[j + 2]) / tokens)
+        assert t == pytest.approx(best)
+    next_only = gain * (5.0 + curve[3] - curve[2]) / alphas[1]
+    assert thresholds[0] < 0.95 < next_only  # a sure first token (0.95): draft on; the next-token rule stopped
+
+
+def test_draft_time_is_fitted_per_step_and_per_token_once_two_lengths_are_seen():
+    costs = MeasuredCosts()
+    for _ in range(3):  # K = 1 only: 8 ms per step, all of it billed per token
+        costs.observe(rec(1, 1, draft_ms=8.0), behind=2)
+    assert costs.draft_step_ms(4, 0, "d") == pytest.approx(32.0) and costs.marginal_draft_ms("d", 0) == 8.0
+    for _ in range(2):  # K = 4 at 23 ms: 3 ms per step (feeding the last draft and correction) + 5 ms per token
+        costs.observe(rec(4, 4, draft_ms=23.0), behind=2)
+    assert costs.draft_fit["d"] == (pytest.approx(3.0), pytest.approx(5.0))
+    assert costs.draft_step_ms(6, 0, "d") == pytest.approx(33.0) and costs.marginal_draft_ms("d", 0) == 5.0
+    assert costs.spec_step_ms(6, 0, "d") == pytest.approx(33.0 + costs.verify_ms(7, 0))
+    odd = MeasuredCosts()  # a line that would need a negative per-step time is not kept
+    for n, ms in ((1, 2.0), (1, 2.0), (4, 23.0), (4, 23.0)):
+        odd.observe(rec(n, n, draft_ms=ms), behind=0)
+    assert "d" not in odd.draft_fit and odd.draft_step_ms(2, 0, "d") == 2 * odd.draft_ms("d", 0)

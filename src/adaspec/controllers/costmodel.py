@@ -69,10 +69,18 @@ class CostModel:
     def plain_step_ms(self, at: float) -> float:
         return self.verify_ms(1, at) + self.step_overhead_ms()
 
+    def draft_step_ms(self, k: float, at: float, drafter) -> float:
+        """Drafting time of a step that drafts ``k`` tokens, ms: K t_d (a subclass may measure it otherwise)."""
+        return k * self.draft_ms(drafter, at)
+
+    def marginal_draft_ms(self, drafter, at: float) -> float:
+        """What one more drafted token adds to a step's drafting time, ms: t_d (a subclass may measure it)."""
+        return self.draft_ms(drafter, at)
+
     def spec_step_ms(self, k: float, at: float, drafter, catch_up_ms: float = 0.0) -> float:
         """T(K) at ``at``, plus ``catch_up_ms`` (a drafter's share of feeding the tokens it missed). ``drafter``
         needs a known draft time."""
-        return k * self.draft_ms(drafter, at) + self.verify_ms(k + 1, at) + self.step_overhead_ms() + catch_up_ms
+        return self.draft_step_ms(k, at, drafter) + self.verify_ms(k + 1, at) + self.step_overhead_ms() + catch_up_ms
 
     # Predictions (i.i.d. acceptance α) ---------------------------------------------------------------------
     def speedup(self, alpha: float, k: float, at: float, drafter, plain_fraction: float = 0.0) -> float:
@@ -173,6 +181,8 @@ class MeasuredCosts(CostModel):
         self.seed_as_measured = False  # seeds are not levelled by observed steps, in any bucket (a batched row)
         self.draft_seed: dict[str, tuple[float, float]] = {}  # per drafter: measured (draft, feed) ms per token,
         # used until its own steps measure them (seed_draft)
+        self.draft_pairs: dict[str, deque[tuple[int, float]]] = {}  # per drafter: (drafted, draft ms) of steady steps
+        self.draft_fit: dict[str, tuple[float, float]] = {}  # per drafter: (ms per step, ms per token)
         self.overhead = Recent(window)
 
     def observe(self, step: StepRecord, behind: int = 0) -> None:
@@ -188,6 +198,7 @@ class MeasuredCosts(CostModel):
             d, extra = step.drafter, behind - self.STEADY
             if extra <= 0:
                 self.draft.setdefault(d, {}).setdefault(b, Recent(self.window)).add(step.draft_ms / step.drafted)
+                self._observe_pair(d, step.drafted, step.draft_ms)
                 for draft_ms, drafted, extra_then in self.unsteady.pop(d, []):
                     self._observe_feed(d, b, draft_ms, drafted, extra_then)
             elif d in self.draft:
@@ -199,8 +210,32 @@ class MeasuredCosts(CostModel):
         self.overhead.add(max(0.0, step.total_ms - step.draft_ms - step.verify_ms))
 
     def _observe_feed(self, d: str, b: int, draft_ms: float, drafted: int, extra: int) -> None:
-        per_token = self.draft_ms(d, b) or 0.0
-        self.feed.setdefault(d, Recent(self.window)).add(max(draft_ms - drafted * per_token, 0.0) / extra)
+        drafting = self.draft_step_ms(drafted, b, d) if self.draft_ms(d, b) else 0.0
+        self.feed.setdefault(d, Recent(self.window)).add(max(draft_ms - drafting, 0.0) / extra)
+
+    def _observe_pair(self, d: str, drafted: int, draft_ms: float) -> None:
+        """Refit ``d``'s steady draft time as ms per step + ms per token (:meth:`draft_step_ms`) with a new step:
+        a least-squares line through the median time of each draft length among the last ``4 · window`` steady
+        steps, weighted by how many steps each has, once at least two lengths have two steps each (no fit before:
+        the per-token median stands). A fit whose line leaves the measured range (negative per-step or per-token
+        time) is not kept."""
+        pairs = self.draft_pairs.setdefault(d, deque(maxlen=4 * self.window))
+        pairs.append((drafted, draft_ms))
+        groups: dict[int, list[float]] = {}
+        for n, ms in pairs:
+            groups.setdefault(n, []).append(ms)
+        points = [(n, statistics.median(v), len(v)) for n, v in groups.items() if len(v) >= 2]
+        self.draft_fit.pop(d, None)
+        if len(points) < 2:
+            return
+        weight = sum(w for _, _, w in points)
+        mean_n = sum(n * w for n, _, w in points) / weight
+        mean_ms = sum(ms * w for _, ms, w in points) / weight
+        spread = sum(w * (n - mean_n) ** 2 for n, _, w in points)
+        per_token = sum(w * (n - mean_n) * (ms - mean_ms) for n, ms, w in points) / spread
+        per_step = mean_ms - per_token * mean_n
+        if per_token > 0 and per_step >= 0:
+            self.draft_fit[d] = (per_step, per_token)
 
     def seed_verify(self, curve: Mapping[int, float], context_len: int, *, level_from_steps: bool = True) -> None:
         """Seed the verification curve with ``curve`` ({n tokens: ms per forward}) measured at ``context_len``
@@ -250,6 +285,20 @@ class MeasuredCosts(CostModel):
             return per_bucket[_nearest(per_bucket, b)].value
         seed = self.draft_seed.get(drafter)
         return seed[0] if seed else None
+
+    def draft_step_ms(self, k: float, at: int, drafter: str) -> float:
+        """Drafting time of a step that drafts ``k`` tokens at bucket ``at``: ``s + k t`` where the drafter's steady
+        steps have been fitted as ms per step ``s`` plus ms per token ``t`` (:meth:`_observe_pair`), else
+        ``k · draft_ms``. A draft model's step first feeds the previous step's last draft and correction, one
+        forward whatever K, so its per-token median over steps of K = 1 bills that forward to the one token and
+        makes deeper drafts look dearer than they are."""
+        fit = self.draft_fit.get(drafter)
+        return fit[0] + k * fit[1] if fit else k * self.draft_ms(drafter, at)
+
+    def marginal_draft_ms(self, drafter: str, at: int) -> float:
+        """One more drafted token's time: the fitted ms per token (:meth:`draft_step_ms`), else ``draft_ms``."""
+        fit = self.draft_fit.get(drafter)
+        return fit[1] if fit else self.draft_ms(drafter, at)
 
     def feed_ms(self, drafter: str, b: int) -> float:
         """Per-token catch-up time of ``drafter`` (before it was measured: its seed, else a quarter of its draft

@@ -11,6 +11,9 @@ machine, per context-length bucket, while decoding:
                (``shrink`` pseudo-observations; position 0 toward ``prior``).
     t_d(d, L)  drafting time per token of drafter d at context bucket L: median of recent draft_ms / drafted over
                steps without catch-up (d drafted the step before, so it only feeds the last draft and correction).
+               Once such steps of two draft lengths have been seen, K drafted tokens cost s_d + K t'_d instead of
+               K t_d, a line fitted to them (:meth:`MeasuredCosts.draft_step_ms`): a draft model's step starts with
+               one forward over the last draft and correction whatever K, a cost per step, not per token.
     f_d        catch-up time per token: a drafter that sat out some steps (or, prefilled lazily, never ran in this
                request) first feeds the c tokens it missed; measured from such steps as
                (draft_ms − drafted · t_d) / (c − 2). At a request's start the engine tells the controller how
@@ -33,6 +36,7 @@ machine, per context-length bucket, while decoding:
 
     E_d(K)  = 1 + Σ_{j=1..K} Π_{i<j} α_d[i]                            expected tokens emitted by the step
     G(d, K) = E_d(K) / (K t_d(d, L) + t_v(K + 1, L) + o + f_d c / H)    expected tokens per millisecond
+              (K t_d read as s_d + K t'_d once fitted)
     G(plain) = 1 / (t_v(1, L) + o)
 
 where the one-off catch-up f_d · c is spread over the ``horizon`` H steps that switching to d is expected to
@@ -41,11 +45,18 @@ last. (Where a long prompt costs seconds to feed to a draft model, speculating f
 K ranges over 1..k_max (and no further than a lookup drafter's match can propose). The controller speculates with
 the best (d, K) when G(d, K) >= min_gain · G(plain) and takes a plain step (K = 0) otherwise, so speculation never
 runs where it is predicted to lose. When nothing pays it still probes the most promising drafter that has sat out
-more than its probe gap (``probe_init`` steps, doubling up to ``probe_max`` while that drafter keeps losing; counted
+more than its probe gap (``probe_init`` steps, doubling up to ``probe_max`` while that drafter keeps losing; none
+for a drafter never observed, whose acceptance is only the prior; counted
 per drafter, so a lookup drafter that pays now and then does not starve the draft model of probes), to notice when
 the text turns predictable, unless the probe's catch-up would cost more than a ``probe_share`` of the request's
 time so far (at least one plain step, at most ``probe_budget``): a short request never pays a draft prefill it
-cannot earn back. A drafter whose draft
+cannot earn back. With ``prefill_share`` > 0 (off by default), a draft model whose prompt feed costs at most
+``prefill_share`` of the plain decoding time of
+min(``room``, ``prefill_horizon``) tokens, that could pay (were every draft accepted; by its carried acceptance
+where it has enough) and that drafted outside probes in the last request that had it (or never ran), is instead
+fed the prompt in one batched forward when the request starts
+(:meth:`GoodputController.prefill_now`; after the first token, so TTFT does not change), so that it can be probed
+from the second step, catch-up free. A drafter whose draft
 time was never measured without catch-up is tried at ``k_init`` (twice in a row for a lazily prefilled draft model:
 the first try feeds it the prompt tokens it lacks, the second measures t_d, and the first is then booked as
 catch-up f_d), unless its t_d and f_d were seeded from a measurement made elsewhere
@@ -65,10 +76,13 @@ request (they belong to the text).
 derived from the cost model instead of tuned): a drafter that reports its token probabilities q (a draft model
 does) may draft up to k_max tokens, and stops after token j once
 
-    Π_{i<=j} â(q_i) · α_d[j+1]  <  G(d, K) · (t_d(d, L) + t_v(j+3, L) − t_v(j+2, L)),
+    Π_{i<=j} â(q_i) · Σ_{i=j+1..m} Π_{l=j+1..i} α_d[l]  <  G(d, K) · ((m − j) t_d + t_v(m+2, L) − t_v(j+2, L))
+    for every m > j,
 
-i.e. when the next token's expected contribution per millisecond falls below the step's planned goodput, which is
-when drafting it would lower the step's tokens per millisecond. â(q) is the probability that a token drafted with
+i.e. when drafting on to any later token would add fewer expected tokens per millisecond than the step's planned
+goodput, which is when it would lower the step's tokens per millisecond (for m = j + 1 alone this is the next
+token's marginal rule, which stops too early where one more token costs much more verification than the few
+after it). â(q) is the probability that a token drafted with
 probability q is accepted, calibrated online on verified outcomes (:class:`~adaspec.controllers.threshold.Calibration`).
 
 With a :class:`~adaspec.drafters.multi.MultiDrafter` the engine asks :meth:`GoodputController.choose_drafter`
@@ -116,6 +130,8 @@ class GoodputConfig:
     probe_budget: float = 8.0
     probe_share: float = 0.25
     depth_probe: bool = True
+    prefill_share: float = 0.0  # off: measured to cost 4-5 % where the draft then sits out (docs/findings/new-text.md)
+    prefill_horizon: int = 256
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_init <= self.k_max:
@@ -131,6 +147,8 @@ class GoodputConfig:
             raise ConfigError("need 1 <= probe_init <= probe_max")
         if self.horizon < 1 or self.probe_budget < 0 or self.probe_share < 0:
             raise ConfigError("need horizon >= 1, probe_budget >= 0 and probe_share >= 0")
+        if self.prefill_share < 0 or self.prefill_horizon < 1:
+            raise ConfigError("need prefill_share >= 0 and prefill_horizon >= 1")
 
 
 class GoodputController(Controller):
@@ -160,6 +178,11 @@ class GoodputController(Controller):
     def reset(self) -> None:
         for acc in self.acceptance.values():
             acc.scale(self.config.carry)
+        # per drafter, across requests: whether it drafted outside probes in the last request that had it
+        self.drafted_last: dict[str, bool] = getattr(self, "drafted_last", {})
+        for name in getattr(self, "synced", {}):
+            self.drafted_last[name] = name in self._chosen
+        self._chosen: set[str] = set()  # drafters that drafted in this request, probes left out
         self._plan: tuple[str | None, int] | None = None
         self.synced: dict[str, int] = {}  # per drafter: tokens of this request's sequence it has seen
         self.fresh = True  # no step of this request seen yet: the context length is unknown
@@ -174,6 +197,35 @@ class GoodputController(Controller):
         """At a request's start: per drafter, the leading tokens of the sequence it already holds (a draft model
         keeps its cache across requests that share a prefix), so its catch-up counts only the tokens it lacks."""
         self.synced.update(synced)
+
+    def prefill_now(self, synced: Mapping[str, int], context_len: int, room: int) -> set[str]:
+        """The draft models worth feeding the prompt at the request's start: each whose catch-up (its measured
+        feed time per token times the tokens it lacks) costs at most ``prefill_share`` of the plain decoding time
+        of min(``room``, ``prefill_horizon``) tokens, that would beat plain decoding were every draft accepted, and
+        whose acceptance carried from earlier requests, where there is enough of it (``shrink`` observations at
+        position 0), says it pays; and only while it is unknown or drafted outside probes in the last request that
+        had it (a prompt fed for a draft model that then sits out the request is wasted: on prose, where probes
+        lose, that cost 4-5 % of decoding). A draft model never measured here (no draft or feed time) stays lazy."""
+        c = self.config
+        if not self.costs.measured or c.prefill_share <= 0:
+            return set()
+        b = bucket_of(context_len)
+        plain_ms = self.costs.plain_step_ms(b)
+        budget = c.prefill_share * min(room, c.prefill_horizon) * plain_ms
+        out = set()
+        for name, held in synced.items():
+            behind = context_len - held
+            known = name in self.costs.feed or name in self.costs.draft_seed
+            if behind <= MeasuredCosts.STEADY or not known or not self.drafted_last.get(name, True) \
+                    or not self.costs.draft_ms(name, b) \
+                    or self.costs.feed_ms(name, b) * behind > budget:
+                continue
+            acc = self._acceptance(name)
+            alphas = acc.rates() if acc.reached[0] >= c.shrink else [1.0] * c.k_max
+            gain = max(expected_tokens(alphas, k) / self.costs.spec_step_ms(k, b, name) for k in range(1, c.k_max + 1))
+            if gain >= c.min_gain / plain_ms:
+                out.add(name)
+        return out
 
     def seed_verify_costs(self, curve: Mapping[int, float], context_len: int, *,
                           level_from_steps: bool = True) -> None:
@@ -271,10 +323,10 @@ class GoodputController(Controller):
             # (a free lookup with a long match, say) is probed instead, judged against the chosen one's rate: a
             # drafter that pays must not keep another that may pay more from ever being measured again.
             for other, (best_case, k_other) in sorted(optimistic.items(), key=lambda kv: kv[1], reverse=True):
-                gap = self.probe_gap.get(other, c.probe_init)
+                gap = self._probe_gap(other)
                 if other != name and best_case > gain and self.idle[other] > gap \
                         and candidates[other][2] <= self._probe_allowance(plain_ms):
-                    self.idle[other], self.probe_gap[other] = 0, min(2 * gap, c.probe_max)
+                    self.idle[other], self.probe_gap[other] = 0, self._next_gap(gap)
                     self.probing = (other, 1.0 / gain, self.probe_gap)
                     self.planned = (self.costs.draft_ms(other, b) or 0.0, candidates[other][2])
                     return self._probe(other, k_other, 1.0 / gain, b, options[other])
@@ -291,13 +343,25 @@ class GoodputController(Controller):
         # the draft model from ever being re-measured -- unless its catch-up would cost more than plain steps.
         for gain, name, k, catch_up in sorted(((g, n, kk, cu) for n, (g, kk, cu) in candidates.items()),
                                               reverse=True):
-            gap = self.probe_gap.get(name, c.probe_init)
+            gap = self._probe_gap(name)
             if self.idle[name] > gap and catch_up <= self._probe_allowance(plain_ms):  # else: as soon as allowed
-                self.idle[name], self.probe_gap[name] = 0, min(2 * gap, c.probe_max)
+                self.idle[name], self.probe_gap[name] = 0, self._next_gap(gap)
                 self.probing = (name, plain_ms, self.probe_gap)
                 self.planned = (self.costs.draft_ms(name, b) or 0.0, catch_up)
                 return self._probe(name, k, plain_ms, b, options[name])
         return None, 0
+
+    def _probe_gap(self, name: str) -> int:
+        """Steps ``name`` must sit out before it is probed: its probe gap, or none for a drafter never observed (no
+        acceptance record, not even one carried from an earlier request: its α is the prior, a guess that one
+        probe replaces with a measurement)."""
+        if name not in self.probe_gap and not self._acceptance(name).reached[0]:
+            return 0
+        return self.probe_gap.get(name, self.config.probe_init)
+
+    def _next_gap(self, gap: int) -> int:
+        """The probe gap after a probe at ``gap``: doubled (up to ``probe_max``); ``probe_init`` after a first one."""
+        return min(2 * gap, self.config.probe_max) if gap else self.config.probe_init
 
     def _probe_depth(self, name: str, k: int, optimistic: tuple[float, int], gain: float) -> int:
         """The K at which this step probes the chosen drafter beyond its best ``k`` (0: no probe): min(best-case K,
@@ -334,11 +398,22 @@ class GoodputController(Controller):
 
     def _stop_thresholds(self, name: str, gain: float, b: int, k_top: int, alphas: list[float]) -> list[float]:
         """Per draft position j, the calibrated probability that tokens 0..j are all accepted below which drafting
-        token j + 1 would lower the step's tokens per millisecond under ``gain``: gain · (t_d + Δt_v) / α[j + 1]."""
-        per_token = self.costs.draft_ms(name, b) or 0.0
+        on to any later token m would lower the step's tokens per millisecond under ``gain``:
+        min over m > j of gain · ((m − j) t_d + t_v(m + 2) − t_v(j + 2)) / Σ_{i=j+1..m} Π_{l=j+1..i} α[l].
+        (Looking beyond the next token matters where the verification curve is not convex: on a CPU one more
+        token can cost a step's worth while the few after it are cheap.)"""
+        per_token = self.costs.marginal_draft_ms(name, b) if self.costs.draft_ms(name, b) else 0.0
         verify = [self.costs.verify_ms(n, b) for n in range(1, k_top + 2)]  # verify[n - 1] = t_v(n)
-        return [gain * (per_token + max(verify[j + 2] - verify[j + 1], 0.0)) / max(alphas[j + 1], 1e-6)
-                for j in range(k_top - 1)]
+        out = []
+        for j in range(k_top - 1):
+            best, reach, tokens = float("inf"), 1.0, 0.0
+            for m in range(j + 1, k_top):
+                reach *= alphas[m]
+                tokens += reach
+                cost = (m - j) * per_token + max(verify[m + 1] - verify[j + 1], 0.0)
+                best = min(best, gain * cost / max(tokens, 1e-6))
+            out.append(best)
+        return out
 
     def _probe_allowance(self, plain_ms: float) -> float:
         """Milliseconds a probe may spend catching its drafter up: a share (``probe_share``) of what this request
@@ -387,8 +462,9 @@ class GoodputController(Controller):
         """A probe that beat its baseline (one token per ``baseline_ms``; tokens per millisecond of its drafting, at
         the steady draft cost, and verification) resets the drafter's gap in ``gaps`` (its probe gap, or its depth
         gap for a depth probe): a gap doubles only while the drafter keeps losing."""
-        per_token = self.costs.draft_ms(name, bucket_of(step.context_len)) or step.draft_ms / step.drafted
-        cost = step.drafted * per_token + step.verify_ms + self.costs.overhead_ms()
+        b = bucket_of(step.context_len)
+        drafting = self.costs.draft_step_ms(step.drafted, b, name) if self.costs.draft_ms(name, b) else step.draft_ms
+        cost = drafting + step.verify_ms + self.costs.overhead_ms()
         if step.emitted / cost >= self.config.min_gain / baseline_ms:
             gaps[name] = self.config.probe_init
 
@@ -403,6 +479,8 @@ class GoodputController(Controller):
         self.costs.observe(step, behind)
         if step.drafted and self.probing is not None and self.probing[0] == step.drafter:
             self._judge_probe(step, *self.probing)
+        elif step.drafted:
+            self._chosen.add(step.drafter)
         self.probing = None
         if step.drafted:  # it has fed the context and its drafts but the last; those past the rejection are gone
             self.synced[step.drafter] = step.context_len + min(step.drafted - 1, step.accepted)
