@@ -2,14 +2,15 @@
 the mean per-prompt decode speedup of the default (hybrid-suffix/goodput) over plain decoding of the same pass, its
 mean K, τ and the share of steps that drafted; and `make demo`'s prompt end to end (generate --compare --json).
 
-    python summary.py        (run from anywhere; reads the files beside it)
+    python summary.py [FOLDER]   (default: the files beside it; v1/ and v2/ hold the runs with the eager prefill on)
 """
 import collections
 import json
 import statistics
+import sys
 from pathlib import Path
 
-here = Path(__file__).parent
+here = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
 M = "hybrid-suffix/goodput"
 
 
