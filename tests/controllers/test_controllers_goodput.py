@@ -961,6 +961,7 @@ def test_prefill_now_bets_only_on_a_draft_model_that_drafted_in_the_last_request
         ctrl.set_synced(synced)
         ctrl.update(rec(0, 0, ctx=200))
         for i, (n, probe) in enumerate(steps):
+            ctrl.choose_drafter({"model": None})  # a candidate at this step
             ctrl.probing = ("model", 100.0, {}) if probe else None
             ctrl.update(rec(n, n // 2, draft_ms=10.0 * n, ctx=201 + i, drafter="model"))
 
@@ -971,6 +972,9 @@ def test_prefill_now_bets_only_on_a_draft_model_that_drafted_in_the_last_request
     request([(3, False), (3, False)])  # chosen (not a probe) in this one
     request([])
     assert ctrl.drafted_last == {"model": True} and ctrl.prefill_now(synced, 200, 128) == {"model"}
+    request([])  # a request of one (plain) step never offered the choice: the record stands
+    request([])
+    assert ctrl.drafted_last == {"model": True}
 
 
 def test_the_engine_feeds_the_prompt_eagerly_when_the_controller_asks():
@@ -1067,9 +1071,17 @@ def test_draft_time_is_fitted_per_step_and_per_token_once_two_lengths_are_seen()
     assert costs.draft_step_ms(4, 0, "d") == pytest.approx(32.0) and costs.marginal_draft_ms("d", 0) == 8.0
     for _ in range(2):  # K = 4 at 23 ms: 3 ms per step (feeding the last draft and correction) + 5 ms per token
         costs.observe(rec(4, 4, draft_ms=23.0), behind=2)
-    assert costs.draft_fit["d"] == (pytest.approx(3.0), pytest.approx(5.0))
+    assert costs.draft_fit["d", 0] == (pytest.approx(3.0), pytest.approx(5.0))
     assert costs.draft_step_ms(6, 0, "d") == pytest.approx(33.0) and costs.marginal_draft_ms("d", 0) == 5.0
     assert costs.spec_step_ms(6, 0, "d") == pytest.approx(33.0 + costs.verify_ms(7, 0))
+    for _ in range(3):  # tree steps: drafted counts nodes, not forwards; they are left out of the fit
+        step = rec(16, 3, draft_ms=24.0)
+        costs.observe(StepRecord(**{**step.__dict__, "tree": True}), behind=2)
+    assert costs.draft_fit["d", 0] == (pytest.approx(3.0), pytest.approx(5.0))
+    far = bucket_of(4000)  # a fit belongs to its context bucket: another bucket uses its own per-token median
+    for _ in range(3):
+        costs.observe(rec(1, 1, draft_ms=15.0, ctx=4000), behind=2)
+    assert ("d", far) not in costs.draft_fit and costs.draft_step_ms(4, far, "d") == pytest.approx(60.0)
     odd = MeasuredCosts()  # a line that would need a negative per-step time is not kept
     for n, ms in ((1, 2.0), (1, 2.0), (4, 23.0), (4, 23.0)):
         odd.observe(rec(n, n, draft_ms=ms), behind=0)

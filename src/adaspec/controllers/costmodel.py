@@ -181,8 +181,9 @@ class MeasuredCosts(CostModel):
         self.seed_as_measured = False  # seeds are not levelled by observed steps, in any bucket (a batched row)
         self.draft_seed: dict[str, tuple[float, float]] = {}  # per drafter: measured (draft, feed) ms per token,
         # used until its own steps measure them (seed_draft)
-        self.draft_pairs: dict[str, deque[tuple[int, float]]] = {}  # per drafter: (drafted, draft ms) of steady steps
-        self.draft_fit: dict[str, tuple[float, float]] = {}  # per drafter: (ms per step, ms per token)
+        # per (drafter, bucket): (drafted, draft ms) of steady chain steps, and the line fitted to them
+        self.draft_pairs: dict[tuple[str, int], deque[tuple[int, float]]] = {}
+        self.draft_fit: dict[tuple[str, int], tuple[float, float]] = {}  # (ms per step, ms per token)
         self.overhead = Recent(window)
 
     def observe(self, step: StepRecord, behind: int = 0) -> None:
@@ -198,7 +199,8 @@ class MeasuredCosts(CostModel):
             d, extra = step.drafter, behind - self.STEADY
             if extra <= 0:
                 self.draft.setdefault(d, {}).setdefault(b, Recent(self.window)).add(step.draft_ms / step.drafted)
-                self._observe_pair(d, step.drafted, step.draft_ms)
+                if not step.tree:  # a tree's drafted counts its nodes, not the draft's forwards
+                    self._observe_pair(d, b, step.drafted, step.draft_ms)
                 for draft_ms, drafted, extra_then in self.unsteady.pop(d, []):
                     self._observe_feed(d, b, draft_ms, drafted, extra_then)
             elif d in self.draft:
@@ -213,19 +215,19 @@ class MeasuredCosts(CostModel):
         drafting = self.draft_step_ms(drafted, b, d) if self.draft_ms(d, b) else 0.0
         self.feed.setdefault(d, Recent(self.window)).add(max(draft_ms - drafting, 0.0) / extra)
 
-    def _observe_pair(self, d: str, drafted: int, draft_ms: float) -> None:
-        """Refit ``d``'s steady draft time as ms per step + ms per token (:meth:`draft_step_ms`) with a new step:
+    def _observe_pair(self, d: str, b: int, drafted: int, draft_ms: float) -> None:
+        """Refit ``d``'s steady draft time at bucket ``b`` as ms per step + ms per token (:meth:`draft_step_ms`) with a new step:
         a least-squares line through the median time of each draft length among the last ``4 · window`` steady
         steps, weighted by how many steps each has, once at least two lengths have two steps each (no fit before:
         the per-token median stands). A fit whose line leaves the measured range (negative per-step or per-token
         time) is not kept."""
-        pairs = self.draft_pairs.setdefault(d, deque(maxlen=4 * self.window))
+        pairs = self.draft_pairs.setdefault((d, b), deque(maxlen=4 * self.window))
         pairs.append((drafted, draft_ms))
         groups: dict[int, list[float]] = {}
         for n, ms in pairs:
             groups.setdefault(n, []).append(ms)
         points = [(n, statistics.median(v), len(v)) for n, v in groups.items() if len(v) >= 2]
-        self.draft_fit.pop(d, None)
+        self.draft_fit.pop((d, b), None)
         if len(points) < 2:
             return
         weight = sum(w for _, _, w in points)
@@ -235,7 +237,7 @@ class MeasuredCosts(CostModel):
         per_token = sum(w * (n - mean_n) * (ms - mean_ms) for n, ms, w in points) / spread
         per_step = mean_ms - per_token * mean_n
         if per_token > 0 and per_step >= 0:
-            self.draft_fit[d] = (per_step, per_token)
+            self.draft_fit[d, b] = (per_step, per_token)
 
     def seed_verify(self, curve: Mapping[int, float], context_len: int, *, level_from_steps: bool = True) -> None:
         """Seed the verification curve with ``curve`` ({n tokens: ms per forward}) measured at ``context_len``
@@ -288,16 +290,17 @@ class MeasuredCosts(CostModel):
 
     def draft_step_ms(self, k: float, at: int, drafter: str) -> float:
         """Drafting time of a step that drafts ``k`` tokens at bucket ``at``: ``s + k t`` where the drafter's steady
-        steps have been fitted as ms per step ``s`` plus ms per token ``t`` (:meth:`_observe_pair`), else
+        chain steps in that bucket have been fitted as ms per step ``s`` plus ms per token ``t``
+        (:meth:`_observe_pair`), else
         ``k · draft_ms``. A draft model's step first feeds the previous step's last draft and correction, one
         forward whatever K, so its per-token median over steps of K = 1 bills that forward to the one token and
         makes deeper drafts look dearer than they are."""
-        fit = self.draft_fit.get(drafter)
+        fit = self.draft_fit.get((drafter, at))
         return fit[0] + k * fit[1] if fit else k * self.draft_ms(drafter, at)
 
     def marginal_draft_ms(self, drafter: str, at: int) -> float:
         """One more drafted token's time: the fitted ms per token (:meth:`draft_step_ms`), else ``draft_ms``."""
-        fit = self.draft_fit.get(drafter)
+        fit = self.draft_fit.get((drafter, at))
         return fit[1] if fit else self.draft_ms(drafter, at)
 
     def feed_ms(self, drafter: str, b: int) -> float:

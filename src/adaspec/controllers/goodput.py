@@ -16,7 +16,8 @@ machine, per context-length bucket, while decoding:
                one forward over the last draft and correction whatever K, a cost per step, not per token.
     f_d        catch-up time per token: a drafter that sat out some steps (or, prefilled lazily, never ran in this
                request) first feeds the c tokens it missed; measured from such steps as
-               (draft_ms − drafted · t_d) / (c − 2). At a request's start the engine tells the controller how
+               (draft_ms − drafting time of its K) / (c − 2). At a request's start the engine tells the controller
+               how
                much of the sequence each drafter already holds (:meth:`GoodputController.set_synced`: a draft
                model keeps its cache across requests that share a prefix), so c counts only the tokens it lacks.
     t_v(n, L)  target verification time of n = K + 1 tokens at context bucket L: median of recent verify_ms per
@@ -180,8 +181,9 @@ class GoodputController(Controller):
             acc.scale(self.config.carry)
         # per drafter, across requests: whether it drafted outside probes in the last request that had it
         self.drafted_last: dict[str, bool] = getattr(self, "drafted_last", {})
-        for name in getattr(self, "synced", {}):
-            self.drafted_last[name] = name in self._chosen
+        for name in getattr(self, "synced", {}):  # those it could have chosen (a one-step request leaves it as it was)
+            if name in self._chosen or name in getattr(self, "idle", {}):
+                self.drafted_last[name] = name in self._chosen
         self._chosen: set[str] = set()  # drafters that drafted in this request, probes left out
         self._plan: tuple[str | None, int] | None = None
         self.synced: dict[str, int] = {}  # per drafter: tokens of this request's sequence it has seen
@@ -425,9 +427,9 @@ class GoodputController(Controller):
 
     def _speculate(self, name: str, k: int, gain: float, b: int, cap: int | None) -> tuple[str, int]:
         """The step's plan. With the confidence stop and a drafter that consults it, the draft may run to k_max
-        and stops after token j once the calibrated probability that tokens 0..j all get accepted, times the
-        next position's acceptance, is below the planned goodput times the next token's cost: the marginal
-        token would lower the step's expected tokens per millisecond."""
+        and stops after token j once the calibrated probability that tokens 0..j all get accepted is below every
+        threshold of :meth:`_stop_thresholds`: drafting on to any later token would lower the step's expected
+        tokens per millisecond."""
         return self._plan_stop(name, k, gain, b, cap, measured=True)
 
     def _plan_stop(self, name: str, k: int, gain: float, b: int, cap: int | None, measured: bool) -> tuple[str, int]:
@@ -477,9 +479,10 @@ class GoodputController(Controller):
     def update(self, step: StepRecord) -> None:
         behind = step.context_len - self.synced.get(step.drafter, 0) if step.drafted else 0
         self.costs.observe(step, behind)
-        if step.drafted and self.probing is not None and self.probing[0] == step.drafter:
-            self._judge_probe(step, *self.probing)
-        elif step.drafted:
+        probe = self.probing if step.drafted and self.probing is not None and self.probing[0] == step.drafter else None
+        if probe is not None:
+            self._judge_probe(step, *probe)
+        if step.drafted and (probe is None or probe[2] is self.depth_gap):  # a depth probe's drafter was chosen
             self._chosen.add(step.drafter)
         self.probing = None
         if step.drafted:  # it has fed the context and its drafts but the last; those past the rejection are gone
