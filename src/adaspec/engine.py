@@ -21,7 +21,7 @@ from adaspec.controllers.tree_choice import AlwaysTrees, TreeChoice
 from adaspec.constrained import RequestGrammar
 from adaspec.drafters.base import Draft, Drafter, empty_draft
 from adaspec.drafters.forced import ForcedDrafter, request_drafter, unwrapped, without_forced
-from adaspec.drafters.multi import cached_prefixes, feed_drafters, measure_drafters, route
+from adaspec.drafters.multi import cached_prefixes, measure_drafters, route
 from adaspec.errors import ConfigError
 from adaspec.logprobs import score_rows, token_logprobs
 from adaspec.request import (  # noqa: F401 (re-exported: adaspec.engine is where users import the request types)
@@ -145,13 +145,9 @@ class SpeculativeEngine:
                 drafter.set_partition(cfg.cache_partition)
             drafter.prefill(req.prompt)
             drafter.set_controls(req.controls, len(req.prompt))
-            synced = cached_prefixes(unwrapped(drafter), req.ids)  # a draft cache kept from a request before
-            eager = self.controller.prefill_now(synced, len(req.ids), req.room())
-            if eager:  # after the first token is out: it adds to the second token's latency, not to TTFT
-                feed_drafters(unwrapped(drafter), req.ids, eager)
-                synced = cached_prefixes(unwrapped(drafter), req.ids)
             stats.prefill_ms += (time.perf_counter() - t) * 1e3
-            self.controller.set_synced(synced)
+            # a draft cache kept from a request before
+            self.controller.set_synced(cached_prefixes(unwrapped(drafter), req.ids))
 
         ids = req.ids
         while finish is None:

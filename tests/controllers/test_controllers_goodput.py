@@ -917,112 +917,20 @@ def test_depth_probes_back_off_and_cost_little_where_deeper_does_not_pay():
     assert g_on >= 0.97 * g_off
 
 
-# A draft model fed at the request's start, probed at once, priced per step and per token -----------------------------
-def eager_ctrl(**overrides) -> GoodputController:
-    """Plain step 100 ms; the draft model 10 ms per drafted token, 2 ms per token fed; never observed; eager
-    prefills allowed up to a tenth of the answer's plain decoding time (off by default)."""
-    ctrl = GoodputController(**{"prefill_share": 0.1, **overrides})
+# A draft model probed at once, priced per step and per token ----------------------------------------------------------
+def model_ctrl(**overrides) -> GoodputController:
+    """Plain step 100 ms; the draft model 10 ms per drafted token, 2 ms per token fed; never observed."""
+    ctrl = GoodputController(**overrides)
     ctrl.seed_verify_costs({1: 100.0, 2: 104.0, 3: 108.0, 5: 116.0, 9: 132.0}, 200)
     ctrl.seed_draft_costs({"model": (10.0, 2.0)})
     return ctrl
-
-
-def test_prefill_now_feeds_a_draft_model_whose_prompt_costs_a_small_share_of_the_answer():
-    synced = {"model": 0, "lookup": 200}
-    # 200 tokens × 2 ms = 400 ms against 0.1 × 128 plain steps of 100 ms = 1280 ms: fed now; a lookup never is
-    assert eager_ctrl().prefill_now(synced, 200, 128) == {"model"}
-    assert eager_ctrl().prefill_now(synced, 200, 16) == set()  # 16 tokens to go: 160 ms, less than the feed
-    assert eager_ctrl().prefill_now({"model": 0}, 2000, 10_000) == set()  # 4 s > 0.1 × 256 (the horizon) steps
-    assert eager_ctrl().prefill_now({"model": 150}, 200, 16) == {"model"}  # it holds most of it: 100 ms
-    assert eager_ctrl().prefill_now({"model": 199}, 200, 128) == set()  # nothing worth feeding ahead
-    assert eager_ctrl(prefill_share=0.0).prefill_now(synced, 200, 128) == set()  # off
-    assert GoodputController(prefill_share=0.1).prefill_now(synced, 200, 128) == set()  # no costs measured: lazy
-    assert GoodputConfig().prefill_share == 0.0  # the default: lazy
-    dear = eager_ctrl()
-    dear.seed_draft_costs({"model": (200.0, 2.0)})  # two plain steps per drafted token: cannot pay at α = 1
-    assert dear.prefill_now(synced, 200, 128) == set()
-    losing = eager_ctrl()
-    losing.seed_draft_costs({"model": (30.0, 2.0)})
-    for _ in range(6):  # earlier requests found it rejected at once: its carried acceptance says it does not pay
-        losing._acceptance("model").observe(4, 0)
-    assert losing.prefill_now(synced, 200, 128) == set()
-    with pytest.raises(ConfigError, match="prefill_share"):
-        GoodputController(prefill_share=-0.1)
-
-
-def test_prefill_now_bets_only_on_a_draft_model_that_drafted_in_the_last_request():
-    """A prompt fed eagerly is wasted when the draft model then sits out the request: after a request in which it
-    was only probed, the next one feeds it lazily; after one in which it was chosen, eagerly again."""
-    ctrl = eager_ctrl()
-    synced = {"model": 0}
-
-    def request(steps: list[tuple[int, bool]]) -> None:  # (drafted, a probe?) per step
-        ctrl.reset()
-        ctrl.set_synced(synced)
-        ctrl.update(rec(0, 0, ctx=200))
-        for i, (n, probe) in enumerate(steps):
-            ctrl.choose_drafter({"model": None})  # a candidate at this step
-            ctrl.probing = ("model", 100.0, {}) if probe else None
-            ctrl.update(rec(n, n // 2, draft_ms=10.0 * n, ctx=201 + i, drafter="model"))
-
-    assert ctrl.prefill_now(synced, 200, 128) == {"model"}  # no record: the first request bets
-    request([(0, False), (4, True), (0, False)])
-    request([])  # the request after it starts
-    assert ctrl.drafted_last == {"model": False} and ctrl.prefill_now(synced, 200, 128) == set()
-    request([(3, False), (3, False)])  # chosen (not a probe) in this one
-    request([])
-    assert ctrl.drafted_last == {"model": True} and ctrl.prefill_now(synced, 200, 128) == {"model"}
-    request([])  # a request of one (plain) step never offered the choice: the record stands
-    request([])
-    assert ctrl.drafted_last == {"model": True}
-
-
-def test_the_engine_feeds_the_prompt_eagerly_when_the_controller_asks():
-    from conftest import MarkovBackend, markov_table
-    from test_drafters import Spy
-
-    from adaspec.drafters import ModelDrafter
-    from adaspec.engine import GenerationConfig, SpeculativeEngine
-
-    class Eager(GoodputController):
-        """Speculates with K = 2 after the first step; asks for an eager prefill of every drafter it is told of."""
-
-        def decide(self, options):
-            return (None, 0) if self.fresh else ("draft", 2)
-
-        def prefill_now(self, synced, context_len, room):
-            asked.append((dict(synced), context_len, room))
-            return set(synced)
-
-    asked: list = []
-    table = markov_table(16, seed=3, scale=3.0)
-    spy = Spy(MarkovBackend(table + 0.5 * torch.randn(table.shape, generator=torch.Generator().manual_seed(4)),
-                            "draft"))
-    ctrl = Eager()
-    behinds: list[tuple[StepRecord, int]] = []
-    observe = ctrl.costs.observe
-    ctrl.costs.observe = lambda step, behind=0: (behinds.append((step, behind)), observe(step, behind))
-    told: list[dict] = []
-    set_synced = ctrl.set_synced
-    ctrl.set_synced = lambda synced: (told.append(dict(synced)), set_synced(synced))
-    engine = SpeculativeEngine(MarkovBackend(table, "target"), ModelDrafter(spy), ctrl)
-    prompt = [random.Random(8).randrange(16) for _ in range(40)]
-    cfg = GenerationConfig(max_new_tokens=12, ignore_eos=True)
-    out = engine.generate(prompt, cfg)
-    assert asked == [({"draft": 0}, 41, 11)]  # the prompt and the first token; 11 tokens to go
-    assert spy.fed[0] == 40  # the prompt, in one forward, before any step (the first token comes with the draft)
-    assert told == [{"draft": 40}]
-    step, behind = next((step, behind) for step, behind in behinds if step.drafted)
-    assert behind <= MeasuredCosts.STEADY  # its first proposal has no catch-up left
-    plain = SpeculativeEngine(MarkovBackend(table, "target")).generate(prompt, cfg)
-    assert out.token_ids == plain.token_ids  # greedy: still the target's own tokens
 
 
 def test_a_drafter_never_observed_is_probed_at_once_and_later_ones_wait_their_gap():
     """The draft model does not pay under the prior α (0.5) and the request's first probe comes at its second
     step, not after probe_init plain steps; a probe it loses sends it back to waiting probe_init steps, and in the
     next request, whose acceptance is carried, it waits its gap too."""
-    ctrl = eager_ctrl(probe_init=6)
+    ctrl = model_ctrl(probe_init=6)
     ctrl.seed_draft_costs({"model": (40.0, 2.0)})  # 40 % of a plain step per drafted token: pays only if α is high
     ctrl.set_synced({"model": 200})
     ctrl.update(rec(0, 0, ctx=200))

@@ -44,12 +44,6 @@ class Controller(ABC):
         """After ``reset`` and the drafter's prefill: per drafter name, how many leading tokens of the sequence it
         already holds (see :func:`~adaspec.drafters.multi.cached_prefixes`). Default: ignored."""
 
-    def prefill_now(self, synced: Mapping[str, int], context_len: int, room: int) -> set[str]:
-        """At a request's start, after ``reset``: the draft models (named as in ``synced``, see :meth:`set_synced`)
-        to feed the prompt now, in one batched forward, instead of lazily at their first proposal; ``context_len``
-        is the sequence's length, ``room`` the most tokens the request may still emit. Default: none (lazy)."""
-        return set()
-
     def seed_verify_costs(self, curve: Mapping[int, float], context_len: int, *,
                           level_from_steps: bool = True) -> None:
         """A measured verification cost curve (``{tokens in the forward: ms}`` at ``context_len``) for controllers

@@ -51,13 +51,7 @@ for a drafter never observed, whose acceptance is only the prior; counted
 per drafter, so a lookup drafter that pays now and then does not starve the draft model of probes), to notice when
 the text turns predictable, unless the probe's catch-up would cost more than a ``probe_share`` of the request's
 time so far (at least one plain step, at most ``probe_budget``): a short request never pays a draft prefill it
-cannot earn back. With ``prefill_share`` > 0 (off by default), a draft model whose prompt feed costs at most
-``prefill_share`` of the plain decoding time of
-min(``room``, ``prefill_horizon``) tokens, that could pay (were every draft accepted; by its carried acceptance
-where it has enough) and that drafted outside probes in the last request that had it (or never ran), is instead
-fed the prompt in one batched forward when the request starts
-(:meth:`GoodputController.prefill_now`; after the first token, so TTFT does not change), so that it can be probed
-from the second step, catch-up free. A drafter whose draft
+cannot earn back. A drafter whose draft
 time was never measured without catch-up is tried at ``k_init`` (twice in a row for a lazily prefilled draft model:
 the first try feeds it the prompt tokens it lacks, the second measures t_d, and the first is then booked as
 catch-up f_d), unless its t_d and f_d were seeded from a measurement made elsewhere
@@ -131,8 +125,6 @@ class GoodputConfig:
     probe_budget: float = 8.0
     probe_share: float = 0.25
     depth_probe: bool = True
-    prefill_share: float = 0.0  # off: measured to cost 4-5 % where the draft then sits out (docs/findings/new-text.md)
-    prefill_horizon: int = 256
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_init <= self.k_max:
@@ -148,8 +140,6 @@ class GoodputConfig:
             raise ConfigError("need 1 <= probe_init <= probe_max")
         if self.horizon < 1 or self.probe_budget < 0 or self.probe_share < 0:
             raise ConfigError("need horizon >= 1, probe_budget >= 0 and probe_share >= 0")
-        if self.prefill_share < 0 or self.prefill_horizon < 1:
-            raise ConfigError("need prefill_share >= 0 and prefill_horizon >= 1")
 
 
 class GoodputController(Controller):
@@ -179,12 +169,6 @@ class GoodputController(Controller):
     def reset(self) -> None:
         for acc in self.acceptance.values():
             acc.scale(self.config.carry)
-        # per drafter, across requests: whether it drafted outside probes in the last request that had it
-        self.drafted_last: dict[str, bool] = getattr(self, "drafted_last", {})
-        for name in getattr(self, "synced", {}):  # those it could have chosen (a one-step request leaves it as it was)
-            if name in self._chosen or name in getattr(self, "idle", {}):
-                self.drafted_last[name] = name in self._chosen
-        self._chosen: set[str] = set()  # drafters that drafted in this request, probes left out
         self._plan: tuple[str | None, int] | None = None
         self.synced: dict[str, int] = {}  # per drafter: tokens of this request's sequence it has seen
         self.fresh = True  # no step of this request seen yet: the context length is unknown
@@ -199,35 +183,6 @@ class GoodputController(Controller):
         """At a request's start: per drafter, the leading tokens of the sequence it already holds (a draft model
         keeps its cache across requests that share a prefix), so its catch-up counts only the tokens it lacks."""
         self.synced.update(synced)
-
-    def prefill_now(self, synced: Mapping[str, int], context_len: int, room: int) -> set[str]:
-        """The draft models worth feeding the prompt at the request's start: each whose catch-up (its measured
-        feed time per token times the tokens it lacks) costs at most ``prefill_share`` of the plain decoding time
-        of min(``room``, ``prefill_horizon``) tokens, that would beat plain decoding were every draft accepted, and
-        whose acceptance carried from earlier requests, where there is enough of it (``shrink`` observations at
-        position 0), says it pays; and only while it is unknown or drafted outside probes in the last request that
-        had it (a prompt fed for a draft model that then sits out the request is wasted: on prose, where probes
-        lose, that cost 4-5 % of decoding). A draft model never measured here (no draft or feed time) stays lazy."""
-        c = self.config
-        if not self.costs.measured or c.prefill_share <= 0:
-            return set()
-        b = bucket_of(context_len)
-        plain_ms = self.costs.plain_step_ms(b)
-        budget = c.prefill_share * min(room, c.prefill_horizon) * plain_ms
-        out = set()
-        for name, held in synced.items():
-            behind = context_len - held
-            known = name in self.costs.feed or name in self.costs.draft_seed
-            if behind <= MeasuredCosts.STEADY or not known or not self.drafted_last.get(name, True) \
-                    or not self.costs.draft_ms(name, b) \
-                    or self.costs.feed_ms(name, b) * behind > budget:
-                continue
-            acc = self._acceptance(name)
-            alphas = acc.rates() if acc.reached[0] >= c.shrink else [1.0] * c.k_max
-            gain = max(expected_tokens(alphas, k) / self.costs.spec_step_ms(k, b, name) for k in range(1, c.k_max + 1))
-            if gain >= c.min_gain / plain_ms:
-                out.add(name)
-        return out
 
     def seed_verify_costs(self, curve: Mapping[int, float], context_len: int, *,
                           level_from_steps: bool = True) -> None:
@@ -479,11 +434,8 @@ class GoodputController(Controller):
     def update(self, step: StepRecord) -> None:
         behind = step.context_len - self.synced.get(step.drafter, 0) if step.drafted else 0
         self.costs.observe(step, behind)
-        probe = self.probing if step.drafted and self.probing is not None and self.probing[0] == step.drafter else None
-        if probe is not None:
-            self._judge_probe(step, *probe)
-        if step.drafted and (probe is None or probe[2] is self.depth_gap):  # a depth probe's drafter was chosen
-            self._chosen.add(step.drafter)
+        if step.drafted and self.probing is not None and self.probing[0] == step.drafter:
+            self._judge_probe(step, *self.probing)
         self.probing = None
         if step.drafted:  # it has fed the context and its drafts but the last; those past the rejection are gone
             self.synced[step.drafter] = step.context_len + min(step.drafted - 1, step.accepted)

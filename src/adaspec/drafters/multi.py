@@ -150,15 +150,6 @@ def model_drafters(drafter: Drafter) -> dict[str, Drafter]:
     return {name: d for name, d in parts.items() if not d.lookup and d.backend is not None}
 
 
-def feed_drafters(drafter: Drafter, ids: list[int], names: set[str]) -> None:
-    """Feed the draft models of ``drafter`` named in ``names`` (as :func:`model_drafters` names them) all of ``ids``
-    but its last token now (:meth:`~adaspec.drafters.model.ModelDrafter.feed`): an eager prefill, so their first
-    proposal has no catch-up to pay."""
-    for name, d in model_drafters(drafter).items():
-        if name in names:
-            d.feed(ids)
-
-
 def measure_drafters(drafter: Drafter, feed_tokens: int = 64) -> dict[str, tuple[float, float]]:
     """``{name: (draft_ms, feed_ms)}`` per token for every draft model in ``drafter`` (each sub-drafter of a
     :class:`MultiDrafter`, named as :func:`cached_prefixes` names them), measured on its backend by
