@@ -125,10 +125,14 @@ def test_cli_bench_endpoint_then_map_and_advise(served, workload, tmp_path, caps
     prof = tmp_path / "profile.jsonl"
     assert cli_main(["profile", workload, "--endpoint", served.url, "--baseline-body",
                      '{"speculation": {"drafter": "none"}}', "--sample", "3", "--max-new-tokens", "8", "--out",
-                     str(prof), "--json"]) == 0
+                     str(prof), "--json", "--rounds", "2"]) == 0
     p = json.loads(capsys.readouterr().out)
     assert p["prompts"] == 3 and p["acceptance_rate"] == 1.0 and p["enable"] in ("yes", "no", "marginal")
     assert p["ci95"][0] <= p["speedup"] <= p["ci95"][1]
+    assert sorted((r["arm"], r["round"]) for r in _rows(prof)) == [("baseline", 0), ("baseline", 1),
+                                                                   ("speculative", 0), ("speculative", 1)]
+    assert cli_main(["bench", "--endpoint", served.url, "--settle", "-1"]) == 2
+    assert "--settle takes seconds >= 0, not -1.0" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -218,6 +222,27 @@ def test_a_configuration_cut_by_the_time_limit_is_kept_but_measured_again(worklo
         assert len(partial) == 1 and 0 < partial[0]["completed"] < 20 and not _rows(out)
         again = run_endpoint_bench(cfg, out, log=lambda m: None)
     assert (again["run"], again["stopped"]) == (1, False) and _rows(out)[0]["completed"] == 20
+
+
+def test_settling_decodes_full_requests_before_measuring(workload, tmp_path):
+    logs = []
+    with LiveServer(fake_app(delay_s=0.02)) as srv:
+        out = tmp_path / "settled.jsonl"
+        run_endpoint_bench(EndpointConfig(url=srv.url, workload=workload, prompts=2, requests=2), out,
+                           log=logs.append, settle_s=0.3)
+    (line,) = [m for m in logs if "settled for 0.3 s" in m]
+    rates = [float(x) for x in line.split(": ")[-1].split()]
+    # 4 chunks 20 ms apart, one token each: 3 tokens after the first in about 60 ms; 0.3 s holds several requests
+    assert len(rates) >= 3 and all(20 < r < 60 for r in rates)
+    assert _rows(out)[0]["completed"] == 2
+    with LiveServer(fake_app(html=True)) as srv:
+        from adaspec.bench.endpoint import settle
+        from adaspec.bench.endpoint_client import Arm
+        from adaspec.workloads import load_workload
+
+        with httpx.Client() as client, pytest.raises(EndpointError, match="failed a settling request"):
+            settle(client, Arm("speculative", srv.url), EndpointConfig(url=srv.url, workload=workload), "fake",
+                   load_workload(workload)[:1], 0.1)
 
 
 def test_unparsable_metrics_are_a_note_not_a_crash(workload, tmp_path):
@@ -478,6 +503,20 @@ def test_profile_endpoint_pairs_prompts_across_arms():
     assert profile_endpoint(slower)["enable"] == "no"
     two = [dict(r, requests_detail=r["requests_detail"][:2]) for r in rows]  # speedups 2 and 4: t(1) = 12.7
     assert profile_endpoint(two)["enable"] == "marginal"
+
+
+def test_paired_speedups_take_each_arms_median_over_rounds():
+    """A request caught in a slow spell (the baseline's 2nd round of prompt a: 10 tokens in 2 s instead of 1 s)
+    does not move the prompt's speedup: each arm's per-prompt median rate is paired."""
+    from adaspec.bench.advise import paired_speedups
+
+    def row(arm, rnd, e2e_a, e2e_b):
+        return {"kind": "endpoint", "arm": arm, "round": rnd,
+                "requests_detail": [["a", True, 11, 100, e2e_a], ["b", True, 11, 100, e2e_b]]}
+
+    rows = [row("speculative", r, 600, 350) for r in range(3)]
+    rows += [row("baseline", 0, 1100, 1100), row("baseline", 1, 2100, 1100), row("baseline", 2, 1100, 1000)]
+    assert paired_speedups(rows) == pytest.approx([2.0, 4.0])  # a: 10/0.5 over 10/1.0; b: 10/0.25 over 10/1.0
 
 
 def test_levels_with_failed_requests_give_no_advice_and_are_flagged(tmp_path):

@@ -146,6 +146,40 @@ def test_live_profile_runs_the_cli_against_the_advised_and_off_servers(loop_sett
     assert "`adaspec profile --endpoint` run live" in (loop_settings.out / "report.md").read_text()
 
 
+def test_rounds_and_settling_each_start(loop_settings):
+    """--rounds measures every level once per round on the same server (rates are medians over rounds); --settle
+    decodes full requests after each start, written as a settle row, before any level is measured."""
+    from adaspec.engines.measure import Phase
+
+    loop_settings.configs = {"vllm": [EngineConfig("vllm"), EngineConfig("vllm", "ngram", 3)]}  # no faults
+    loop_settings.rates, loop_settings.rounds, loop_settings.settle_s = [], 2, 0.2
+    logs = []
+    scaleout.run(loop_settings, log=logs.append)
+    results = Results(loop_settings.out / "results.jsonl")
+    rows = results.rows("scaleout")
+    derive = sorted((r["config"], r["concurrency"], r["round"]) for r in rows if r["phase"] == "derive")
+    assert derive == sorted((c, n, rnd) for c in ("vllm/off", "vllm/ngram-k3") for n in (1, 2) for rnd in (0, 1))
+    settles = results.rows("settle")
+    starts = [m for m in logs if ": starting (attempt" in m]
+    assert len(settles) == len(starts) >= 3  # every start settled once: two derivations, then the held-out ones
+    assert all(r["seconds"] == 0.2 and r["decode_tok_s"] and min(r["decode_tok_s"]) > 0 for r in settles)
+    first = next(i for i, m in enumerate(logs) if "settled vllm/off" in m)
+    assert first < next(i for i, m in enumerate(logs) if "derive vllm/off closed 1" in m)
+    assert "## Settling after each start" in (loop_settings.out / "report.md").read_text()
+    # round 0 keeps the key a run made before rounds existed (an old folder resumes), round 1 is its own level
+    ph = Phase("derive", "wl", 3, 8, [1], [])
+    cfg = EngineConfig("vllm")
+    assert ph.level_key(cfg, "closed", 1) == ph.level_key(cfg, "closed", 1, 0) != ph.level_key(cfg, "closed", 1, 1)
+    from adaspec.engines.scaleout_report import _rate
+    two = [dict(r, decode_tok_s=v) for r, v in zip([r for r in rows if r["config"] == "vllm/off"
+                                                    and r["phase"] == "derive" and r["concurrency"] == 1], (10.0, 30.0))]
+    assert _rate(two + [dict(two[0], decode_tok_s=12.0)], "derive", "vllm/off", "closed", 1) == 12.0  # the median
+    with pytest.raises(ConfigError, match="--rounds"):
+        scaleout.parse_args(["--out", "x", "--engines", "llamacpp", "--llama-server", "x", "--rounds", "0"])
+    with pytest.raises(ConfigError, match="--settle"):
+        scaleout.parse_args(["--out", "x", "--engines", "llamacpp", "--llama-server", "x", "--settle", "-1"])
+
+
 def test_a_level_cut_by_a_kill_is_measured_again(loop_settings):
     loop_settings.configs = {"vllm": [EngineConfig("vllm")]}
     results = Results(loop_settings.out / "results.jsonl")

@@ -195,8 +195,9 @@ def advise_files(paths: list[Path], engine: str, *, method: str = "ngram", draft
 
 
 def paired_speedups(rows: list[dict]) -> list[float]:
-    """Per prompt: the speculative arm's decode rate over the baseline's ((tokens − 1) / (e2e − TTFT), each prompt's
-    requests pooled), for prompts both arms completed with more than one token."""
+    """Per prompt: the speculative arm's decode rate over the baseline's ((tokens − 1) / (e2e − TTFT); over a
+    prompt's several requests (rounds), the median rate of each arm, so that one request caught in a slow spell
+    of the machine does not set it), for prompts both arms completed with more than one token."""
     rates: dict[str, dict[str, list[float]]] = {}
     for r in rows:
         if r.get("kind") != "endpoint":
@@ -204,7 +205,7 @@ def paired_speedups(rows: list[dict]) -> list[float]:
         for pid, ok, tokens, ttft, e2e in r.get("requests_detail", []):
             if ok and tokens > 1 and e2e > ttft:
                 rates.setdefault(pid, {}).setdefault(r["arm"], []).append((tokens - 1) / (e2e - ttft))
-    return [statistics.fmean(v["speculative"]) / statistics.fmean(v["baseline"]) for v in rates.values()
+    return [statistics.median(v["speculative"]) / statistics.median(v["baseline"]) for v in rates.values()
             if v.get("speculative") and v.get("baseline")]
 
 

@@ -168,10 +168,11 @@ def probe(client: httpx.Client, arm: Arm, cfg: EndpointConfig) -> str:
 
 
 def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], None] = print,
-                       time_limit_s: float | None = None, argv: Sequence[str] = ()) -> dict:
-    """Measure every (round, load, arm) configuration not yet in ``out``. Returns ``run`` (configurations measured
-    now), ``done`` (found in ``out``), ``stopped`` (the time limit cut the run) and ``key`` (the run's key: rows of
-    this configuration carry it as ``run``).
+                       time_limit_s: float | None = None, argv: Sequence[str] = (), settle_s: float = 0.0) -> dict:
+    """Measure every (round, load, arm) configuration not yet in ``out``, each arm first settled for ``settle_s``
+    seconds (:func:`settle`; its rates are logged). Returns ``run`` (configurations measured now), ``done`` (found in
+    ``out``), ``stopped`` (the time limit cut the run) and ``key`` (the run's key: rows of this configuration carry
+    it as ``run``).
 
     Raises:
         ConfigError: bad settings. EndpointError: an arm cannot be measured at all (checked before any timing).
@@ -195,6 +196,10 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
         models = {arm.name: probe(client, arm, cfg) for arm in arms}
         for arm in arms:
             _warm_up(client, arm, cfg, models[arm.name], prompts[0])
+        for arm in arms if settle_s > 0 else []:
+            rates = settle(client, arm, cfg, models[arm.name], prompts, settle_s)
+            log(f"{arm.name}: settled for {settle_s:g} s; decode tok/s of its requests: "
+                + " ".join(f"{r:.1f}" for r in rates))
         meta_fields = {k: v for k, v in asdict(cfg).items() if k != "api_key"}
         run = _key(meta_fields)
         with out.open("a") as f:
@@ -259,6 +264,28 @@ def _warm_up(client: httpx.Client, arm: Arm, cfg: EndpointConfig, model: str, pr
             cfg.stream_usage = not r.ok
         if not r.ok:
             raise EndpointError(f"{arm.url} ({arm.name} arm) failed a one-request check: {r.error}")
+
+
+def settle(client: httpx.Client, arm: Arm, cfg: EndpointConfig, model: str, prompts: Sequence,
+           seconds: float) -> list[float]:
+    """Send full-length requests to ``arm`` one at a time, cycling through ``prompts``, until ``seconds`` have passed
+    (at least one): a server's decoding can run slow for a while after it starts (on a 2-vCPU VM, vLLM's plain
+    decoding for up to ~25 s; docs/findings/scaleout.md). Returns each request's decode rate, tokens/s after the
+    first token (0.0 for a request of one token).
+
+    Raises:
+        EndpointError: a request fails.
+    """
+    rates: list[float] = []
+    end = time.monotonic() + seconds
+    while not rates or time.monotonic() < end:
+        p = prompts[len(rates) % len(prompts)]
+        r = send(client, arm, cfg.api, request_body(cfg, model, p), p.id, cfg.timeout_s)
+        if not r.ok:
+            raise EndpointError(f"{arm.url} ({arm.name} arm) failed a settling request: {r.error}")
+        decode_s = (r.e2e_s or 0.0) - (r.ttft_s or 0.0)
+        rates.append((r.tokens - 1) / decode_s if r.tokens > 1 and decode_s > 0 else 0.0)
+    return rates
 
 
 def measure(client: httpx.Client, arm: Arm, cfg: EndpointConfig, prompts: list, model: str, load: str,

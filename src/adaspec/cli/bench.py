@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -65,6 +66,9 @@ def add_bench_parsers(sub) -> None:
     ep.add_argument("--requests", type=int, default=None,
                     help="requests per configuration (default: the prompt count, at least 2 per client)")
     ep.add_argument("--rounds", type=int, default=1, help="repeat every configuration (arms alternate)")
+    ep.add_argument("--settle", type=float, default=0.0, metavar="S",
+                    help="before measuring, decode S seconds of full requests on each arm (a freshly started "
+                         "server can decode slowly at first; default: %(default)s)")
     ep.add_argument("--api-key", default=None)
     ep.add_argument("--request-timeout", type=float, default=300.0, metavar="S")
     ep.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput objective: TTFT at most this")
@@ -136,8 +140,20 @@ def add_bench_parsers(sub) -> None:
     pe.add_argument("--baseline-body", default=None, metavar="JSON",
                     help="request fields that turn speculation off on --endpoint itself (adaspec serve: "
                          "'{\"speculation\": {\"drafter\": \"none\"}}')")
+    pe.add_argument("--rounds", type=int, default=1,
+                    help="send every prompt this many times per arm (arms alternate); each arm's median rate per "
+                         "prompt is paired (default: %(default)s)")
+    pe.add_argument("--settle", type=float, default=0.0, metavar="S",
+                    help="before measuring, decode S seconds of full requests on each server (default: %(default)s)")
     pe.add_argument("--out", default="results/profile-endpoint.jsonl", help="endpoint results file (resumable)")
     prof.set_defaults(func=cmd_profile)
+
+
+def _settle(seconds: float) -> float:
+    """``--settle``'s seconds. Raises ConfigError for a negative or infinite value."""
+    if not 0 <= seconds < math.inf:
+        raise ConfigError(f"--settle takes seconds >= 0, not {seconds}")
+    return seconds
 
 
 def _floats(text: str | None, what: str) -> list[float]:
@@ -182,7 +198,8 @@ def cmd_bench_endpoint(args: argparse.Namespace) -> int:
         if value is not None and not (flag == "body" and value == "{}"):
             argv += [f"--{flag.replace('_', '-')}", f"'{value}'" if flag.endswith("body") else str(value)]
     result = run_endpoint_bench(cfg, out, log=lambda msg: print(msg, file=sys.stderr),
-                                time_limit_s=args.time_limit * 60 if args.time_limit else None, argv=argv)
+                                time_limit_s=args.time_limit * 60 if args.time_limit else None, argv=argv,
+                                settle_s=_settle(args.settle))
     print(f"{result['run']} configurations measured, {result['done']} already in {out}"
           + (", stopped at the time limit (rerun to continue)" if result["stopped"] else "")
           + f". Next: adaspec map {out} --report results/endpoint.md")
@@ -291,9 +308,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
                              baseline_body=_json_object(args.baseline_body, "--baseline-body"),
                              workload=args.workload, prompts=args.sample,
                              max_tokens=args.confirm_tokens or args.max_new_tokens,
-                             temperature=args.temperature, seed=args.seed, requests=args.sample)
+                             temperature=args.temperature, seed=args.seed, requests=args.sample, rounds=args.rounds)
         out = Path(args.out)
-        key = run_endpoint_bench(cfg, out, log=lambda msg: print(msg, file=sys.stderr))["key"]
+        key = run_endpoint_bench(cfg, out, log=lambda msg: print(msg, file=sys.stderr),
+                                 settle_s=_settle(args.settle))["key"]
         rows = [r for r in read_rows([out]) if r.get("run") == key]
         p = profile_endpoint(rows)
         print(json.dumps(p, indent=2) if args.json else format_profile(p, out))

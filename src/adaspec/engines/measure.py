@@ -24,7 +24,8 @@ from adaspec.engines.results import Results, key
 @dataclass
 class Phase:
     """What to send: ``name`` (``derive``, ``heldout``, ``profile``), a workload (a JSONL of prompts), its prompt
-    count, the endpoint settings (``api``, ``max_tokens``, greedy) and the load levels."""
+    count, the endpoint settings (``api``, ``max_tokens``, greedy), the load levels and how many ``rounds`` of
+    them (every level once per round, on the same server)."""
 
     name: str
     workload: str
@@ -34,19 +35,49 @@ class Phase:
     rates: list[float]
     api: str = "chat"
     seed: int = 0
+    rounds: int = 1
 
-    def levels(self) -> list[tuple[str, float]]:
-        return [("closed", c) for c in self.concurrency] + [("open", r) for r in self.rates]
+    def levels(self) -> list[tuple[str, float, int]]:
+        """(load, level, round) in the order they are measured."""
+        loads = [("closed", c) for c in self.concurrency] + [("open", r) for r in self.rates]
+        return [(load, level, rnd) for rnd in range(self.rounds) for load, level in loads]
 
-    def level_key(self, cfg: EngineConfig, load: str, level: float) -> str:
+    def level_key(self, cfg: EngineConfig, load: str, level: float, rnd: int = 0) -> str:
+        extra = {"round": rnd} if rnd else {}  # round 0 keeps the key of runs made before rounds existed
         return key(phase=self.name, config=cfg.label, load=load, level=level, workload=self.workload,
-                   prompts=self.prompts, max_tokens=self.max_tokens, api=self.api, seed=self.seed)
+                   prompts=self.prompts, max_tokens=self.max_tokens, api=self.api, seed=self.seed, **extra)
 
 
-def pending(phase: Phase, cfg: EngineConfig, results: Results) -> list[tuple[str, float]]:
-    """The levels of ``phase`` not yet measured for ``cfg``."""
+def pending(phase: Phase, cfg: EngineConfig, results: Results) -> list[tuple[str, float, int]]:
+    """The (load, level, round) of ``phase`` not yet measured for ``cfg``."""
     done = results.done()
-    return [(load, lv) for load, lv in phase.levels() if phase.level_key(cfg, load, lv) not in done]
+    return [(load, lv, rnd) for load, lv, rnd in phase.levels() if phase.level_key(cfg, load, lv, rnd) not in done]
+
+
+def settle(proc: EngineProcess, cfg: EngineConfig, phase: Phase, seconds: float, results: Results, *,
+           log: Callable[[str], None] = print, timeout_s: float = 600.0) -> list[float]:
+    """Decode ``seconds`` of full-length requests of ``phase``'s prompts on the freshly started ``proc``
+    (:func:`adaspec.bench.endpoint.settle`) and write their decode rates as a ``settle`` row: on a 2-vCPU VM,
+    vLLM's plain decoding has run ~1.45× slower for the first requests after some starts.
+
+    Raises:
+        EngineError: the engine exited or a request failed (with the engine's log tail).
+    """
+    from adaspec.workloads import load_workload
+
+    prompts = load_workload(phase.workload)[:phase.prompts]
+    ecfg = ep.EndpointConfig(url=proc.url, api=phase.api, workload=phase.workload, prompts=phase.prompts,
+                             max_tokens=phase.max_tokens, temperature=0.0, seed=phase.seed, timeout_s=timeout_s)
+    arm = Arm(cfg.label, proc.url)
+    with httpx.Client() as client:
+        try:
+            rates = ep.settle(client, arm, ecfg, ep.probe(client, arm, ecfg), prompts, seconds)
+        except ep.EndpointError as e:
+            raise EngineError(f"{cfg.label}: {e}", tail(proc.log)) from None
+    results.write({"kind": "settle", "config": cfg.label, "phase": phase.name, "seconds": seconds,
+                   "decode_tok_s": [round(r, 2) for r in rates]})
+    log(f"  settled {cfg.label} for {seconds:g} s: decode tok/s " + " ".join(f"{r:.1f}" for r in rates))
+    return rates
 
 
 def measure_levels(proc: EngineProcess, cfg: EngineConfig, phase: Phase, results: Results, *,
@@ -71,7 +102,7 @@ def measure_levels(proc: EngineProcess, cfg: EngineConfig, phase: Phase, results
                     prompts[0].id, timeout_s)
         if not warm.ok:
             raise EngineError(f"{cfg.label}: the warm-up request failed ({warm.error})", tail(proc.log))
-        for load, level in pending(phase, cfg, results):
+        for load, level, rnd in pending(phase, cfg, results):
             proc.check()
             n = max(len(prompts), 2 * int(level)) if load == "closed" else max(len(prompts), 8)
             row = ep.measure(client, arm, replace(ecfg), prompts, model, load, level, n, float("inf"))
@@ -83,13 +114,13 @@ def measure_levels(proc: EngineProcess, cfg: EngineConfig, phase: Phase, results
                 row["spec"]["responses_check"] = check_responses(row["spec"], row["response_timings"])
             elif cfg.engine == "llamacpp":  # a llama-server without speculative counters: τ from its timings
                 row["spec"] = llama_server_tau(row["spec"], cfg)
-            results.write({"kind": "scaleout", "key": phase.level_key(cfg, load, level), "phase": phase.name,
+            results.write({"kind": "scaleout", "key": phase.level_key(cfg, load, level, rnd), "phase": phase.name,
                            "engine": cfg.engine, "config": cfg.label, "method": cfg.method, "k": cfg.k,
                            "arm": "baseline" if cfg.method == "off" else "speculative", "load": load,
                            "concurrency": int(level) if load == "closed" else None,
-                           "rate": level if load == "open" else None, "round": 0, "workload": phase.workload,
+                           "rate": level if load == "open" else None, "round": rnd, "workload": phase.workload,
                            "prompts": len(prompts), "requests": n, "max_tokens": phase.max_tokens, "model": model, **row})
             alpha = row["spec"].get("acceptance_rate")
-            log(f"  {phase.name} {cfg.label} {load} {level:g}: {row['completed']} ok, "
+            log(f"  {phase.name} {cfg.label} {load} {level:g}" + (f" round {rnd}" if rnd else "") + f": {row['completed']} ok, "
                 f"{row['throughput_tok_s'] or 0:.2f} tok/s, decode {row['decode_tok_s'] or 0:.2f} tok/s"
                 + (f", α {alpha:.3f}" if alpha is not None else ""))

@@ -44,7 +44,7 @@ from adaspec.engines import llama_server, vllm_server as vllm
 from adaspec.engines.acceptance import check_vllm, vllm_log_totals
 from adaspec.engines.choose import choose
 from adaspec.engines.config import EngineConfig
-from adaspec.engines.measure import Phase, measure_levels, pending
+from adaspec.engines.measure import Phase, measure_levels, pending, settle
 from adaspec.engines.process import EngineError, EngineProcess
 from adaspec.engines.results import Results
 from adaspec.errors import AdaspecError, ConfigError
@@ -72,6 +72,8 @@ class Settings:
     rates: list[float] = field(default_factory=list)
     api: str = "chat"
     live_profile: list[str] = field(default_factory=lambda: ["llamacpp"])
+    rounds: int = 1
+    settle_s: float = 0.0
     startup_timeout_s: float = 900.0
     note: str = ""
     command: str = ""
@@ -124,6 +126,8 @@ def run_config(s: Settings, cfg: EngineConfig, phases: list[Phase], results: Res
             log(f"{cfg.label}: starting (attempt {attempt})")
             with proc:
                 log(f"{cfg.label}: ready after {proc.ready_s:.0f} s")
+                if s.settle_s > 0:
+                    settle(proc, cfg, phases[0], s.settle_s, results, log=log)
                 for phase in phases:
                     measure_levels(proc, cfg, phase, results, log=log)
                 if cfg.engine == "vllm" and cfg.method != "off":
@@ -156,9 +160,11 @@ def run(s: Settings, log: Callable[[str], None] = print) -> dict:
     results = Results(s.out / "results.jsonl")
     _write_meta(s)
     derive_wl, heldout_wl = split_prompts(s.workload, s.derive_prompts, s.heldout_prompts, s.out)
-    derive = Phase("derive", str(derive_wl), s.derive_prompts, s.max_tokens, s.concurrency, s.rates, s.api)
-    heldout = Phase("heldout", str(heldout_wl), s.heldout_prompts, s.max_tokens, s.concurrency, s.rates, s.api)
-    profile = Phase("profile", str(derive_wl), s.derive_prompts, s.max_tokens, [1], [], s.api)
+    derive = Phase("derive", str(derive_wl), s.derive_prompts, s.max_tokens, s.concurrency, s.rates, s.api,
+                   rounds=s.rounds)
+    heldout = Phase("heldout", str(heldout_wl), s.heldout_prompts, s.max_tokens, s.concurrency, s.rates, s.api,
+                    rounds=s.rounds)
+    profile = Phase("profile", str(derive_wl), s.derive_prompts, s.max_tokens, [1], [], s.api, rounds=s.rounds)
     summary = {}
     for engine in s.engines:
         configs = s.configs[engine]
@@ -239,7 +245,7 @@ def _live_profile(s: Settings, advised: EngineConfig, derive_wl: Path, results: 
             out = s.out / f"profile-{advised.engine}.jsonl"
             argv = [sys.executable, "-m", "adaspec", "profile", str(derive_wl), "--endpoint", spec.url, "--baseline",
                     base.url, "--sample", str(s.derive_prompts), "--confirm-tokens", str(s.max_tokens), "--out",
-                    str(out), "--json"]
+                    str(out), "--json", "--rounds", str(s.rounds), "--settle", f"{s.settle_s:g}"]
             p = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
             if p.returncode != 0:
                 raise EngineError(f"adaspec profile failed: {p.stderr[-500:]}")
@@ -276,6 +282,11 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     ap.add_argument("--gguf-draft", default=None, help="default: the zoo's qwen2.5-coder-0.5b-instruct GGUF")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--live-profile", default="llamacpp", help="engines whose profile runs two servers side by side")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every level this many times per server start; rates are medians over rounds")
+    ap.add_argument("--settle", type=float, default=0.0, metavar="S",
+                    help="decode S seconds of full requests on each server after it starts, before measuring "
+                         "(vLLM on a 2-vCPU VM: plain decoding ran slow for up to ~25 s after some starts)")
     ap.add_argument("--startup-timeout", type=float, default=900.0, metavar="S")
     ap.add_argument("--note", default="", help="a line for the report, e.g. 'measured while other work ran'")
     a = ap.parse_args(argv)
@@ -291,6 +302,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     rates, concurrency = _numbers(a.rate, float, "--rate"), _numbers(a.concurrency, int, "--concurrency")
     if not concurrency and not rates:
         raise ConfigError("give at least one --concurrency or --rate level to measure")
+    if a.rounds < 1 or not 0 <= a.settle < math.inf:
+        raise ConfigError(f"need --rounds >= 1 and --settle >= 0 seconds, not {a.rounds} and {a.settle}")
     if "vllm" in engines and not (a.vllm_venv and a.vllm_target):
         raise ConfigError("--engines vllm needs --vllm-venv and --vllm-target (docs/guide/scaleout.md: install)")
     if "llamacpp" in engines and not a.llama_server:
@@ -306,7 +319,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
             slots=max(concurrency, default=1), threads=a.threads),
         workload=a.workload, derive_prompts=a.derive_prompts, heldout_prompts=a.heldout_prompts,
         max_tokens=a.max_tokens, concurrency=concurrency, rates=rates, api=a.api,
-        live_profile=[e for e in a.live_profile.split(",") if e], startup_timeout_s=a.startup_timeout,
+        live_profile=[e for e in a.live_profile.split(",") if e], rounds=a.rounds, settle_s=a.settle,
+        startup_timeout_s=a.startup_timeout,
         note=a.note, command="python -m adaspec.engines.scaleout " + shlex.join(argv if argv is not None
                                                                                    else sys.argv[1:]))
 

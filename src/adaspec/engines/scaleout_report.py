@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -25,11 +26,10 @@ def _f(x, fmt=".2f") -> str:
 
 
 def _rate(rows: list[dict], phase: str, label: str, load: str, level) -> float | None:
-    for r in rows:
-        if (r["phase"], r["config"], r["load"]) == (phase, label, load) and \
-                (r["concurrency"] if load == "closed" else r["rate"]) == level:
-            return r.get("decode_tok_s")
-    return None
+    """The decode rate of ``label`` at a level of ``phase``: the median over its rounds."""
+    rates = [r["decode_tok_s"] for r in rows if (r["phase"], r["config"], r["load"]) == (phase, label, load)
+             and (r["concurrency"] if load == "closed" else r["rate"]) == level and r.get("decode_tok_s")]
+    return statistics.median(rates) if rates else None
 
 
 def heldout_check(rows: list[dict], advice: dict) -> list[dict]:
@@ -100,7 +100,8 @@ def markdown(results: Results, meta: dict) -> str:
             off = _rate(rows, phase, f"{r['engine']}/off", r["load"], level)
             s = r.get("spec") or {}
             per = s.get("acceptance_per_pos")
-            lines.append(f"| {r['engine']} | {r['config'].split('/', 1)[1]} | "
+            lines.append(f"| {r['engine']} | {r['config'].split('/', 1)[1]}"
+                         + (f" (round {r['round']})" if r.get("round") else "") + " | "
                          f"{'%d clients' % level if r['load'] == 'closed' else '%g req/s' % level} | "
                          f"{_f(r.get('decode_tok_s'))} | {_f(r.get('throughput_tok_s'))} | "
                          f"{_f(r['decode_tok_s'] / off if off and r.get('decode_tok_s') else None)}× | "
@@ -130,6 +131,11 @@ def markdown(results: Results, meta: dict) -> str:
         for p in live:
             lines.append(f"- {p['config']}: {p.get('speedup')}× (95 % CI {p.get('ci95')}), enable: {p.get('enable')}, "
                          f"α {p.get('acceptance_rate')} — `{p.get('command')}`")
+    settled = results.rows("settle")
+    if settled:
+        lines += ["", "## Settling after each start (decode tok/s of the full requests sent before measuring)", ""]
+        lines += [f"- {r['config']} ({r['phase']}, {r['seconds']:g} s): {' '.join(f'{x:.1f}' for x in r['decode_tok_s'])}"
+                  for r in settled]
     per_request = [r for r in rows if (r.get("spec") or {}).get("responses_check")]
     if per_request:
         lines += ["", "## Counters vs the engine's per-request numbers (vLLM `metrics.speculative_decoding`)", "",
