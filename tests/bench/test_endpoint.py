@@ -245,6 +245,38 @@ def test_settling_decodes_full_requests_before_measuring(workload, tmp_path):
                    load_workload(workload)[:1], 0.1)
 
 
+def test_interleaved_arms_answer_each_prompt_back_to_back(workload, tmp_path):
+    """--interleave at one client: prompt i goes to both servers before prompt i + 1, the first server alternating;
+    each arm's row counts only its own requests; one server for both arms is refused."""
+    seen: list[tuple[str, str]] = []
+
+    def recording(name: str) -> FastAPI:
+        app = fake_app()
+        route = next(r for r in app.routes if getattr(r, "path", "") == "/v1/chat/completions")
+        inner = route.endpoint
+
+        def chat(body: dict):
+            seen.append((name, body["messages"][-1]["content"][:40]))
+            return inner(body)
+        app.router.routes.remove(route)
+        app.post("/v1/chat/completions")(chat)
+        return app
+
+    with LiveServer(recording("spec")) as a, LiveServer(recording("base")) as b:
+        out = tmp_path / "inter.jsonl"
+        cfg = EndpointConfig(url=a.url, baseline=b.url, workload=workload, prompts=3, max_tokens=4, interleave=True)
+        run_endpoint_bench(cfg, out, log=lambda m: None)
+    measured = seen[2:]  # after one warm-up request per arm
+    assert [name for name, _ in measured] == ["spec", "base", "base", "spec", "spec", "base"]
+    assert [text for _, text in measured][0::2] == [text for _, text in measured][1::2]  # each pair: one prompt
+    assert len({text for _, text in measured}) == 3
+    rows = {r["arm"]: r for r in _rows(out)}
+    assert rows["speculative"]["completed"] == rows["baseline"]["completed"] == 3
+    assert _rows(out, "meta")[0]["config"]["interleave"] is True
+    with pytest.raises(ConfigError, match="--interleave needs the baseline on its own server"):
+        EndpointConfig(url="http://x:1", baseline_body={}, interleave=True).validate()
+
+
 def test_unparsable_metrics_are_a_note_not_a_crash(workload, tmp_path):
     with LiveServer(fake_app(metrics=True)) as srv:
         out = tmp_path / "bad-metrics.jsonl"

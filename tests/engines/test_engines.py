@@ -138,12 +138,18 @@ def test_live_profile_runs_the_cli_against_the_advised_and_off_servers(loop_sett
     scaleout.run(loop_settings, log=lambda m: None)
     results = Results(loop_settings.out / "results.jsonl")
     assert not [f for f in results.rows("fault") if "live profile" in f["config"]]
-    (p,) = results.rows("profile")
+    p, held = results.rows("profile")  # the derivation prompts (the prediction), then the held-out ones
     advised = results.rows("advice")[-1]["label"]
     assert p["live"] and p["config"] == advised and p["prompts"] == 3
-    assert "profile" in p["command"] and "--baseline" in p["command"]
+    assert "profile" in p["command"] and "--baseline" in p["command"] and "--interleave" in p["command"]
     assert p["enable"] in ("yes", "no", "marginal") and p["acceptance_rate"] is not None
-    assert "`adaspec profile --endpoint` run live" in (loop_settings.out / "report.md").read_text()
+    assert (p["phase"], held["phase"]) == ("derive", "heldout") and held["config"] == advised
+    assert "heldout.jsonl" in held["command"] and held["prompts"] == 3
+    detail = [json.loads(line) for line in (loop_settings.out / "profile-vllm-derive.jsonl").read_text().splitlines()]
+    rows = [r for r in detail if r["kind"] == "endpoint"]
+    assert sorted(r["arm"] for r in rows) == ["baseline", "speculative"] and all(r["completed"] == 3 for r in rows)
+    report = (loop_settings.out / "report.md").read_text()
+    assert "`adaspec profile --endpoint` run live" in report and "Live, interleaved: predicted" in report
 
 
 def test_rounds_and_settling_each_start(loop_settings):

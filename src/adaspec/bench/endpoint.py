@@ -4,7 +4,10 @@ The client sends a workload's prompts as streamed chat (or text) completions, at
 loop: each client sends its next request when the last one is answered) or at set arrival rates (open loop:
 Poisson arrivals, seeded), to two *arms*: the speculative endpoint and a baseline (``--baseline URL``, or the same
 URL with other request fields, e.g. ``{"speculation": {"drafter": "none"}}`` for ``adaspec serve``). Arms alternate
-within each load level and round, so drift on a shared machine hits both.
+within each load level and round, so drift on a shared machine hits both. With ``interleave`` (two servers only),
+the one-client level alternates the arms request by request instead of block by block: each prompt is answered by
+both arms seconds apart, so a slow spell of the machine that lasts tens of seconds (seen on the project's 2-vCPU
+VMs, docs/findings/scaleout.md) hits a prompt's pair alike.
 
 Per request, from the stream (client clock): TTFT (request sent → first content chunk), end-to-end latency, TPOT
 ((e2e − TTFT) / (tokens − 1)), inter-token latency (gaps between content chunks; a speculative server may send
@@ -80,6 +83,7 @@ class EndpointConfig:
     slo_tpot_ms: float | None = None
     max_inflight: int = 64
     warmup: int = 1
+    interleave: bool = False
     stream_usage: bool = True  # ask for usage in the stream; turned off for a server that refuses stream_options
 
     def arms(self) -> list[Arm]:
@@ -109,6 +113,9 @@ class EndpointConfig:
             raise ConfigError("--request-timeout must be > 0 seconds")
         if self.workload == STRUCTURED and self.api != "chat":
             raise ConfigError("the structured workload needs --api chat (response_format and tools are chat fields)")
+        if self.interleave and base_url(self.baseline or self.url) == base_url(self.url):
+            raise ConfigError("--interleave needs the baseline on its own server (--baseline URL): one server's "
+                              "/metrics counters cannot be split between arms whose requests alternate")
 
 
 def structured_summary(prompts: Sequence, results: Sequence[RequestResult]) -> dict:
@@ -200,7 +207,8 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
             rates = settle(client, arm, cfg, models[arm.name], prompts, settle_s)
             log(f"{arm.name}: settled for {settle_s:g} s; decode tok/s of its requests: "
                 + " ".join(f"{r:.1f}" for r in rates))
-        meta_fields = {k: v for k, v in asdict(cfg).items() if k != "api_key"}
+        # (interleave left out when off: runs from before it existed keep their keys and resume)
+        meta_fields = {k: v for k, v in asdict(cfg).items() if k != "api_key" and (k != "interleave" or v)}
         run = _key(meta_fields)
         with out.open("a") as f:
             if run not in done:
@@ -214,14 +222,16 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
             for rnd in range(cfg.rounds):
                 for load, level in loads:
                     order = arms if (rnd + loads.index((load, level))) % 2 == 0 else arms[::-1]
+                    paired = None
+                    if cfg.interleave and len(arms) == 2 and (load, level) == ("closed", 1):
+                        n = cfg.requests or max(len(prompts), 2)  # as below for one client
+                        keys = [_key({**_fields(cfg, arm, models, prompts, load, level, rnd, n), "run": run})
+                                for arm in arms]
+                        if not all(k in done for k in keys) and time.monotonic() < deadline:
+                            paired = measure_interleaved(client, order, cfg, prompts, models, n, deadline)
                     for arm in order:
                         n = cfg.requests or max(len(prompts), 2 * int(level) if load == "closed" else 8)
-                        fields = {"arm": arm.name, "url": arm.url, "body": arm.body, "model": models[arm.name],
-                                  "api": cfg.api, "workload": cfg.workload, "prompts": len(prompts),
-                                  "max_tokens": cfg.max_tokens, "temperature": cfg.temperature, "load": load,
-                                  "concurrency": level if load == "closed" else None,
-                                  "rate": level if load == "open" else None, "requests": n, "round": rnd,
-                                  "seed": cfg.seed}
+                        fields = _fields(cfg, arm, models, prompts, load, level, rnd, n)
                         key = _key({**fields, "run": run})  # the same command resumes; a changed one re-measures
                         if key in done:
                             skipped += 1
@@ -229,7 +239,8 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
                         if time.monotonic() >= deadline:
                             stopped = True
                             break
-                        row = measure(client, arm, cfg, prompts, models[arm.name], load, level, n, deadline)
+                        row = paired[arm.name] if paired else measure(client, arm, cfg, prompts, models[arm.name],
+                                                                           load, level, n, deadline)
                         if row["completed"] + row["failed"] < n:  # the time limit cut it: kept, not resumable
                             f.write(json.dumps({"kind": "endpoint_partial", "run": run, **fields, **row}) + "\n")
                             log(f"{arm.name}: stopped at the time limit after {row['completed'] + row['failed']} of "
@@ -264,6 +275,38 @@ def _warm_up(client: httpx.Client, arm: Arm, cfg: EndpointConfig, model: str, pr
             cfg.stream_usage = not r.ok
         if not r.ok:
             raise EndpointError(f"{arm.url} ({arm.name} arm) failed a one-request check: {r.error}")
+
+
+def _fields(cfg: EndpointConfig, arm: Arm, models: dict, prompts: Sequence, load: str, level: float, rnd: int,
+            n: int) -> dict:
+    """What identifies one (arm, load level, round) configuration in the results file (its key's fields)."""
+    return {"arm": arm.name, "url": arm.url, "body": arm.body, "model": models[arm.name], "api": cfg.api,
+            "workload": cfg.workload, "prompts": len(prompts), "max_tokens": cfg.max_tokens,
+            "temperature": cfg.temperature, "load": load, "concurrency": level if load == "closed" else None,
+            "rate": level if load == "open" else None, "requests": n, "round": rnd, "seed": cfg.seed}
+
+
+def measure_interleaved(client: httpx.Client, arms: Sequence[Arm], cfg: EndpointConfig, prompts: list,
+                        models: dict, n: int, deadline: float) -> dict[str, dict]:
+    """One client, ``n`` requests per arm, the arms alternating request by request (prompt i to both arms, the
+    first arm alternating with i) so that each prompt's pair is measured seconds apart. Returns one row per arm
+    (as :func:`measure` returns; its wall time is the sum of its own requests' times), each arm's ``/metrics``
+    scraped before and after the whole level (its server serves only its own arm)."""
+    before = {arm.name: scrape(client, arm)[0] for arm in arms}
+    results: dict[str, list[RequestResult]] = {arm.name: [] for arm in arms}
+    for i in range(n):
+        if time.monotonic() >= deadline:
+            break
+        p = prompts[i % len(prompts)]
+        for arm in (arms if i % 2 == 0 else arms[::-1]):
+            results[arm.name].append(send(client, arm, cfg.api, request_body(cfg, models[arm.name], p), p.id,
+                                          cfg.timeout_s))
+    rows = {}
+    for arm in arms:
+        after, why = scrape(client, arm)
+        wall = sum(r.e2e_s or 0.0 for r in results[arm.name])
+        rows[arm.name] = _summary_row(results[arm.name], wall, before[arm.name], after, why, cfg, prompts)
+    return rows
 
 
 def settle(client: httpx.Client, arm: Arm, cfg: EndpointConfig, model: str, prompts: Sequence,
@@ -305,6 +348,13 @@ def measure(client: httpx.Client, arm: Arm, cfg: EndpointConfig, prompts: list, 
         results = open_loop(call, n, float(level), cfg.seed, deadline, cfg.max_inflight)
     wall = time.monotonic() - t0
     after, why = scrape(client, arm)
+    return _summary_row(results, wall, before, after, why, cfg, prompts)
+
+
+def _summary_row(results: list[RequestResult], wall: float, before, after, why: str | None, cfg: EndpointConfig,
+                 prompts: Sequence) -> dict:
+    """One configuration's row: :func:`summarise` of its requests, the structured workload's grades, and the
+    speculative-decoding counters' differences between the ``before`` and ``after`` scrapes."""
     row = summarise(results, wall, slo_ttft_ms=cfg.slo_ttft_ms, slo_tpot_ms=cfg.slo_tpot_ms)
     if cfg.workload == STRUCTURED:
         row["structured"] = structured_summary(prompts, results)

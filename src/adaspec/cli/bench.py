@@ -69,6 +69,9 @@ def add_bench_parsers(sub) -> None:
     ep.add_argument("--settle", type=float, default=0.0, metavar="S",
                     help="before measuring, decode S seconds of full requests on each arm (a freshly started "
                          "server can decode slowly at first; default: %(default)s)")
+    ep.add_argument("--interleave", action="store_true",
+                    help="at one client, alternate the arms request by request (needs --baseline URL): each "
+                         "prompt's pair is measured seconds apart, so slow spells of the machine hit both")
     ep.add_argument("--api-key", default=None)
     ep.add_argument("--request-timeout", type=float, default=300.0, metavar="S")
     ep.add_argument("--slo-ttft-ms", type=float, default=None, help="goodput objective: TTFT at most this")
@@ -145,6 +148,8 @@ def add_bench_parsers(sub) -> None:
                          "prompt is paired (default: %(default)s)")
     pe.add_argument("--settle", type=float, default=0.0, metavar="S",
                     help="before measuring, decode S seconds of full requests on each server (default: %(default)s)")
+    pe.add_argument("--interleave", action="store_true",
+                    help="alternate the two servers request by request (needs --baseline URL)")
     pe.add_argument("--out", default="results/profile-endpoint.jsonl", help="endpoint results file (resumable)")
     prof.set_defaults(func=cmd_profile)
 
@@ -189,14 +194,17 @@ def cmd_bench_endpoint(args: argparse.Namespace) -> int:
                          api=args.api, workload=args.workload, prompts=args.prompts, max_tokens=args.max_tokens,
                          temperature=args.temperature, concurrency=concurrency, rates=rates, requests=args.requests,
                          rounds=args.rounds, seed=args.seed, api_key=args.api_key, timeout_s=args.request_timeout,
+                         interleave=args.interleave,
                          slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
     out = Path(args.out or "results/endpoint.jsonl")
     argv = ["adaspec", "bench"]
     for flag in ("endpoint", "baseline", "body", "baseline_body", "model", "api", "workload", "prompts", "max_tokens",
-                 "temperature", "concurrency", "rate", "requests", "rounds", "slo_ttft_ms", "slo_tpot_ms", "out"):
+                 "temperature", "concurrency", "rate", "requests", "rounds", "settle", "slo_ttft_ms", "slo_tpot_ms",
+                 "out"):
         value = getattr(args, flag)
         if value is not None and not (flag == "body" and value == "{}"):
             argv += [f"--{flag.replace('_', '-')}", f"'{value}'" if flag.endswith("body") else str(value)]
+    argv += ["--interleave"] if args.interleave else []
     result = run_endpoint_bench(cfg, out, log=lambda msg: print(msg, file=sys.stderr),
                                 time_limit_s=args.time_limit * 60 if args.time_limit else None, argv=argv,
                                 settle_s=_settle(args.settle))
@@ -308,7 +316,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
                              baseline_body=_json_object(args.baseline_body, "--baseline-body"),
                              workload=args.workload, prompts=args.sample,
                              max_tokens=args.confirm_tokens or args.max_new_tokens,
-                             temperature=args.temperature, seed=args.seed, requests=args.sample, rounds=args.rounds)
+                             temperature=args.temperature, seed=args.seed, requests=args.sample, rounds=args.rounds,
+                             interleave=args.interleave)
         out = Path(args.out)
         key = run_endpoint_bench(cfg, out, log=lambda msg: print(msg, file=sys.stderr),
                                  settle_s=_settle(args.settle))["key"]

@@ -17,7 +17,8 @@ Per engine (one server at a time; each is started, measured and stopped):
    (:func:`adaspec.bench.advise.profile_endpoint`) on the derivation prompts at one client; its prediction
    for the advised configuration is compared with the same quantity re-measured on the held-out prompts. With
    ``--live-profile`` (default for llama-server, whose two servers fit in memory together) the CLI itself runs
-   against the advised server and an ``off`` server side by side.
+   against the advised server and an ``off`` server side by side, their requests interleaved, on the derivation
+   prompts and then on the held-out ones (the re-measurement under the same conditions).
 
 Faults: a server that fails to start, exits or answers with errors is written as a ``fault`` row with its log's
 tail, restarted once, and the run goes on with the next configuration after a second failure; every measured level
@@ -193,7 +194,7 @@ def run(s: Settings, log: Callable[[str], None] = print) -> dict:
                 log(f"{engine}: {cfg.label} did not run; falling back to {advised.label}")
                 run_config(s, advised, [heldout] + ([] if _derived(rows, advised) else [profile]), results, log)
         if engine in s.live_profile and advised.method != "off":
-            _live_profile(s, advised, derive_wl, results, log)
+            _live_profile(s, advised, {"derive": derive_wl, "heldout": heldout_wl}, results, log)
         summary[engine] = {"advised": advised.label, "flags": advice["flags"]}
     from adaspec.engines.scaleout_report import write_report
 
@@ -233,25 +234,31 @@ def _derived(rows: list[dict], cfg: EngineConfig) -> bool:
     return any(r["config"] == cfg.label and r["concurrency"] == 1 for r in rows)
 
 
-def _live_profile(s: Settings, advised: EngineConfig, derive_wl: Path, results: Results, log) -> None:
-    """``adaspec profile DERIVE --endpoint ADVISED --baseline OFF`` with both servers up (once per advice)."""
-    done = [r for r in results.rows("profile") if r.get("config") == advised.label and r.get("live")]
-    if done:
+def _live_profile(s: Settings, advised: EngineConfig, workloads: dict[str, Path], results: Results, log) -> None:
+    """``adaspec profile WORKLOAD --endpoint ADVISED --baseline OFF --interleave`` with both servers up, on the
+    derivation prompts (the prediction) and then the held-out ones (its re-measurement under the same conditions),
+    each once per advice."""
+    todo = {phase: wl for phase, wl in workloads.items()
+            if not [r for r in results.rows("profile") if r.get("config") == advised.label and r.get("live")
+                    and r.get("phase", "derive") == phase and r.get("interleave")]}
+    if not todo:
         return
     spec = engine_process(s, advised)
     base = engine_process(s, EngineConfig(advised.engine), port=PORTS[advised.engine] + 1)
     try:
         with spec, base:
-            out = s.out / f"profile-{advised.engine}.jsonl"
-            argv = [sys.executable, "-m", "adaspec", "profile", str(derive_wl), "--endpoint", spec.url, "--baseline",
-                    base.url, "--sample", str(s.derive_prompts), "--confirm-tokens", str(s.max_tokens), "--out",
-                    str(out), "--json", "--rounds", str(s.rounds), "--settle", f"{s.settle_s:g}"]
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
-            if p.returncode != 0:
-                raise EngineError(f"adaspec profile failed: {p.stderr[-500:]}")
-            results.write({"kind": "profile", "live": True, "config": advised.label, "command": " ".join(argv[1:]),
-                           **json.loads(p.stdout)})
-            log(f"{advised.label}: adaspec profile --endpoint: {p.stdout.strip()[:300]}")
+            for phase, wl in todo.items():
+                out = s.out / f"profile-{advised.engine}-{phase}.jsonl"
+                n = s.derive_prompts if phase == "derive" else s.heldout_prompts
+                argv = [sys.executable, "-m", "adaspec", "profile", str(wl), "--endpoint", spec.url, "--baseline",
+                        base.url, "--sample", str(n), "--confirm-tokens", str(s.max_tokens), "--out", str(out),
+                        "--json", "--rounds", str(s.rounds), "--settle", f"{s.settle_s:g}", "--interleave"]
+                p = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+                if p.returncode != 0:
+                    raise EngineError(f"adaspec profile failed: {p.stderr[-500:]}")
+                results.write({"kind": "profile", "live": True, "interleave": True, "phase": phase,
+                               "config": advised.label, "command": " ".join(argv[1:]), **json.loads(p.stdout)})
+                log(f"{advised.label}: adaspec profile --endpoint on the {phase} prompts: {p.stdout.strip()[:300]}")
     except EngineError as e:
         results.write({"kind": "fault", "config": advised.label + " (live profile)", "error": str(e).split("\n")[0],
                        "log_tail": e.log_tail})
