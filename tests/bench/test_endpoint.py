@@ -275,6 +275,14 @@ def test_interleaved_arms_answer_each_prompt_back_to_back(workload, tmp_path):
     assert _rows(out, "meta")[0]["config"]["interleave"] is True
     with pytest.raises(ConfigError, match="--interleave needs the baseline on its own server"):
         EndpointConfig(url="http://x:1", baseline_body={}, interleave=True).validate()
+    with LiveServer(fake_app(delay_s=0.05)) as a, LiveServer(fake_app(delay_s=0.05)) as b:
+        cut = tmp_path / "cut.jsonl"  # a pair cut by the time limit: both arms' requests are kept
+        cfg = EndpointConfig(url=a.url, baseline=b.url, workload=workload, prompts=1, requests=20, interleave=True)
+        assert run_endpoint_bench(cfg, cut, log=lambda m: None, time_limit_s=1.0)["stopped"]
+    partial = {r["arm"]: r for r in _rows(cut, "endpoint_partial")}
+    assert set(partial) == {"speculative", "baseline"} and not _rows(cut)
+    assert 0 < partial["baseline"]["completed"] < 20
+    assert abs(partial["speculative"]["completed"] - partial["baseline"]["completed"]) <= 1
 
 
 def test_unparsable_metrics_are_a_note_not_a_crash(workload, tmp_path):

@@ -236,7 +236,7 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
                         if key in done:
                             skipped += 1
                             continue
-                        if time.monotonic() >= deadline:
+                        if paired is None and time.monotonic() >= deadline:  # (a pair measured is written)
                             stopped = True
                             break
                         row = paired[arm.name] if paired else measure(client, arm, cfg, prompts, models[arm.name],
@@ -246,7 +246,9 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
                             log(f"{arm.name}: stopped at the time limit after {row['completed'] + row['failed']} of "
                                 f"{n} requests (kept as endpoint_partial; rerun to measure it whole)")
                             stopped = True
-                            break
+                            if paired is None:
+                                break
+                            continue  # the other arm of the pair is kept too
                         f.write(json.dumps({"kind": "endpoint", "key": key, "run": run, **fields, **row}) + "\n")
                         f.flush()
                         done.add(key)
