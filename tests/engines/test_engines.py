@@ -143,13 +143,20 @@ def test_live_profile_runs_the_cli_against_the_advised_and_off_servers(loop_sett
     assert p["live"] and p["config"] == advised and p["prompts"] == 3
     assert "profile" in p["command"] and "--baseline" in p["command"] and "--interleave" in p["command"]
     assert p["enable"] in ("yes", "no", "marginal") and p["acceptance_rate"] is not None
-    assert (p["phase"], held["phase"]) == ("derive", "heldout") and held["config"] == advised
-    assert "heldout.jsonl" in held["command"] and held["prompts"] == 3
-    detail = [json.loads(line) for line in (loop_settings.out / "profile-vllm-derive.jsonl").read_text().splitlines()]
+    assert (p["phase"], held["phase"]) == ("derive", "heldout") and held["config"] == advised and held["prompts"] == 3
+    assert p["command"] == held["command"]  # one run of the CLI: both prompt sets in turns
+    order = [json.loads(line)["id"] for line in
+             (loop_settings.out / "profile-vllm-mixed-prompts.jsonl").read_text().splitlines()]
+    derive = [json.loads(line)["id"] for line in (loop_settings.out / "derive.jsonl").read_text().splitlines()]
+    assert order[0::2] == derive and len(order) == 6 and not set(order[1::2]) & set(derive)
+    detail = [json.loads(line) for line in (loop_settings.out / "profile-vllm-mixed.jsonl").read_text().splitlines()]
     rows = [r for r in detail if r["kind"] == "endpoint"]
-    assert sorted(r["arm"] for r in rows) == ["baseline", "speculative"] and all(r["completed"] == 3 for r in rows)
+    assert sorted(r["arm"] for r in rows) == ["baseline", "speculative"] and all(r["completed"] == 6 for r in rows)
     report = (loop_settings.out / "report.md").read_text()
-    assert "`adaspec profile --endpoint` run live" in report and "Live, interleaved: predicted" in report
+    assert "`adaspec profile --endpoint` run live" in report and "Live, both prompt sets in turns: predicted" in report
+    logs = []  # measured once per advice: a rerun starts no server for it
+    scaleout.run(loop_settings, log=logs.append)
+    assert not any("starting" in m for m in logs) and len(results.rows("profile")) == 2
 
 
 def test_rounds_and_settling_each_start(loop_settings):
@@ -173,9 +180,12 @@ def test_rounds_and_settling_each_start(loop_settings):
     assert first < next(i for i, m in enumerate(logs) if "derive vllm/off closed 1" in m)
     assert "## Settling after each start" in (loop_settings.out / "report.md").read_text()
     # round 0 keeps the key a run made before rounds existed (an old folder resumes), round 1 is its own level
+    from adaspec.engines.results import key
     ph = Phase("derive", "wl", 3, 8, [1], [])
     cfg = EngineConfig("vllm")
-    assert ph.level_key(cfg, "closed", 1) == ph.level_key(cfg, "closed", 1, 0) != ph.level_key(cfg, "closed", 1, 1)
+    before_rounds = key(phase="derive", config="vllm/off", load="closed", level=1, workload="wl", prompts=3,
+                        max_tokens=8, api="chat", seed=0)  # the fields a level's key had before rounds existed
+    assert ph.level_key(cfg, "closed", 1, 0) == before_rounds != ph.level_key(cfg, "closed", 1, 1)
     from adaspec.engines.scaleout_report import _rate
     two = [dict(r, decode_tok_s=v) for r, v in zip([r for r in rows if r["config"] == "vllm/off"
                                                     and r["phase"] == "derive" and r["concurrency"] == 1], (10.0, 30.0))]

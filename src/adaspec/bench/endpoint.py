@@ -116,6 +116,9 @@ class EndpointConfig:
         if self.interleave and base_url(self.baseline or self.url) == base_url(self.url):
             raise ConfigError("--interleave needs the baseline on its own server (--baseline URL): one server's "
                               "/metrics counters cannot be split between arms whose requests alternate")
+        if self.interleave and 1 not in self.concurrency:
+            raise ConfigError("--interleave alternates the arms at one client: give --concurrency 1 (other levels "
+                              "are measured arm by arm)")
 
 
 def structured_summary(prompts: Sequence, results: Sequence[RequestResult]) -> dict:
@@ -177,9 +180,9 @@ def probe(client: httpx.Client, arm: Arm, cfg: EndpointConfig) -> str:
 def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], None] = print,
                        time_limit_s: float | None = None, argv: Sequence[str] = (), settle_s: float = 0.0) -> dict:
     """Measure every (round, load, arm) configuration not yet in ``out``, each arm first settled for ``settle_s``
-    seconds (:func:`settle`; its rates are logged). Returns ``run`` (configurations measured now), ``done`` (found in
-    ``out``), ``stopped`` (the time limit cut the run) and ``key`` (the run's key: rows of this configuration carry
-    it as ``run``).
+    seconds (:func:`settle`, within the time limit, and only when something is left to measure; its rates are
+    logged). Returns ``run`` (configurations measured now), ``done`` (found in ``out``), ``stopped`` (the time
+    limit cut the run) and ``key`` (the run's key: rows of this configuration carry it as ``run``).
 
     Raises:
         ConfigError: bad settings. EndpointError: an arm cannot be measured at all (checked before any timing).
@@ -187,6 +190,8 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
     from adaspec.workloads import load_workload
 
     cfg.validate()
+    if not 0 <= settle_s < math.inf:
+        raise ConfigError(f"--settle takes seconds >= 0, not {settle_s}")
     arms = cfg.arms()
     if cfg.workload == STRUCTURED:
         from adaspec.structured_workload import load_tasks
@@ -203,13 +208,20 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
         models = {arm.name: probe(client, arm, cfg) for arm in arms}
         for arm in arms:
             _warm_up(client, arm, cfg, models[arm.name], prompts[0])
-        for arm in arms if settle_s > 0 else []:
-            rates = settle(client, arm, cfg, models[arm.name], prompts, settle_s)
-            log(f"{arm.name}: settled for {settle_s:g} s; decode tok/s of its requests: "
-                + " ".join(f"{r:.1f}" for r in rates))
         # (interleave left out when off: runs from before it existed keep their keys and resume)
         meta_fields = {k: v for k, v in asdict(cfg).items() if k != "api_key" and (k != "interleave" or v)}
         run = _key(meta_fields)
+        loads = [("closed", c) for c in cfg.concurrency] + [("open", r) for r in cfg.rates]
+        todo = any(_key({**_fields(cfg, arm, models, prompts, load, level, rnd, _requests(cfg, prompts, load, level)),
+                         "run": run}) not in done
+                   for rnd in range(cfg.rounds) for load, level in loads for arm in arms)
+        for arm in arms if settle_s > 0 and todo else []:
+            seconds = min(settle_s, deadline - time.monotonic())
+            if seconds <= 0:
+                break
+            rates = settle(client, arm, cfg, models[arm.name], prompts, seconds)
+            log(f"{arm.name}: settled for {seconds:g} s; decode tok/s of its requests: "
+                + " ".join(f"{r:.1f}" for r in rates))
         with out.open("a") as f:
             if run not in done:
                 f.write(json.dumps({"kind": "meta", "key": run, "run": run, "config": meta_fields, "models": models,
@@ -217,20 +229,19 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
                                                                    "python": sys.version.split()[0]},
                                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
                 f.flush()
-            loads = [("closed", c) for c in cfg.concurrency] + [("open", r) for r in cfg.rates]
             measured, skipped, stopped = 0, 0, False
             for rnd in range(cfg.rounds):
                 for load, level in loads:
                     order = arms if (rnd + loads.index((load, level))) % 2 == 0 else arms[::-1]
                     paired = None
                     if cfg.interleave and len(arms) == 2 and (load, level) == ("closed", 1):
-                        n = cfg.requests or max(len(prompts), 2)  # as below for one client
+                        n = _requests(cfg, prompts, load, level)
                         keys = [_key({**_fields(cfg, arm, models, prompts, load, level, rnd, n), "run": run})
                                 for arm in arms]
                         if not all(k in done for k in keys) and time.monotonic() < deadline:
                             paired = measure_interleaved(client, order, cfg, prompts, models, n, deadline)
                     for arm in order:
-                        n = cfg.requests or max(len(prompts), 2 * int(level) if load == "closed" else 8)
+                        n = _requests(cfg, prompts, load, level)
                         fields = _fields(cfg, arm, models, prompts, load, level, rnd, n)
                         key = _key({**fields, "run": run})  # the same command resumes; a changed one re-measures
                         if key in done:
@@ -279,6 +290,11 @@ def _warm_up(client: httpx.Client, arm: Arm, cfg: EndpointConfig, model: str, pr
             raise EndpointError(f"{arm.url} ({arm.name} arm) failed a one-request check: {r.error}")
 
 
+def _requests(cfg: EndpointConfig, prompts: Sequence, load: str, level: float) -> int:
+    """Requests per configuration: ``--requests``, else the prompt count, at least 2 per client (open loop: 8)."""
+    return cfg.requests or max(len(prompts), 2 * int(level) if load == "closed" else 8)
+
+
 def _fields(cfg: EndpointConfig, arm: Arm, models: dict, prompts: Sequence, load: str, level: float, rnd: int,
             n: int) -> dict:
     """What identifies one (arm, load level, round) configuration in the results file (its key's fields)."""
@@ -290,10 +306,11 @@ def _fields(cfg: EndpointConfig, arm: Arm, models: dict, prompts: Sequence, load
 
 def measure_interleaved(client: httpx.Client, arms: Sequence[Arm], cfg: EndpointConfig, prompts: list,
                         models: dict, n: int, deadline: float) -> dict[str, dict]:
-    """One client, ``n`` requests per arm, the arms alternating request by request (prompt i to both arms, the
-    first arm alternating with i) so that each prompt's pair is measured seconds apart. Returns one row per arm
-    (as :func:`measure` returns; its wall time is the sum of its own requests' times), each arm's ``/metrics``
-    scraped before and after the whole level (its server serves only its own arm)."""
+    """One client, ``n`` requests per arm (fewer once ``deadline``, a ``time.monotonic()`` value, passes; a pair is
+    never split), the arms alternating request by request (prompt i to both arms, the first arm alternating with
+    i) so that each prompt's pair is measured seconds apart. Returns one row per arm (as :func:`measure` returns;
+    its wall time is the sum of its own requests' times, seconds), each arm's ``/metrics`` scraped before and
+    after the whole level (its server serves only its own arm)."""
     before = {arm.name: scrape(client, arm)[0] for arm in arms}
     results: dict[str, list[RequestResult]] = {arm.name: [] for arm in arms}
     for i in range(n):
@@ -313,10 +330,10 @@ def measure_interleaved(client: httpx.Client, arms: Sequence[Arm], cfg: Endpoint
 
 def settle(client: httpx.Client, arm: Arm, cfg: EndpointConfig, model: str, prompts: Sequence,
            seconds: float) -> list[float]:
-    """Send full-length requests to ``arm`` one at a time, cycling through ``prompts``, until ``seconds`` have passed
-    (at least one): a server's decoding can run slow for a while after it starts (on a 2-vCPU VM, vLLM's plain
-    decoding for up to ~25 s; docs/findings/scaleout.md). Returns each request's decode rate, tokens/s after the
-    first token (0.0 for a request of one token).
+    """Send full-length requests to ``arm`` one at a time, cycling through ``prompts``, until ``seconds`` have
+    passed (at least one request): a server just started is the likeliest to decode slowly for a while (on the
+    project's 2-vCPU VMs slow spells of seconds to minutes also come later; docs/findings/scaleout.md). Returns
+    each request's decode rate, tokens/s after the first token (0.0 for a request of one token).
 
     Raises:
         EndpointError: a request fails.

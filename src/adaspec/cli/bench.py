@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -154,13 +153,6 @@ def add_bench_parsers(sub) -> None:
     prof.set_defaults(func=cmd_profile)
 
 
-def _settle(seconds: float) -> float:
-    """``--settle``'s seconds. Raises ConfigError for a negative or infinite value."""
-    if not 0 <= seconds < math.inf:
-        raise ConfigError(f"--settle takes seconds >= 0, not {seconds}")
-    return seconds
-
-
 def _floats(text: str | None, what: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()] if text else []
@@ -202,12 +194,12 @@ def cmd_bench_endpoint(args: argparse.Namespace) -> int:
                  "temperature", "concurrency", "rate", "requests", "rounds", "settle", "slo_ttft_ms", "slo_tpot_ms",
                  "out"):
         value = getattr(args, flag)
-        if value is not None and not (flag == "body" and value == "{}"):
+        if value is not None and not (flag == "body" and value == "{}") and not (flag == "settle" and not value):
             argv += [f"--{flag.replace('_', '-')}", f"'{value}'" if flag.endswith("body") else str(value)]
     argv += ["--interleave"] if args.interleave else []
     result = run_endpoint_bench(cfg, out, log=lambda msg: print(msg, file=sys.stderr),
                                 time_limit_s=args.time_limit * 60 if args.time_limit else None, argv=argv,
-                                settle_s=_settle(args.settle))
+                                settle_s=args.settle)
     print(f"{result['run']} configurations measured, {result['done']} already in {out}"
           + (", stopped at the time limit (rerun to continue)" if result["stopped"] else "")
           + f". Next: adaspec map {out} --report results/endpoint.md")
@@ -320,11 +312,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
                              interleave=args.interleave)
         out = Path(args.out)
         key = run_endpoint_bench(cfg, out, log=lambda msg: print(msg, file=sys.stderr),
-                                 settle_s=_settle(args.settle))["key"]
+                                 settle_s=args.settle)["key"]
         rows = [r for r in read_rows([out]) if r.get("run") == key]
         p = profile_endpoint(rows)
         print(json.dumps(p, indent=2) if args.json else format_profile(p, out))
         return 0
+    if args.rounds != 1 or args.settle or args.interleave:
+        raise ConfigError("--rounds, --settle and --interleave measure a serving endpoint: give --endpoint URL")
 
     advice = profile_workload(args.workload, target=args.target, drafts=args.drafts.split(","),
                               sample=args.sample, max_new_tokens=args.max_new_tokens,

@@ -57,8 +57,9 @@ def pending(phase: Phase, cfg: EngineConfig, results: Results) -> list[tuple[str
 def settle(proc: EngineProcess, cfg: EngineConfig, phase: Phase, seconds: float, results: Results, *,
            log: Callable[[str], None] = print, timeout_s: float = 600.0) -> list[float]:
     """Decode ``seconds`` of full-length requests of ``phase``'s prompts on the freshly started ``proc``
-    (:func:`adaspec.bench.endpoint.settle`) and write their decode rates as a ``settle`` row: on a 2-vCPU VM,
-    vLLM's plain decoding has run ~1.45× slower for the first requests after some starts.
+    (:func:`adaspec.bench.endpoint.settle`) and write their decode rates as a ``settle`` row, so that the report
+    shows the state each server was measured in (on a 2-vCPU VM, vLLM's plain decoding has run ~1.45× slower in
+    spells, the first requests after a start among them).
 
     Raises:
         EngineError: the engine exited or a request failed (with the engine's log tail).

@@ -17,8 +17,8 @@ Per engine (one server at a time; each is started, measured and stopped):
    (:func:`adaspec.bench.advise.profile_endpoint`) on the derivation prompts at one client; its prediction
    for the advised configuration is compared with the same quantity re-measured on the held-out prompts. With
    ``--live-profile`` (default for llama-server, whose two servers fit in memory together) the CLI itself runs
-   against the advised server and an ``off`` server side by side, their requests interleaved, on the derivation
-   prompts and then on the held-out ones (the re-measurement under the same conditions).
+   against the advised server and an ``off`` server side by side, their requests interleaved, with the derivation
+   and held-out prompts taken in turns: the prediction and its re-measurement come from the same minutes.
 
 Faults: a server that fails to start, exits or answers with errors is written as a ``fault`` row with its log's
 tail, restarted once, and the run goes on with the next configuration after a second failure; every measured level
@@ -28,6 +28,7 @@ is kept (:mod:`adaspec.engines.results`), and a rerun with the same ``--out`` me
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -235,33 +236,44 @@ def _derived(rows: list[dict], cfg: EngineConfig) -> bool:
 
 
 def _live_profile(s: Settings, advised: EngineConfig, workloads: dict[str, Path], results: Results, log) -> None:
-    """``adaspec profile WORKLOAD --endpoint ADVISED --baseline OFF --interleave`` with both servers up, on the
-    derivation prompts (the prediction) and then the held-out ones (its re-measurement under the same conditions),
-    each once per advice."""
-    todo = {phase: wl for phase, wl in workloads.items()
-            if not [r for r in results.rows("profile") if r.get("config") == advised.label and r.get("live")
-                    and r.get("phase", "derive") == phase and r.get("interleave")]}
-    if not todo:
+    """``adaspec profile --endpoint ADVISED --baseline OFF --interleave`` with both servers up, once per advice, on
+    the derivation and held-out prompts taken in turns (``profile-mixed.jsonl``): every request alternates the two
+    servers and the two prompt sets, so that the prediction (the derivation prompts' paired speedups) and its
+    re-measurement (the held-out prompts') are measured in the same minutes. On a machine whose speed drifts in
+    spells, plain decoding more than speculation, two passes minutes apart measure two speedups. One ``profile``
+    row per prompt set (``phase``), computed from the same file."""
+    from adaspec.bench.advise import profile_endpoint
+    from adaspec.bench.endpoint import read_rows
+
+    if any(r.get("config") == advised.label and r.get("live") and r.get("mixed") for r in results.rows("profile")):
         return
+    sets = {phase: [json.loads(line) for line in wl.read_text().splitlines() if line.strip()]
+            for phase, wl in workloads.items()}
+    mixed = [p for pair in itertools.zip_longest(*sets.values()) for p in pair if p is not None]
+    wl = s.out / f"profile-{advised.engine}-mixed-prompts.jsonl"
+    wl.write_text("".join(json.dumps(p) + "\n" for p in mixed))
     spec = engine_process(s, advised)
     base = engine_process(s, EngineConfig(advised.engine), port=PORTS[advised.engine] + 1)
+    out = s.out / f"profile-{advised.engine}-mixed.jsonl"
+    argv = [sys.executable, "-m", "adaspec", "profile", str(wl), "--endpoint", spec.url, "--baseline", base.url,
+            "--sample", str(len(mixed)), "--confirm-tokens", str(s.max_tokens), "--out", str(out), "--json",
+            "--rounds", str(s.rounds), "--settle", f"{s.settle_s:g}", "--interleave"]
     try:
         with spec, base:
-            for phase, wl in todo.items():
-                out = s.out / f"profile-{advised.engine}-{phase}.jsonl"
-                n = s.derive_prompts if phase == "derive" else s.heldout_prompts
-                argv = [sys.executable, "-m", "adaspec", "profile", str(wl), "--endpoint", spec.url, "--baseline",
-                        base.url, "--sample", str(n), "--confirm-tokens", str(s.max_tokens), "--out", str(out),
-                        "--json", "--rounds", str(s.rounds), "--settle", f"{s.settle_s:g}", "--interleave"]
-                p = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
-                if p.returncode != 0:
-                    raise EngineError(f"adaspec profile failed: {p.stderr[-500:]}")
-                results.write({"kind": "profile", "live": True, "interleave": True, "phase": phase,
-                               "config": advised.label, "command": " ".join(argv[1:]), **json.loads(p.stdout)})
-                log(f"{advised.label}: adaspec profile --endpoint on the {phase} prompts: {p.stdout.strip()[:300]}")
-    except EngineError as e:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+            if p.returncode != 0:
+                raise EngineError(f"adaspec profile failed: {p.stderr[-500:]}")
+        key = json.loads([line for line in out.read_text().splitlines() if '"kind": "meta"' in line][-1])["key"]
+        rows = [r for r in read_rows([out]) if r.get("run") == key]
+        for phase, prompts in sets.items():
+            ids = {p["id"] for p in prompts}
+            part = [{**r, "requests_detail": [d for d in r.get("requests_detail", []) if d[0] in ids]} for r in rows]
+            results.write({"kind": "profile", "live": True, "interleave": True, "mixed": True, "phase": phase,
+                           "config": advised.label, "command": " ".join(argv[1:]), **profile_endpoint(part)})
+        log(f"{advised.label}: adaspec profile --endpoint, prompt sets in turns: {p.stdout.strip()[:300]}")
+    except (EngineError, AdaspecError) as e:
         results.write({"kind": "fault", "config": advised.label + " (live profile)", "error": str(e).split("\n")[0],
-                       "log_tail": e.log_tail})
+                       "log_tail": getattr(e, "log_tail", "")})
         log(f"live profile: FAULT: {e}")
 
 
@@ -293,7 +305,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                     help="measure every level this many times per server start; rates are medians over rounds")
     ap.add_argument("--settle", type=float, default=0.0, metavar="S",
                     help="decode S seconds of full requests on each server after it starts, before measuring "
-                         "(vLLM on a 2-vCPU VM: plain decoding ran slow for up to ~25 s after some starts)")
+                         "(each start's rates are written as a settle row)")
     ap.add_argument("--startup-timeout", type=float, default=900.0, metavar="S")
     ap.add_argument("--note", default="", help="a line for the report, e.g. 'measured while other work ran'")
     a = ap.parse_args(argv)

@@ -129,16 +129,17 @@ def markdown(results: Results, meta: dict) -> str:
     if live:
         lines += ["", "## `adaspec profile --endpoint` run live (advised server and off server side by side)", ""]
         for p in live:
-            how = f"{p.get('phase', 'derive')} prompts" + (", requests interleaved" if p.get("interleave") else "")
+            how = f"{p.get('phase', 'derive')} prompts" + (", requests interleaved" if p.get("interleave") else "") \
+                + (", both prompt sets in turns" if p.get("mixed") else "")
             lines.append(f"- {p['config']} ({how}): {p.get('speedup')}× (95 % CI {p.get('ci95')}), enable: "
                          f"{p.get('enable')}, α {p.get('acceptance_rate')} — `{p.get('command')}`")
         for label in dict.fromkeys(p["config"] for p in live):
-            pair = {p.get("phase"): p for p in live if p["config"] == label and p.get("interleave")}
+            pair = {p.get("phase"): p for p in live if p["config"] == label and p.get("mixed")}  # the last of each
             if "derive" in pair and "heldout" in pair:
                 err = pair["derive"]["speedup"] / pair["heldout"]["speedup"] - 1
-                lines += ["", f"Live, interleaved: predicted {pair['derive']['speedup']:.2f}× on the derivation "
-                              f"prompts, re-measured {pair['heldout']['speedup']:.2f}× on the held-out ones beside the "
-                              f"same servers; error {err:+.1%} (target within ±10 %)."]
+                lines += ["", f"Live, both prompt sets in turns: predicted {pair['derive']['speedup']:.2f}× on the "
+                              f"derivation prompts, re-measured {pair['heldout']['speedup']:.2f}× on the held-out ones in "
+                              f"the same minutes; error {err:+.1%} (target within ±10 %)."]
     settled = results.rows("settle")
     if settled:
         lines += ["", "## Settling after each start (decode tok/s of the full requests sent before measuring)", ""]
