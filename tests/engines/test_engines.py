@@ -145,6 +145,7 @@ def test_live_profile_runs_the_cli_against_the_advised_and_off_servers(loop_sett
     assert p["enable"] in ("yes", "no", "marginal") and p["acceptance_rate"] is not None
     assert (p["phase"], held["phase"]) == ("derive", "heldout") and held["config"] == advised and held["prompts"] == 3
     assert p["command"] == held["command"]  # one run of the CLI: both prompt sets in turns
+    assert "not per prompt" in p["acceptance_note"]  # α comes from counters over both sets
     order = [json.loads(line)["id"] for line in
              (loop_settings.out / "profile-vllm-mixed-prompts.jsonl").read_text().splitlines()]
     derive = [json.loads(line)["id"] for line in (loop_settings.out / "derive.jsonl").read_text().splitlines()]

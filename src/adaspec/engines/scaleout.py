@@ -269,7 +269,8 @@ def _live_profile(s: Settings, advised: EngineConfig, workloads: dict[str, Path]
             ids = {p["id"] for p in prompts}
             part = [{**r, "requests_detail": [d for d in r.get("requests_detail", []) if d[0] in ids]} for r in rows]
             results.write({"kind": "profile", "live": True, "interleave": True, "mixed": True, "phase": phase,
-                           "config": advised.label, "command": " ".join(argv[1:]), **profile_endpoint(part)})
+                           "config": advised.label, "command": " ".join(argv[1:]), **profile_endpoint(part),
+                           "acceptance_note": "both prompt sets together: the engine's counters are not per prompt"})
         log(f"{advised.label}: adaspec profile --endpoint, prompt sets in turns: {p.stdout.strip()[:300]}")
     except (EngineError, AdaspecError) as e:
         results.write({"kind": "fault", "config": advised.label + " (live profile)", "error": str(e).split("\n")[0],

@@ -131,8 +131,9 @@ def markdown(results: Results, meta: dict) -> str:
         for p in live:
             how = f"{p.get('phase', 'derive')} prompts" + (", requests interleaved" if p.get("interleave") else "") \
                 + (", both prompt sets in turns" if p.get("mixed") else "")
+            note = f" ({p['acceptance_note']})" if p.get("acceptance_note") else ""
             lines.append(f"- {p['config']} ({how}): {p.get('speedup')}× (95 % CI {p.get('ci95')}), enable: "
-                         f"{p.get('enable')}, α {p.get('acceptance_rate')} — `{p.get('command')}`")
+                         f"{p.get('enable')}, α {p.get('acceptance_rate')}{note} — `{p.get('command')}`")
         for label in dict.fromkeys(p["config"] for p in live):
             pair = {p.get("phase"): p for p in live if p["config"] == label and p.get("mixed")}  # the last of each
             if "derive" in pair and "heldout" in pair:
