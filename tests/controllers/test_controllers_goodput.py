@@ -448,6 +448,9 @@ def test_cheap_verification_reaches_long_drafts_and_expensive_stays_short():
     expensive = seeded(EXPENSIVE, 0.95, 0.0).next_k()
     assert 5 <= cheap <= 7
     assert 1 <= expensive < cheap
+    # exactly the brute-force optimum on each curve (6 and 3 with these seeds)
+    assert (cheap, expensive) == (brute_force_k(CHEAP, 0.95, 0.0, overhead=3.0),
+                                  brute_force_k(EXPENSIVE, 0.95, 0.0, overhead=3.0)) == (6, 3)
     assert seeded(EXPENSIVE, 0.9, 10.0).next_k() < seeded(CHEAP, 0.9, 10.0).next_k()
     # Unseeded, the same controller knows only the widths it ran (n = 1 and 2 here): the seed is what lets K grow
     # on the real curve, not on a line through its first two points.
