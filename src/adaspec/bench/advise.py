@@ -25,6 +25,7 @@ import statistics
 from pathlib import Path
 
 from adaspec.bench.endpoint import read_rows
+from adaspec.bench.endpoint_load import decode_rate
 from adaspec.bench.endpoint_report import levels
 from adaspec.bench.costmodel import alpha_for_tau
 from adaspec.controllers.costmodel import expected_tokens
@@ -203,8 +204,9 @@ def paired_speedups(rows: list[dict]) -> list[float]:
         if r.get("kind") != "endpoint":
             continue
         for pid, ok, tokens, ttft, e2e in r.get("requests_detail", []):
-            if ok and tokens > 1 and e2e > ttft:
-                rates.setdefault(pid, {}).setdefault(r["arm"], []).append((tokens - 1) / (e2e - ttft))
+            rate = decode_rate(tokens, ttft, e2e) if ok else None
+            if rate is not None:
+                rates.setdefault(pid, {}).setdefault(r["arm"], []).append(rate)
     return [statistics.median(v["speculative"]) / statistics.median(v["baseline"]) for v in rates.values()
             if v.get("speculative") and v.get("baseline")]
 

@@ -47,7 +47,7 @@ import httpx
 
 from adaspec.bench import engine_metrics
 from adaspec.bench.endpoint_client import Arm, EndpointError, RequestResult, base_url, scrape, send
-from adaspec.bench.endpoint_load import closed_loop, open_loop, summarise
+from adaspec.bench.endpoint_load import closed_loop, decode_rate, open_loop, summarise
 from adaspec.errors import ConfigError
 
 
@@ -212,8 +212,14 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
         meta_fields = {k: v for k, v in asdict(cfg).items() if k != "api_key" and (k != "interleave" or v)}
         run = _key(meta_fields)
         loads = [("closed", c) for c in cfg.concurrency] + [("open", r) for r in cfg.rates]
-        todo = any(_key({**_fields(cfg, arm, models, prompts, load, level, rnd, _requests(cfg, prompts, load, level)),
-                         "run": run}) not in done
+
+        def config_of(arm: Arm, load: str, level: float, rnd: int) -> tuple[dict, str]:
+            """One (arm, level, round) configuration's fields and key (the same command resumes; a changed one
+            re-measures)."""
+            fields = _fields(cfg, arm, models, prompts, load, level, rnd, _requests(cfg, prompts, load, level))
+            return fields, _key({**fields, "run": run})
+
+        todo = any(config_of(arm, load, level, rnd)[1] not in done
                    for rnd in range(cfg.rounds) for load, level in loads for arm in arms)
         for arm in arms if settle_s > 0 and todo else []:
             seconds = min(settle_s, deadline - time.monotonic())
@@ -235,15 +241,13 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
                     order = arms if (rnd + loads.index((load, level))) % 2 == 0 else arms[::-1]
                     paired = None
                     if cfg.interleave and len(arms) == 2 and (load, level) == ("closed", 1):
-                        n = _requests(cfg, prompts, load, level)
-                        keys = [_key({**_fields(cfg, arm, models, prompts, load, level, rnd, n), "run": run})
-                                for arm in arms]
-                        if not all(k in done for k in keys) and time.monotonic() < deadline:
-                            paired = measure_interleaved(client, order, cfg, prompts, models, n, deadline)
+                        if any(config_of(arm, load, level, rnd)[1] not in done for arm in arms) \
+                                and time.monotonic() < deadline:
+                            paired = measure_interleaved(client, order, cfg, prompts, models,
+                                                         _requests(cfg, prompts, load, level), deadline)
                     for arm in order:
-                        n = _requests(cfg, prompts, load, level)
-                        fields = _fields(cfg, arm, models, prompts, load, level, rnd, n)
-                        key = _key({**fields, "run": run})  # the same command resumes; a changed one re-measures
+                        fields, key = config_of(arm, load, level, rnd)
+                        n = fields["requests"]
                         if key in done:
                             skipped += 1
                             continue
@@ -345,8 +349,7 @@ def settle(client: httpx.Client, arm: Arm, cfg: EndpointConfig, model: str, prom
         r = send(client, arm, cfg.api, request_body(cfg, model, p), p.id, cfg.timeout_s)
         if not r.ok:
             raise EndpointError(f"{arm.url} ({arm.name} arm) failed a settling request: {r.error}")
-        decode_s = (r.e2e_s or 0.0) - (r.ttft_s or 0.0)
-        rates.append((r.tokens - 1) / decode_s if r.tokens > 1 and decode_s > 0 else 0.0)
+        rates.append(decode_rate(r.tokens, r.ttft_s, r.e2e_s) or 0.0)
     return rates
 
 

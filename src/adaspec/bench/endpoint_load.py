@@ -87,6 +87,14 @@ def _dist(values: Sequence[float], scale: float = 1e3) -> dict | None:
             "p99": round(q(0.99), 3)}
 
 
+def decode_rate(tokens: int, ttft, e2e) -> float | None:
+    """One request's decode rate, tokens per unit of ``ttft``/``e2e`` (seconds or ms), after its first token:
+    (tokens − 1) / (e2e − TTFT); None for a request of one token or without a decode time."""
+    if tokens > 1 and ttft is not None and e2e is not None and e2e > ttft:
+        return (tokens - 1) / (e2e - ttft)
+    return None
+
+
 def summarise(results: Sequence[RequestResult], wall_s: float, *, slo_ttft_ms: float | None = None,
               slo_tpot_ms: float | None = None) -> dict:
     """Aggregate one configuration's requests (each field is described in :mod:`adaspec.bench.endpoint`);

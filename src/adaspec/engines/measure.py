@@ -54,6 +54,17 @@ def pending(phase: Phase, cfg: EngineConfig, results: Results) -> list[tuple[str
     return [(load, lv, rnd) for load, lv, rnd in phase.levels() if phase.level_key(cfg, load, lv, rnd) not in done]
 
 
+def _endpoint(proc: EngineProcess, cfg: EngineConfig, phase: Phase, timeout_s: float
+              ) -> tuple[list, ep.EndpointConfig, Arm]:
+    """``phase``'s prompts, the endpoint bench's settings for them (greedy) and ``proc``'s arm."""
+    from adaspec.workloads import load_workload
+
+    prompts = load_workload(phase.workload)[:phase.prompts]
+    ecfg = ep.EndpointConfig(url=proc.url, api=phase.api, workload=phase.workload, prompts=phase.prompts,
+                             max_tokens=phase.max_tokens, temperature=0.0, seed=phase.seed, timeout_s=timeout_s)
+    return prompts, ecfg, Arm(cfg.label, proc.url)
+
+
 def settle(proc: EngineProcess, cfg: EngineConfig, phase: Phase, seconds: float, results: Results, *,
            log: Callable[[str], None] = print, timeout_s: float = 600.0) -> list[float]:
     """Decode ``seconds`` of full-length requests of ``phase``'s prompts on the freshly started ``proc``
@@ -64,12 +75,7 @@ def settle(proc: EngineProcess, cfg: EngineConfig, phase: Phase, seconds: float,
     Raises:
         EngineError: the engine exited or a request failed (with the engine's log tail).
     """
-    from adaspec.workloads import load_workload
-
-    prompts = load_workload(phase.workload)[:phase.prompts]
-    ecfg = ep.EndpointConfig(url=proc.url, api=phase.api, workload=phase.workload, prompts=phase.prompts,
-                             max_tokens=phase.max_tokens, temperature=0.0, seed=phase.seed, timeout_s=timeout_s)
-    arm = Arm(cfg.label, proc.url)
+    prompts, ecfg, arm = _endpoint(proc, cfg, phase, timeout_s)
     with httpx.Client() as client:
         try:
             rates = ep.settle(client, arm, ecfg, ep.probe(client, arm, ecfg), prompts, seconds)
@@ -91,12 +97,7 @@ def measure_levels(proc: EngineProcess, cfg: EngineConfig, phase: Phase, results
             the level is not written as done (a ``fault`` row is, by the caller) and the message carries the
             engine's log tail.
     """
-    from adaspec.workloads import load_workload
-
-    prompts = load_workload(phase.workload)[:phase.prompts]
-    ecfg = ep.EndpointConfig(url=proc.url, api=phase.api, workload=phase.workload, prompts=phase.prompts,
-                             max_tokens=phase.max_tokens, temperature=0.0, seed=phase.seed, timeout_s=timeout_s)
-    arm = Arm(cfg.label, proc.url)
+    prompts, ecfg, arm = _endpoint(proc, cfg, phase, timeout_s)
     with httpx.Client(limits=httpx.Limits(max_connections=32)) as client:
         model = ep.probe(client, arm, ecfg)
         warm = send(client, arm, phase.api, {**ep.request_body(ecfg, model, prompts[0]), "max_tokens": 4},

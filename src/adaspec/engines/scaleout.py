@@ -263,8 +263,9 @@ def _live_profile(s: Settings, advised: EngineConfig, workloads: dict[str, Path]
             p = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
             if p.returncode != 0:
                 raise EngineError(f"adaspec profile failed: {p.stderr[-500:]}")
-        key = json.loads([line for line in out.read_text().splitlines() if '"kind": "meta"' in line][-1])["key"]
-        rows = [r for r in read_rows([out]) if r.get("run") == key]
+        rows = read_rows([out])
+        key = [r for r in rows if r["kind"] == "meta"][-1]["key"]  # this command's run (the file may hold others)
+        rows = [r for r in rows if r.get("run") == key]
         for phase, prompts in sets.items():
             ids = {p["id"] for p in prompts}
             part = [{**r, "requests_detail": [d for d in r.get("requests_detail", []) if d[0] in ids]} for r in rows]
