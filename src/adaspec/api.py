@@ -194,7 +194,7 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
     if spec.lower() == "ngram":
         return NgramDrafter()
     if is_suffix_spec(spec):  # suffix decoding: this request's text and a cache of earlier responses
-        return suffix_from_spec(spec)
+        return suffix_from_spec(spec, tokenizer=getattr(target, "tokenizer", None))
     if spec.lower() == "ngram-tree":  # prompt lookup whose several matches become a token tree (tree_budget > 0)
         return NgramTreeDrafter()
     n = layerskip_layers(spec)

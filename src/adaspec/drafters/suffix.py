@@ -17,6 +17,12 @@ into a token tree of at most ``budget`` nodes (verified by :mod:`adaspec.tree`).
 given the sequence and the cache (``Draft.probs`` is None: the verifier treats q as one-hot), so greedy and
 sampled output stay the target's.
 
+The prompt's other spellings (:mod:`adaspec.drafters.text_views`, ``views``) go into a third trie, matched after the
+request's own: once the answer writes an escape (a backslash token), the prompt as it reads inside a JSON string, so
+a tool call's string argument can copy the prompt's code; and at the first proposal, the text of the prompt's JSON
+strings that hold escapes (a tool result), so a raw answer can copy them. On equal scores the other spelling wins
+only where it matches the sequence's end further back than the best so far (the answer is writing in it).
+
 Only finished responses enter the global cache (:meth:`SuffixDrafter.finish`, called by the engines when a
 request ends normally): a request cancelled mid-generation leaves nothing there. Each response is stored with the
 last ``context_tokens`` prompt tokens in front (a chat template's assistant header), so the start of the next
@@ -33,6 +39,7 @@ import torch
 from adaspec.drafters.base import Draft, Drafter, DraftStop, empty_draft
 from adaspec.drafters.suffix_cache import SuffixCache
 from adaspec.drafters.suffix_tree import SuffixTrie, TrieCursor
+from adaspec.drafters.text_views import text_views_for
 from adaspec.errors import ConfigError
 from adaspec.sampling import SamplingParams
 
@@ -54,6 +61,8 @@ class SuffixDrafter(Drafter):
             confidence stop) after each drafted token, with that token's frequency q = count(child) / count(node)
             as its probability, so the controller prices each candidate token instead of the rule alone (give a
             large ``max_spec_factor`` and ``min_token_prob`` 0 to leave the length to it).
+        views: also match the prompt's other spellings (see the module docstring); needs ``tokenizer``.
+        tokenizer: the target's tokenizer (None: no other spellings).
 
     Raises:
         ConfigError: a setting out of range.
@@ -65,7 +74,8 @@ class SuffixDrafter(Drafter):
 
     def __init__(self, cache: SuffixCache | None = None, *, partition: str = "", max_depth: int = 24,
                  max_tokens: int = 100_000, max_spec_factor: float = 1.0, min_token_prob: float = 0.1,
-                 min_match: int = 1, context_tokens: int = 4, consult_stop: bool = False) -> None:
+                 min_match: int = 1, context_tokens: int = 4, consult_stop: bool = False, views: bool = True,
+                 tokenizer=None) -> None:
         if max_spec_factor <= 0:
             raise ConfigError(f"suffix max_spec_factor must be > 0, got {max_spec_factor}")
         if not 0.0 <= min_token_prob <= 1.0:
@@ -81,6 +91,12 @@ class SuffixDrafter(Drafter):
         self.min_match = min_match
         self.context_tokens = context_tokens
         self.consult_stop = consult_stop
+        self.views = views
+        self.tokenizer = tokenizer
+        self._respell = text_views_for(tokenizer) if views else None
+        self._views: SuffixTrie | None = None  # the prompt's other spellings, built when first needed
+        self._escaped_added = self._unescaped_added = False
+        self._scanned = 0  # tokens of the sequence checked for an escape
         self._local = SuffixTrie(self.max_depth)
         self._cursor = TrieCursor(self._local)
         self._prompt: list[int] = []
@@ -92,7 +108,8 @@ class SuffixDrafter(Drafter):
 
     def _settings(self) -> dict:
         return dict(max_spec_factor=self.max_spec_factor, min_token_prob=self.min_token_prob,
-                    min_match=self.min_match, context_tokens=self.context_tokens, consult_stop=self.consult_stop)
+                    min_match=self.min_match, context_tokens=self.context_tokens, consult_stop=self.consult_stop,
+                    views=self.views, tokenizer=self.tokenizer)
 
     def for_sequence(self, seq: int) -> SuffixDrafter:
         """A drafter for batch row ``seq``: its own request state, the same global cache and partition."""
@@ -113,8 +130,14 @@ class SuffixDrafter(Drafter):
         self._prompt = list(prompt_ids)
         self._local = SuffixTrie(self.max_depth)  # indexed lazily, at the first proposal
         self._cursor = TrieCursor(self._local)
+        self._new_views()
         self._open = True
         self._request += 1
+
+    def _new_views(self) -> None:
+        self._views = None
+        self._escaped_added = self._unescaped_added = False
+        self._scanned = 0
 
     def finish(self, ids: list[int]) -> None:
         """The request prefilled last ended normally with ``ids`` (prompt + output): cache its response, with the
@@ -132,8 +155,36 @@ class SuffixDrafter(Drafter):
         if cur.length > len(ids) - 1:  # not an extension of what was indexed (a caller outside the engines)
             self._local = SuffixTrie(self.max_depth)
             cur = self._cursor = TrieCursor(self._local)
+            self._new_views()
             self._request += 1
         cur.extend(ids[cur.length:len(ids) - 1])
+        if self._respell is not None:
+            self._add_views(ids)
+
+    def _add_views(self, ids: list[int]) -> None:
+        """Index the prompt's other spellings once each is worth matching: the text of its escaped JSON strings at
+        the first proposal, its JSON-escaped text once the answer holds an escape token."""
+        if self._escaped_added and self._unescaped_added:
+            return
+        respell, prompt = self._respell, self._prompt
+        found: list[list[int]] = []
+        if not self._unescaped_added:  # the first proposal of the request
+            self._unescaped_added = True
+            if ids[:len(prompt)] != prompt:  # a sequence that is not this request's (a caller outside the engines)
+                self._escaped_added = True
+                return
+            if respell.has_escape(prompt):
+                found += respell.unescaped(prompt)
+        if not self._escaped_added:
+            start = max(self._scanned, len(prompt))
+            self._scanned = len(ids)
+            if respell.has_escape(ids[start:]):
+                self._escaped_added = True
+                found.append(respell.escaped(prompt))
+        for seq in filter(None, found):
+            if self._views is None:
+                self._views = SuffixTrie(self.max_depth)
+            self._views.insert(seq)
 
     # Candidates -----------------------------------------------------------------------------------------------------
     def _spec_len(self, m: int, k: int) -> int:
@@ -159,24 +210,34 @@ class SuffixDrafter(Drafter):
         return tokens, score, freqs
 
     def _candidates(self, ids: list[int]):
-        """``(trie, m, node)`` for every trie and match length m >= ``min_match`` with a continuation."""
+        """``(trie, m, node, longest)`` for every trie and match length m >= ``min_match`` with a continuation
+        (``longest``: the trie's longest match of the sequence's end)."""
         self._sync(ids)
         shared = self.cache.trie(self.partition)
-        tries = [self._local] if shared is None else [shared, self._local]  # a tie goes to earlier answers
+        tries = [t for t in (shared, self._local, self._views) if t is not None]
         for trie in tries:
             # Matches with as many occurrences as each other are the same occurrences: the same continuations. Of
             # such a run only the length that allows the longest proposal is tried (max_spec_factor · m tokens, and
             # the trie holds max_depth - m below the match).
+            matches = trie.matches(ids)
+            longest = matches[-1][0] if matches else 0
             run: list[tuple[int, int]] = []
-            for m, node in trie.matches(ids):
+            for m, node in matches:
                 if m < self.min_match or trie.tok1[node] < 0:
                     continue
                 if run and trie.count[run[-1][1]] != trie.count[node]:
-                    yield trie, *max(run, key=lambda mn: self._room(mn[0]))
+                    yield trie, *max(run, key=lambda mn: self._room(mn[0])), longest
                     run = []
                 run.append((m, node))
             if run:
-                yield trie, *max(run, key=lambda mn: self._room(mn[0]))
+                yield trie, *max(run, key=lambda mn: self._room(mn[0])), longest
+
+    def _wins(self, score: float, trie: SuffixTrie, longest: int, best: tuple[float, int]) -> bool:
+        """Whether a candidate of ``score`` from ``trie`` beats the best so far, ``(score, its trie's longest
+        match)``: a higher score wins; on a tie earlier answers win over the request's own text, and that over the
+        prompt's other spelling unless the other spelling matches the sequence's end further back (the answer is
+        writing in that spelling)."""
+        return score > best[0] or (score == best[0] and trie is self._views and longest > best[1])
 
     def _room(self, m: int) -> tuple[int, int]:
         """How long a proposal after a match of ``m`` tokens can be (ties: the longer match)."""
@@ -194,10 +255,11 @@ class SuffixDrafter(Drafter):
         if key == self._memo_key:
             return self._memo
         best: tuple[list[int], float, int, list[float]] = ([], 0.0, 0, [])
-        for trie, m, node in self._candidates(ids):
+        reach = 0  # the best candidate's trie's longest match
+        for trie, m, node, longest in self._candidates(ids):
             tokens, score, freqs = self._chain(trie, node, self._spec_len(m, k))
-            if score > best[1]:
-                best = (tokens, score, m, freqs)
+            if self._wins(score, trie, longest, (best[1], reach)):
+                best, reach = (tokens, score, m, freqs), longest
         self._memo_key, self._memo = key, best
         return best
 
@@ -231,10 +293,11 @@ class SuffixDrafter(Drafter):
         if depth <= 0 or budget <= 0:
             return empty_draft()
         best: tuple[float, list[int], list[int]] = (0.0, [], [])
-        for trie, m, node in self._candidates(ids):
+        reach = 0
+        for trie, m, node, longest in self._candidates(ids):
             tokens, parents, score = self._tree(trie, node, self._spec_len(m, depth), budget)
-            if score > best[0]:
-                best = (score, tokens, parents)
+            if self._wins(score, trie, longest, (best[0], reach)):
+                best, reach = (score, tokens, parents), longest
         _, tokens, parents = best
         if not tokens:
             return empty_draft()
@@ -284,7 +347,7 @@ _flag.__name__ = "0 or 1"
 
 SPEC_KEYS = {"depth": ("max_depth", int), "tokens": ("max_tokens", int), "factor": ("max_spec_factor", float),
              "prob": ("min_token_prob", float), "match": ("min_match", int), "context": ("context_tokens", int),
-             "stop": ("consult_stop", _flag)}
+             "stop": ("consult_stop", _flag), "views": ("views", _flag)}
 """``suffix:KEY=VALUE,...`` options (:func:`suffix_from_spec`) and the :class:`SuffixDrafter` argument each sets."""
 
 
@@ -293,19 +356,21 @@ def is_suffix_spec(spec: str) -> bool:
     return low == "suffix" or low.startswith("suffix:")
 
 
-def suffix_from_spec(spec: str) -> SuffixDrafter:
-    """A :class:`SuffixDrafter` from ``suffix`` or ``suffix:KEY=VALUE,...`` (see :func:`suffix_options`).
+def suffix_from_spec(spec: str, tokenizer=None) -> SuffixDrafter:
+    """A :class:`SuffixDrafter` from ``suffix`` or ``suffix:KEY=VALUE,...`` (see :func:`suffix_options`);
+    ``tokenizer`` (the target's) lets it match the prompt's other spellings.
 
     Raises:
         ConfigError: an unknown key or a malformed value (names the key).
     """
-    return SuffixDrafter(**suffix_options(spec))
+    return SuffixDrafter(**suffix_options(spec), tokenizer=tokenizer)
 
 
 def suffix_options(spec: str) -> dict:
     """The :class:`SuffixDrafter` arguments ``suffix`` or ``suffix:KEY=VALUE,...`` sets (only those it names), with
     keys ``depth`` (trie depth), ``tokens`` (global cache size in tokens), ``factor`` (max_spec_factor), ``prob``
-    (min_token_prob), ``match`` (min_match), ``context`` (context_tokens) and ``stop`` (consult_stop, 0 or 1),
+    (min_token_prob), ``match`` (min_match), ``context`` (context_tokens), ``stop`` (consult_stop, 0 or 1) and
+    ``views`` (match the prompt's other spellings, 0 or 1),
     e.g. ``suffix:tokens=200000,factor=2``; ``;`` separates them too, for comma-separated lists
     (``adaspec compare --methods suffix:tokens=5000;factor=2/goodput,plain``).
 

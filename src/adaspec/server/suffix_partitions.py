@@ -69,7 +69,7 @@ class ServerSuffixCache:
                                 ("tokens", "max_tokens", self.cache.max_tokens)):
             if arg in opts and opts[arg] != value:
                 raise ConfigError(f"drafter {spec!r}: {key} is the server's suffix cache setting ({value}); a request "
-                                  "may set factor, prob, match, context and stop")
+                                  "may set factor, prob, match, context, stop and views")
         SuffixDrafter(self.cache, **{k: v for k, v in opts.items() if k not in ("max_depth", "max_tokens")})
 
     def adopt(self, drafter: Drafter | None) -> Drafter | None:

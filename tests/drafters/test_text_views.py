@@ -1,0 +1,125 @@
+"""The prompt's other spellings: JSON-escaped text and the text of escaped JSON strings, matched by suffix decoding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaspec.drafters.suffix import SuffixDrafter, suffix_from_spec, with_own_cache
+from adaspec.drafters.text_views import TextViews, text_views_for
+from adaspec.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+class CharTokenizer:
+    """One token per character (ids = code points < 256): enough to see where spellings agree and differ."""
+
+    def get_vocab(self) -> dict[str, int]:
+        return {chr(i): i for i in range(256)}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+TOK = CharTokenizer()
+CODE = 'def add(a, b):\n    """Sum of "a" and b."""\n    return a + b\n'
+PROMPT = TOK.encode("Write this file:\n" + CODE + "Reply with a JSON tool call.\n")
+
+
+def text(ids) -> str:
+    return TOK.decode(ids)
+
+
+def test_escaped_is_the_json_string_body_and_empty_when_nothing_changes():
+    views = TextViews(TOK)
+    assert text(views.escaped(TOK.encode(CODE))) == json.dumps(CODE)[1:-1]
+    assert text(views.escaped(TOK.encode(CODE))).startswith('def add(a, b):\\n    \\"\\"\\"Sum of \\"a\\"')
+    assert views.escaped(TOK.encode("plain words only")) == []
+
+
+def test_unescaped_decodes_escaped_json_strings_of_sixteen_characters_or_more():
+    views = TextViews(TOK)
+    result = '{"tool": "read_file", "content": ' + json.dumps(CODE) + ', "note": "a\\nb", "bad": "x\\q and more text"}'
+    assert [text(v) for v in views.unescaped(TOK.encode(result))] == [CODE]  # short and invalid ones skipped
+    assert views.unescaped(TOK.encode('{"content": "no escapes in this long string"}')) == []
+
+
+def test_escape_tokens_are_those_with_a_backslash():
+    views = TextViews(TOK)
+    assert views.escape_ids == {ord("\\")}
+    assert views.has_escape(TOK.encode("a\\n")) and not views.has_escape(TOK.encode("a\nb"))
+
+
+def test_text_views_are_built_once_per_tokenizer_and_need_one():
+    assert text_views_for(TOK) is text_views_for(TOK)
+    assert text_views_for(None) is None and text_views_for(object()) is None
+
+
+def propose(drafter: SuffixDrafter, ids: list[int], k: int = 8) -> str:
+    return text(drafter.propose(ids, k, GREEDY).tokens.tolist())
+
+
+def test_a_json_string_argument_copies_the_prompts_code():
+    """Inside a JSON string the answer spells a quote ``\\"`` and a newline ``\\n``: the escaped prompt continues
+    it; without the other spelling the lookup finds only the raw prompt's quote (a 2-token match, a 2-token draft)."""
+    seq = PROMPT + TOK.encode('{"tool": "write_file", "content": "def add(a, b):\\n    \\"\\"\\"Sum of \\"a')
+    with_views, without = suffix_from_spec("suffix", tokenizer=TOK), suffix_from_spec("suffix:views=0", tokenizer=TOK)
+    for d in (with_views, without):
+        d.prefill(PROMPT)
+    assert propose(with_views, seq) == '\\" and b'
+    assert propose(without, seq) == '" '
+
+
+def test_at_a_line_end_the_spelling_that_matches_further_back_wins():
+    """Both spellings match ``    return a + b`` and propose 4 tokens (a tie); the escaped one matches the answer
+    23 tokens back (the trie's depth), the raw one 16, so the answer's own spelling, ``\\n``, is drafted."""
+    d = suffix_from_spec("suffix", tokenizer=TOK)
+    d.prefill(PROMPT)
+    seq = PROMPT + TOK.encode('{"content": "def add(a, b):\\n    \\"\\"\\"Sum of \\"a\\" and b.\\"\\"\\"\\n    return a + b')
+    assert propose(d, seq, 4) == "\\nRe"
+
+
+def test_the_raw_spelling_wins_where_the_answer_is_raw():
+    """A code edit copies the prompt raw. Once its answer holds an escape the escaped prompt is indexed, and a raw
+    answer still drafts the raw text: its match runs further back, so its draft is longer."""
+    prompt = TOK.encode('Fix: print("a\\n")\n' + CODE)
+    d = suffix_from_spec("suffix", tokenizer=TOK)
+    d.prefill(prompt)
+    seq = prompt + TOK.encode('print("a\\n")\n' + 'def add(a, b):\n    """Sum of "a" and b."""\n    return a')
+    assert propose(d, seq) == " + b\npri"  # the raw prompt, then the answer's own start
+    assert d._views is not None  # the escaped spelling was there to compete
+
+
+def test_a_raw_answer_copies_an_escaped_tool_result():
+    prompt = TOK.encode("Tool result: " + json.dumps({"content": CODE}) + "\nNow write the function again.\n")
+    seq = prompt + TOK.encode('def add(a, b):\n    """Sum of "a"')
+    with_views, without = suffix_from_spec("suffix", tokenizer=TOK), suffix_from_spec("suffix:views=0", tokenizer=TOK)
+    for d in (with_views, without):
+        d.prefill(prompt)
+    assert propose(with_views, seq) == ' and b."'
+    assert len(propose(without, seq)) <= 1  # only a one-token match in the escaped prompt
+
+
+def test_views_are_per_request_and_kept_by_copies():
+    d = suffix_from_spec("suffix", tokenizer=TOK)
+    d.prefill(PROMPT)
+    propose(d, PROMPT + TOK.encode('{"content": "def add(a, b):\\n'))
+    assert d._views is not None
+    d.prefill(TOK.encode("another prompt\n"))
+    assert d._views is None
+    for copy in (d.for_sequence(1), d.with_partition("k"), with_own_cache(d)):
+        assert copy.tokenizer is TOK and copy.views and copy._respell is d._respell
+    assert not suffix_from_spec("suffix:views=0", tokenizer=TOK).for_sequence(0).views
+
+
+@pytest.mark.parametrize("answer", ['{"content": "x\\n', "no escape here"])
+def test_no_views_without_a_tokenizer(answer):
+    d = SuffixDrafter()
+    d.prefill(PROMPT)
+    propose(d, PROMPT + TOK.encode(answer))
+    assert d._views is None
