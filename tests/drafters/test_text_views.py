@@ -14,15 +14,12 @@ GREEDY = SamplingParams()
 
 
 class CharTokenizer:
-    """One token per character (ids = code points < 256): enough to see where spellings agree and differ."""
-
-    def get_vocab(self) -> dict[str, int]:
-        return {chr(i): i for i in range(256)}
+    """One token per character (ids = code points): enough to see where spellings agree and differ."""
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [ord(c) for c in text]
 
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    def decode(self, ids, skip_special_tokens: bool = True, **kw) -> str:
         return "".join(chr(i) for i in ids)
 
 
@@ -49,15 +46,23 @@ def test_unescaped_decodes_escaped_json_strings_of_sixteen_characters_or_more():
     assert views.unescaped(TOK.encode('{"content": "no escapes in this long string"}')) == []
 
 
-def test_escape_tokens_are_those_with_a_backslash():
+def test_escapes_and_the_spelling_an_answer_ends_in():
     views = TextViews(TOK)
-    assert views.escape_ids == {ord("\\")}
     assert views.has_escape(TOK.encode("a\\n")) and not views.has_escape(TOK.encode("a\nb"))
+    assert views.spelling(TOK.encode('"x": "a\\nb')) == "escaped"
+    assert views.spelling(TOK.encode('a\\nb\nc')) == "raw"  # the raw newline came last
+    assert views.spelling(TOK.encode("no line end"), "escaped") == "escaped"  # neither: as it was
+
+
+def test_an_unterminated_string_is_skipped_and_the_next_line_still_read():
+    views = TextViews(TOK)
+    cut = '{"content": "' + 'x\\" ' * 2000 + "\n"  # a truncated one-line tool result: 2,000 escaped quotes, no end
+    assert [text(v) for v in views.unescaped(TOK.encode(cut + json.dumps(CODE)))] == [CODE]
 
 
 def test_text_views_are_built_once_per_tokenizer_and_need_one():
     assert text_views_for(TOK) is text_views_for(TOK)
-    assert text_views_for(None) is None and text_views_for(object()) is None
+    assert text_views_for(None) is None and text_views_for(object()) is None  # no encode/decode
 
 
 def propose(drafter: SuffixDrafter, ids: list[int], k: int = 8) -> str:
@@ -76,8 +81,9 @@ def test_a_json_string_argument_copies_the_prompts_code():
 
 
 def test_at_a_line_end_the_spelling_that_matches_further_back_wins():
-    """Both spellings match ``    return a + b`` and propose 4 tokens (a tie); the escaped one matches the answer
-    23 tokens back (the trie's depth), the raw one 16, so the answer's own spelling, ``\\n``, is drafted."""
+    """Both spellings match ``    return a + b`` and offer 12-token chains (a tie); the answer writes escaped text (and
+    the escaped prompt matches it 23 tokens back, the deepest a trie of depth 24 holds; the raw one 16), so the
+    answer's own spelling, ``\\n``, is drafted."""
     d = suffix_from_spec("suffix", tokenizer=TOK)
     d.prefill(PROMPT)
     seq = PROMPT + TOK.encode('{"content": "def add(a, b):\\n    \\"\\"\\"Sum of \\"a\\" and b.\\"\\"\\"\\n    return a + b')
@@ -93,6 +99,24 @@ def test_the_raw_spelling_wins_where_the_answer_is_raw():
     seq = prompt + TOK.encode('print("a\\n")\n' + 'def add(a, b):\n    """Sum of "a" and b."""\n    return a')
     assert propose(d, seq) == " + b\npri"  # the raw prompt, then the answer's own start
     assert d._views is not None  # the escaped spelling was there to compete
+
+
+TIE_PROMPT = TOK.encode('Fix: print("a\\n")\n' + CODE + "Thanks!\n")
+
+
+@pytest.mark.parametrize("answer, expected", [
+    ('{"content": "def add(a, b):\\n    \\"\\"\\"Sum of \\"a\\" and b.\\"\\"\\"\\n    return a + b', "\\nTh"),
+    ('print("a\\n")\ndef add(a, b):\n    """Sum of "a" and b."""\n    return a + b', "\nTha"),
+])
+def test_a_tie_beyond_the_tries_depth_goes_to_the_spelling_the_answer_writes(answer, expected):
+    """Depth 8: both spellings match the answer's last 7 tokens (the deepest match a trie of depth 8 holds) and
+    offer 4-token chains, a tie on score and on match length. An answer writing escaped text (its last escape after its
+    last raw newline) drafts the escaped spelling; one writing raw text (the code edit, after its escaped ``\\n``)
+    drafts the raw one."""
+    d = suffix_from_spec("suffix:depth=8", tokenizer=TOK)
+    d.prefill(TIE_PROMPT)
+    assert propose(d, TIE_PROMPT + TOK.encode(answer)) == expected
+    assert d._views is not None
 
 
 def test_a_raw_answer_copies_an_escaped_tool_result():

@@ -21,7 +21,8 @@ The prompt's other spellings (:mod:`adaspec.drafters.text_views`, ``views``) go 
 request's own: once the answer writes an escape (a backslash token), the prompt as it reads inside a JSON string, so
 a tool call's string argument can copy the prompt's code; and at the first proposal, the text of the prompt's JSON
 strings that hold escapes (a tool result), so a raw answer can copy them. On equal scores the other spelling wins
-only where it matches the sequence's end further back than the best so far (the answer is writing in it).
+where the answer is writing escaped text (its last token with a backslash came after its last raw newline) or where
+it matches the sequence's end further back than the best so far.
 
 Only finished responses enter the global cache (:meth:`SuffixDrafter.finish`, called by the engines when a
 request ends normally): a request cancelled mid-generation leaves nothing there. Each response is stored with the
@@ -94,9 +95,7 @@ class SuffixDrafter(Drafter):
         self.views = views
         self.tokenizer = tokenizer
         self._respell = text_views_for(tokenizer) if views else None
-        self._views: SuffixTrie | None = None  # the prompt's other spellings, built when first needed
-        self._escaped_added = self._unescaped_added = False
-        self._scanned = 0  # tokens of the sequence checked for an escape
+        self._new_views()  # the prompt's other spellings: a trie built when first needed
         self._local = SuffixTrie(self.max_depth)
         self._cursor = TrieCursor(self._local)
         self._prompt: list[int] = []
@@ -136,8 +135,9 @@ class SuffixDrafter(Drafter):
 
     def _new_views(self) -> None:
         self._views = None
-        self._escaped_added = self._unescaped_added = False
-        self._scanned = 0
+        self._scanned: int | None = None  # sequence tokens scanned (None: not yet; -1: no views for this sequence)
+        self._escaped_added = False
+        self._spelling = ""  # what the answer writes in: "escaped", "raw" or "" (neither seen yet)
 
     def finish(self, ids: list[int]) -> None:
         """The request prefilled last ended normally with ``ids`` (prompt + output): cache its response, with the
@@ -162,25 +162,26 @@ class SuffixDrafter(Drafter):
             self._add_views(ids)
 
     def _add_views(self, ids: list[int]) -> None:
-        """Index the prompt's other spellings once each is worth matching: the text of its escaped JSON strings at
-        the first proposal, its JSON-escaped text once the answer holds an escape token."""
-        if self._escaped_added and self._unescaped_added:
-            return
+        """Index the prompt's other spellings once each is worth matching (the text of its escaped JSON strings at the
+        first proposal, its JSON-escaped text once the answer holds a token with a backslash) and follow the
+        spelling the answer writes in (its last token with a backslash or a raw newline)."""
         respell, prompt = self._respell, self._prompt
+        if self._scanned == -1:
+            return
         found: list[list[int]] = []
-        if not self._unescaped_added:  # the first proposal of the request
-            self._unescaped_added = True
+        if self._scanned is None:  # the first proposal of the request
             if ids[:len(prompt)] != prompt:  # a sequence that is not this request's (a caller outside the engines)
-                self._escaped_added = True
+                self._scanned = -1
                 return
             if respell.has_escape(prompt):
                 found += respell.unescaped(prompt)
-        if not self._escaped_added:
-            start = max(self._scanned, len(prompt))
-            self._scanned = len(ids)
-            if respell.has_escape(ids[start:]):
-                self._escaped_added = True
-                found.append(respell.escaped(prompt))
+            self._scanned = len(prompt)
+        new = ids[self._scanned:]
+        self._scanned = len(ids)
+        self._spelling = respell.spelling(new, self._spelling)
+        if not self._escaped_added and respell.has_escape(new):
+            self._escaped_added = True
+            found.append(respell.escaped(prompt))
         for seq in filter(None, found):
             if self._views is None:
                 self._views = SuffixTrie(self.max_depth)
@@ -234,10 +235,12 @@ class SuffixDrafter(Drafter):
 
     def _wins(self, score: float, trie: SuffixTrie, longest: int, best: tuple[float, int]) -> bool:
         """Whether a candidate of ``score`` from ``trie`` beats the best so far, ``(score, its trie's longest
-        match)``: a higher score wins; on a tie earlier answers win over the request's own text, and that over the
-        prompt's other spelling unless the other spelling matches the sequence's end further back (the answer is
-        writing in that spelling)."""
-        return score > best[0] or (score == best[0] and trie is self._views and longest > best[1])
+        match)``: a higher score wins. On a tie earlier answers win over the request's own text, and that over the
+        prompt's other spelling, unless the answer is writing escaped text (its last backslash came after its last
+        raw newline) or the other spelling matches the sequence's end further back."""
+        if score > best[0]:
+            return True
+        return score == best[0] > 0 and trie is self._views and (self._spelling == "escaped" or longest > best[1])
 
     def _room(self, m: int) -> tuple[int, int]:
         """How long a proposal after a match of ``m`` tokens can be (ties: the longer match)."""

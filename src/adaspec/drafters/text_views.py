@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from collections.abc import Sequence
 
-_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
-"""A JSON string literal on one line (the text between its quotes may hold escapes, never a raw newline)."""
+_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*(?:"|$)', re.MULTILINE)
+"""A JSON string literal on one line (escapes allowed, never a raw newline), or an unterminated one to the end of its
+line: consuming the unterminated tail keeps the scan linear (each quote inside it would otherwise start a new try)."""
 
 MIN_UNESCAPED_CHARS = 16
 """Shorter JSON strings in a prompt are not re-spelt (a key, a short value: nothing worth copying)."""
@@ -25,35 +27,53 @@ class TextViews:
     """A tokenizer's re-spellings of prompts (see the module docstring).
 
     Args:
-        tokenizer: a Hugging Face tokenizer (``decode``, ``encode``, ``get_vocab``) or anything with those methods.
+        tokenizer: a Hugging Face tokenizer, or anything with ``encode(text, add_special_tokens=False)`` and
+            ``decode(ids, skip_special_tokens=True)``.
     """
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        #: ids of the tokens whose text holds a backslash: an answer holding one is writing escaped text
-        self.escape_ids = frozenset(i for token, i in tokenizer.get_vocab().items() if "\\" in token)
+        self._texts: dict[int, str] = {}  # token id -> its text alone (decoded once)
+
+    def token_text(self, token: int) -> str:
+        """The text of one token (a byte-fallback or partial UTF-8 token decodes to its replacement character)."""
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.tokenizer.decode([token], skip_special_tokens=True)
+        return text
 
     def has_escape(self, ids: Sequence[int]) -> bool:
         """Whether any of ``ids`` is a token with a backslash in its text."""
-        return any(t in self.escape_ids for t in ids)
+        return any("\\" in self.token_text(t) for t in ids)
+
+    def spelling(self, ids: Sequence[int], current: str = "") -> str:
+        """The spelling ``ids`` end in: ``"escaped"`` where the last token with a backslash or a raw newline holds a
+        backslash, ``"raw"`` where it holds a newline, else ``current``."""
+        for t in reversed(ids):
+            text = self.token_text(t)
+            if "\\" in text:
+                return "escaped"
+            if "\n" in text:
+                return "raw"
+        return current
 
     def text(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def escaped(self, ids: Sequence[int]) -> list[int]:
-        """Token ids of the text of ``ids`` as the body of a JSON string (``\\n``, ``\\"``, ``\\\\``, ``\\t``; other
-        characters as they are); [] when escaping changes nothing."""
+        """Token ids of the text of ``ids`` as the body of a JSON string (``json.dumps``: ``\\n``, ``\\"``, ``\\\\``,
+        ``\\t`` and the other control characters escaped, the rest as it is); [] when escaping changes nothing."""
         text = self.text(ids)
         body = json.dumps(text, ensure_ascii=False)[1:-1]
         return [] if body == text else list(self.tokenizer.encode(body, add_special_tokens=False))
 
     def unescaped(self, ids: Sequence[int]) -> list[list[int]]:
         """Token ids of each JSON string literal in the text of ``ids`` that holds an escape, decoded (at least
-        :data:`MIN_UNESCAPED_CHARS` characters of text); literals that are not valid JSON are skipped."""
+        :data:`MIN_UNESCAPED_CHARS` characters of text); unterminated or invalid literals are skipped."""
         out = []
         for m in _JSON_STRING.finditer(self.text(ids)):
             literal = m.group(0)
-            if "\\" not in literal:
+            if "\\" not in literal or len(literal) < 2 or not literal.endswith('"'):
                 continue
             try:
                 value = json.loads(literal)
@@ -64,15 +84,18 @@ class TextViews:
         return out
 
 
-_BY_TOKENIZER: dict[int, tuple[object, TextViews]] = {}
+_BY_TOKENIZER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def text_views_for(tokenizer) -> TextViews | None:
-    """The :class:`TextViews` of ``tokenizer`` (built once per tokenizer: the vocabulary scan takes tens of
-    milliseconds); None for None or a tokenizer without ``get_vocab``/``encode``/``decode``."""
-    if tokenizer is None or not all(hasattr(tokenizer, a) for a in ("get_vocab", "encode", "decode")):
+    """The :class:`TextViews` of ``tokenizer``, one per tokenizer (its per-token texts are kept); None for None or a
+    tokenizer without ``encode``/``decode``."""
+    if tokenizer is None or not all(hasattr(tokenizer, a) for a in ("encode", "decode")):
         return None
-    held = _BY_TOKENIZER.get(id(tokenizer))
-    if held is None or held[0] is not tokenizer:
-        held = _BY_TOKENIZER[id(tokenizer)] = (tokenizer, TextViews(tokenizer))
-    return held[1]
+    try:
+        views = _BY_TOKENIZER.get(tokenizer)
+        if views is None:
+            views = _BY_TOKENIZER[tokenizer] = TextViews(tokenizer)
+    except TypeError:  # not weakly referable: one per call
+        views = TextViews(tokenizer)
+    return views
