@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import pytest
 
@@ -54,15 +56,37 @@ def test_escapes_and_the_spelling_an_answer_ends_in():
     assert views.spelling(TOK.encode("no line end"), "escaped") == "escaped"  # neither: as it was
 
 
+class TwoTokens(CharTokenizer):
+    """Token 0 is a backslash then a newline (a line continuation), token 1 a newline then a backslash."""
+
+    def decode(self, ids, skip_special_tokens: bool = True, **kw) -> str:
+        return "".join({0: "\\\n", 1: "\n\\"}[i] for i in ids)
+
+
+def test_a_token_with_both_is_read_by_which_comes_last():
+    views = TextViews(TwoTokens())
+    assert views.spelling([0]) == "raw" and views.spelling([1]) == "escaped"
+
+
 def test_an_unterminated_string_is_skipped_and_the_next_line_still_read():
     views = TextViews(TOK)
     cut = '{"content": "' + 'x\\" ' * 2000 + "\n"  # a truncated one-line tool result: 2,000 escaped quotes, no end
     assert [text(v) for v in views.unescaped(TOK.encode(cut + json.dumps(CODE)))] == [CODE]
+    odd = '{"content": "' + 'x\\" ' * 2000 + "y\\\n"  # cut after an escape's backslash
+    assert [text(v) for v in views.unescaped(TOK.encode(odd + json.dumps(CODE)))] == [CODE]
 
 
-def test_text_views_are_built_once_per_tokenizer_and_need_one():
-    assert text_views_for(TOK) is text_views_for(TOK)
+def test_token_texts_are_shared_per_tokenizer_and_do_not_keep_it_alive():
+    first, second = text_views_for(TOK), text_views_for(TOK)
+    first.token_text(ord("q"))
+    assert second._texts is first._texts and second._texts[ord("q")] == "q"  # decoded once, for both
     assert text_views_for(None) is None and text_views_for(object()) is None  # no encode/decode
+    tok = CharTokenizer()
+    gone = weakref.ref(tok)
+    text_views_for(tok).token_text(1)
+    del tok
+    gc.collect()
+    assert gone() is None
 
 
 def propose(drafter: SuffixDrafter, ids: list[int], k: int = 8) -> str:
@@ -86,8 +110,8 @@ def test_at_a_line_end_the_spelling_that_matches_further_back_wins():
     answer's own spelling, ``\\n``, is drafted."""
     d = suffix_from_spec("suffix", tokenizer=TOK)
     d.prefill(PROMPT)
-    seq = PROMPT + TOK.encode('{"content": "def add(a, b):\\n    \\"\\"\\"Sum of \\"a\\" and b.\\"\\"\\"\\n    return a + b')
-    assert propose(d, seq, 4) == "\\nRe"
+    written = '{"content": "def add(a, b):\\n    \\"\\"\\"Sum of \\"a\\" and b.\\"\\"\\"\\n    return a + b'
+    assert propose(d, PROMPT + TOK.encode(written), 4) == "\\nRe"
 
 
 def test_the_raw_spelling_wins_where_the_answer_is_raw():
@@ -119,6 +143,17 @@ def test_a_tie_beyond_the_tries_depth_goes_to_the_spelling_the_answer_writes(ans
     assert d._views is not None
 
 
+def test_a_tie_goes_to_the_raw_spelling_where_it_matches_further_back():
+    """Raw code with a backslash in a string (``"\\t"``): the answer's last backslash came after its last newline,
+    but the raw prompt matches its end 7 tokens back (depth 8's deepest) and the escaped one 6 (it has ``\\"``
+    where the answer has ``"``); both offer 4-token chains, and the raw continuation is drafted."""
+    prompt = TOK.encode('Fix:\nx = "abcde"\ny = 2\n')
+    d = suffix_from_spec("suffix:depth=8", tokenizer=TOK)
+    d.prefill(prompt)
+    assert propose(d, prompt + TOK.encode('q = "\\t"; x = "abcde')) == '"\ny '
+    assert d._views is not None and d._spelling == "escaped"
+
+
 def test_a_raw_answer_copies_an_escaped_tool_result():
     prompt = TOK.encode("Tool result: " + json.dumps({"content": CODE}) + "\nNow write the function again.\n")
     seq = prompt + TOK.encode('def add(a, b):\n    """Sum of "a"')
@@ -137,7 +172,7 @@ def test_views_are_per_request_and_kept_by_copies():
     d.prefill(TOK.encode("another prompt\n"))
     assert d._views is None
     for copy in (d.for_sequence(1), d.with_partition("k"), with_own_cache(d)):
-        assert copy.tokenizer is TOK and copy.views and copy._respell is d._respell
+        assert copy.tokenizer is TOK and copy.views and copy._respell._texts is d._respell._texts
     assert not suffix_from_spec("suffix:views=0", tokenizer=TOK).for_sequence(0).views
 
 

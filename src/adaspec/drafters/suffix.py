@@ -21,8 +21,8 @@ The prompt's other spellings (:mod:`adaspec.drafters.text_views`, ``views``) go 
 request's own: once the answer writes an escape (a backslash token), the prompt as it reads inside a JSON string, so
 a tool call's string argument can copy the prompt's code; and at the first proposal, the text of the prompt's JSON
 strings that hold escapes (a tool result), so a raw answer can copy them. On equal scores the other spelling wins
-where the answer is writing escaped text (its last token with a backslash came after its last raw newline) or where
-it matches the sequence's end further back than the best so far.
+where it matches the sequence's end further back than the best so far, or as far back while the answer is writing
+escaped text (its last backslash came after its last raw newline).
 
 Only finished responses enter the global cache (:meth:`SuffixDrafter.finish`, called by the engines when a
 request ends normally): a request cancelled mid-generation leaves nothing there. Each response is stored with the
@@ -235,12 +235,13 @@ class SuffixDrafter(Drafter):
 
     def _wins(self, score: float, trie: SuffixTrie, longest: int, best: tuple[float, int]) -> bool:
         """Whether a candidate of ``score`` from ``trie`` beats the best so far, ``(score, its trie's longest
-        match)``: a higher score wins. On a tie earlier answers win over the request's own text, and that over the
-        prompt's other spelling, unless the answer is writing escaped text (its last backslash came after its last
-        raw newline) or the other spelling matches the sequence's end further back."""
+        match)``: a higher score wins. On a tie the prompt's other spelling wins where it matches the sequence's end
+        further back, or as far back while the answer is writing escaped text (its last backslash came after its
+        last raw newline); else earlier answers win over the request's own text, and that over the other spelling."""
         if score > best[0]:
             return True
-        return score == best[0] > 0 and trie is self._views and (self._spelling == "escaped" or longest > best[1])
+        return (score == best[0] > 0 and trie is self._views
+                and (longest > best[1] or (longest == best[1] and self._spelling == "escaped")))
 
     def _room(self, m: int) -> tuple[int, int]:
         """How long a proposal after a match of ``m`` tokens can be (ties: the longer match)."""

@@ -15,9 +15,10 @@ import re
 import weakref
 from collections.abc import Sequence
 
-_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*(?:"|$)', re.MULTILINE)
+_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*(?:"|\\?$)', re.MULTILINE)
 """A JSON string literal on one line (escapes allowed, never a raw newline), or an unterminated one to the end of its
-line: consuming the unterminated tail keeps the scan linear (each quote inside it would otherwise start a new try)."""
+line (a lone backslash there included): consuming the unterminated tail keeps the scan linear (each quote inside it
+would otherwise start a new try that scans to the line's end)."""
 
 MIN_UNESCAPED_CHARS = 16
 """Shorter JSON strings in a prompt are not re-spelt (a key, a short value: nothing worth copying)."""
@@ -33,13 +34,18 @@ class TextViews:
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self._texts: dict[int, str] = {}  # token id -> its text alone (decoded once)
+        self._texts = _texts_of(tokenizer)  # token id -> its text alone (decoded once per tokenizer)
 
     def token_text(self, token: int) -> str:
-        """The text of one token (a byte-fallback or partial UTF-8 token decodes to its replacement character)."""
+        """The text of one token (a byte-fallback or partial UTF-8 token decodes to its replacement character; an id
+        the tokenizer cannot decode, e.g. a padded vocabulary's, to "")."""
         text = self._texts.get(token)
         if text is None:
-            text = self._texts[token] = self.tokenizer.decode([token], skip_special_tokens=True)
+            try:
+                text = self.tokenizer.decode([token], skip_special_tokens=True)
+            except (IndexError, KeyError, ValueError, TypeError, OverflowError):
+                text = ""
+            self._texts[token] = text
         return text
 
     def has_escape(self, ids: Sequence[int]) -> bool:
@@ -47,13 +53,14 @@ class TextViews:
         return any("\\" in self.token_text(t) for t in ids)
 
     def spelling(self, ids: Sequence[int], current: str = "") -> str:
-        """The spelling ``ids`` end in: ``"escaped"`` where the last token with a backslash or a raw newline holds a
-        backslash, ``"raw"`` where it holds a newline, else ``current``."""
+        """The spelling ``ids`` end in: ``"escaped"`` where their last backslash comes after their last raw newline,
+        ``"raw"`` where the newline comes last, else (neither) ``current``."""
         for t in reversed(ids):
             text = self.token_text(t)
-            if "\\" in text:
+            slash, newline = text.rfind("\\"), text.rfind("\n")
+            if slash > newline:
                 return "escaped"
-            if "\n" in text:
+            if newline > slash:
                 return "raw"
         return current
 
@@ -84,18 +91,24 @@ class TextViews:
         return out
 
 
-_BY_TOKENIZER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _texts_of(tokenizer) -> dict[int, str]:
+    """The per-token texts decoded so far for ``tokenizer``, shared by its :class:`TextViews` while it lives (held
+    weakly: the cache keeps no tokenizer alive); a new dict for a tokenizer that cannot be weakly referenced."""
+    try:
+        texts = _TEXTS.get(tokenizer)
+        if texts is None:
+            texts = _TEXTS[tokenizer] = {}
+    except TypeError:
+        texts = {}
+    return texts
 
 
 def text_views_for(tokenizer) -> TextViews | None:
-    """The :class:`TextViews` of ``tokenizer``, one per tokenizer (its per-token texts are kept); None for None or a
-    tokenizer without ``encode``/``decode``."""
+    """:class:`TextViews` of ``tokenizer`` (each tokenizer's per-token texts are decoded once and shared); None for
+    None or a tokenizer without ``encode``/``decode``."""
     if tokenizer is None or not all(hasattr(tokenizer, a) for a in ("encode", "decode")):
         return None
-    try:
-        views = _BY_TOKENIZER.get(tokenizer)
-        if views is None:
-            views = _BY_TOKENIZER[tokenizer] = TextViews(tokenizer)
-    except TypeError:  # not weakly referable: one per call
-        views = TextViews(tokenizer)
-    return views
+    return TextViews(tokenizer)
