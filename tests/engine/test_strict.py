@@ -69,10 +69,11 @@ def test_row_invariant_width_is_the_first_exact_width(threads, dtype):
     with torch.inference_mode():
         width = row_invariant_width(model, 5)
         assert width is not None and 5 <= width < 5 + 16
-        assert all(rows_equal(layer, width, seed) for layer in model for seed in (1, 2, 3))
-        # every narrower width was refused because some layer really splits its rows
+        assert all(rows_equal(layer, width, seed) for layer in model for seed in range(1, 257))
+        # every narrower width was refused because some layer really splits its rows (in bf16 a split shows in
+        # a few inputs of a hundred: the rows round to the same bits for the others)
         for narrower in range(5, width):
-            assert not all(rows_equal(layer, narrower, seed) for layer in model for seed in (0, 1, 2, 3))
+            assert not all(rows_equal(layer, narrower, seed) for layer in model for seed in range(256))
 
 
 def test_row_invariant_width_measures_gpt2_conv1d_and_warns_when_nothing_is_measurable(threads, caplog):

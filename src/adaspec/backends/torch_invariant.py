@@ -91,11 +91,14 @@ def row_invariant_width(model: torch.nn.Module, start: int, *, tries: int = 16) 
     make a position's logits independent of *where in the chunk* it sits: with 2 threads, fp32 GEMMs on an AMD EPYC
     (PyTorch 2.13's CPU kernels) split a 9-row input as 8 + 1 and compute the 9th row another way (widths 5-7 and
     9-11 differ, 8 and 12 do not; 1 and 3 threads, and bf16, are invariant at every width). Which widths are safe
-    is the kernel library's choice, so it is measured, never assumed: one ``[W, in_features]`` input of identical
+    is the kernel library's choice, so it is measured, never assumed: ``[W, in_features]`` inputs of identical
     rows per distinct linear layer shape (``nn.Linear``, and GPT-2's ``Conv1D``; a model with neither is not
     measured: a warning, and ``start``) (the model's own weights, so its dtype, layout and device), and a width
-    passes when all output rows are equal. Cost: one such GEMM per shape and tried width (the LM head dominates:
-    ~30 ms at W = 9 for a 0.5B model's fp32 head on a 2-core CPU).
+    passes when all output rows are equal for every input. One input is not enough where the outputs are rounded
+    coarsely: bf16 rows computed another way (2 threads on an Ice Lake Xeon without AVX512-BF16, odd W >= 5) round
+    to the same bits for ~92-96 % of random inputs of a 512- or 896-wide layer, so each layer gets
+    ``ceil(DETECT_VALUES / out_features)`` inputs (at most ``MAX_TRIALS``), about 65k output values per row.
+    Cost: that many GEMMs per shape and tried width that passes (a failing width stops at its first unequal one).
     """
     layers: dict[tuple, tuple[int, torch.nn.Module]] = {}  # one per distinct shape: (in_features, the layer)
     for module in model.modules():
@@ -113,11 +116,24 @@ def row_invariant_width(model: torch.nn.Module, start: int, *, tries: int = 16) 
         return start
     generator = torch.Generator().manual_seed(0)
     for width in range(start, start + tries):
-        for inputs, layer in layers.values():
-            row = torch.randn(1, inputs, generator=generator).to(layer.weight.dtype)
-            out = layer(row.to(layer.weight.device).expand(width, -1).contiguous())
-            if not bool((out == out[:1]).all()):
-                break
-        else:
+        if all(_rows_equal(layer, inputs, width, generator) for inputs, layer in layers.values()):
             return width
     return None
+
+
+DETECT_VALUES = 1 << 16
+"""Output values per row that :func:`row_invariant_width` compares per layer and width (over several inputs)."""
+MAX_TRIALS = 256
+"""At most this many inputs per layer and width."""
+
+
+def _rows_equal(layer: torch.nn.Module, inputs: int, width: int, generator: torch.Generator) -> bool:
+    """Whether ``layer`` gives the ``width`` identical rows of each of its trial inputs identical outputs."""
+    out_features = layer.weight.shape[0] if isinstance(layer, torch.nn.Linear) else layer.weight.shape[1]
+    trials = min(MAX_TRIALS, -(-DETECT_VALUES // max(out_features, 1)))
+    for _ in range(trials):
+        row = torch.randn(1, inputs, generator=generator).to(layer.weight.dtype)
+        out = layer(row.to(layer.weight.device).expand(width, -1).contiguous())
+        if not bool((out == out[:1]).all()):
+            return False
+    return True
