@@ -1,4 +1,5 @@
-"""Per workload family: plain and hybrid/goodput decode tokens/s, speedup, α, and identity with plain, one column
+"""Per workload family: plain and the file's speculative method (its first method other than plain: hybrid/goodput in
+runs before 2026-12-06, hybrid-suffix/goodput since) decode tokens/s, speedup, α, and identity with plain, one column
 group per results file. Usage: table.py FILE.jsonl [FILE.jsonl ...]"""
 
 import json
@@ -19,9 +20,10 @@ cells: dict[str, dict[str, str]] = {}
 for path in files:
     rows = [json.loads(line) for line in path.open() if line.strip()]
     plain = {r["prompt_id"]: r for r in rows if r["method"] == "plain"}
+    method = next(r["method"] for r in rows if r["method"] != "plain")
     by_family: dict[str, list[tuple[dict, dict]]] = {}
     for r in rows:
-        if r["method"] == "hybrid/goodput" and r["prompt_id"] in plain:
+        if r["method"] == method and r["prompt_id"] in plain:
             by_family.setdefault(family(r), []).append((plain[r["prompt_id"]], r))
     for fam, pairs in by_family.items():
         p_tps = statistics.mean(p["tokens_per_s"] for p, _ in pairs)
