@@ -213,14 +213,15 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
         run = _key(meta_fields)
         loads = [("closed", c) for c in cfg.concurrency] + [("open", r) for r in cfg.rates]
 
-        def config_of(arm: Arm, load: str, level: float, rnd: int) -> tuple[dict, str]:
-            """One (arm, level, round) configuration's fields and key (the same command resumes; a changed one
-            re-measures)."""
-            fields = _fields(cfg, arm, models, prompts, load, level, rnd, _requests(cfg, prompts, load, level))
-            return fields, _key({**fields, "run": run})
-
-        todo = any(config_of(arm, load, level, rnd)[1] not in done
-                   for rnd in range(cfg.rounds) for load, level in loads for arm in arms)
+        # every (arm, level, round) configuration's fields and key (the same command resumes; a changed one
+        # re-measures)
+        configs: dict[tuple, tuple[dict, str]] = {}
+        for rnd in range(cfg.rounds):
+            for load, level in loads:
+                for arm in arms:
+                    fields = _fields(cfg, arm, models, prompts, load, level, rnd, _requests(cfg, prompts, load, level))
+                    configs[arm.name, load, level, rnd] = fields, _key({**fields, "run": run})
+        todo = any(key not in done for _, key in configs.values())
         for arm in arms if settle_s > 0 and todo else []:
             seconds = min(settle_s, deadline - time.monotonic())
             if seconds <= 0:
@@ -239,14 +240,14 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
             for rnd in range(cfg.rounds):
                 for load, level in loads:
                     order = arms if (rnd + loads.index((load, level))) % 2 == 0 else arms[::-1]
-                    paired = None
-                    if cfg.interleave and len(arms) == 2 and (load, level) == ("closed", 1):
-                        if any(config_of(arm, load, level, rnd)[1] not in done for arm in arms) \
-                                and time.monotonic() < deadline:
-                            paired = measure_interleaved(client, order, cfg, prompts, models,
-                                                         _requests(cfg, prompts, load, level), deadline)
+                    here = {arm.name: configs[arm.name, load, level, rnd] for arm in arms}
+                    paired = None  # validate() gives --interleave two servers and a one-client level
+                    if cfg.interleave and (load, level) == ("closed", 1) and time.monotonic() < deadline \
+                            and any(key not in done for _, key in here.values()):
+                        paired = measure_interleaved(client, order, cfg, prompts, models,
+                                                     here[arms[0].name][0]["requests"], deadline)
                     for arm in order:
-                        fields, key = config_of(arm, load, level, rnd)
+                        fields, key = here[arm.name]
                         n = fields["requests"]
                         if key in done:
                             skipped += 1
