@@ -100,23 +100,23 @@ def row_invariant_width(model: torch.nn.Module, start: int, *, tries: int = 16) 
     ``ceil(DETECT_VALUES / out_features)`` inputs (at most ``MAX_TRIALS``), about 65k output values per row.
     Cost: that many GEMMs per shape and tried width that passes (a failing width stops at its first unequal one).
     """
-    layers: dict[tuple, tuple[int, torch.nn.Module]] = {}  # one per distinct shape: (in_features, the layer)
+    layers: dict[tuple, tuple[int, int, torch.nn.Module]] = {}  # one per distinct shape: (in, out, the layer)
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):  # weight [out, in]
-            inputs = module.in_features
+            inputs, outputs = module.in_features, module.out_features
         elif type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None:  # GPT-2: [in, out]
-            inputs = module.weight.shape[0]
+            inputs, outputs = module.weight.shape
         else:
             continue
         key = (type(module).__name__, tuple(module.weight.shape), module.weight.dtype, module.bias is not None)
-        layers.setdefault(key, (inputs, module))
+        layers.setdefault(key, (inputs, outputs, module))
     if not layers:
         logger.warning("strict mode: %s has no Linear or Conv1D layer to measure; using width %d unmeasured",
                        type(model).__name__, start)
         return start
     generator = torch.Generator().manual_seed(0)
     for width in range(start, start + tries):
-        if all(_rows_equal(layer, inputs, width, generator) for inputs, layer in layers.values()):
+        if all(_rows_equal(layer, inputs, outputs, width, generator) for inputs, outputs, layer in layers.values()):
             return width
     return None
 
@@ -127,10 +127,10 @@ MAX_TRIALS = 256
 """At most this many inputs per layer and width."""
 
 
-def _rows_equal(layer: torch.nn.Module, inputs: int, width: int, generator: torch.Generator) -> bool:
-    """Whether ``layer`` gives the ``width`` identical rows of each of its trial inputs identical outputs."""
-    out_features = layer.weight.shape[0] if isinstance(layer, torch.nn.Linear) else layer.weight.shape[1]
-    trials = min(MAX_TRIALS, -(-DETECT_VALUES // max(out_features, 1)))
+def _rows_equal(layer: torch.nn.Module, inputs: int, outputs: int, width: int, generator: torch.Generator) -> bool:
+    """Whether ``layer`` (``inputs`` → ``outputs`` features) gives the ``width`` identical rows of each of its trial
+    inputs identical outputs."""
+    trials = min(MAX_TRIALS, -(-DETECT_VALUES // max(outputs, 1)))
     for _ in range(trials):
         row = torch.randn(1, inputs, generator=generator).to(layer.weight.dtype)
         out = layer(row.to(layer.weight.device).expand(width, -1).contiguous())
