@@ -19,7 +19,7 @@ sampled output stay the target's.
 
 The prompt's other spellings (:mod:`adaspec.drafters.text_views`, ``views``) go into a third trie, matched after the
 request's own: once the answer writes an escape (a backslash token), the prompt as it reads inside a JSON string, so
-a tool call's string argument can copy the prompt's code; and at the first proposal, the text of the prompt's JSON
+a tool call's string argument can copy the prompt's code; and from the prefill, the text of the prompt's JSON
 strings that hold escapes (a tool result), so a raw answer can copy them. On equal scores the other spelling wins
 where it matches the sequence's end further back than the best so far, or as far back while the answer is writing
 escaped text (its last backslash came after its last raw newline).
@@ -95,7 +95,7 @@ class SuffixDrafter(Drafter):
         self.views = views
         self.tokenizer = tokenizer
         self._respell = text_views_for(tokenizer) if views else None
-        self._new_views()  # the prompt's other spellings: a trie built when first needed
+        self._new_views([])  # the prompt's other spellings: a trie built when first needed
         self._local = SuffixTrie(self.max_depth)
         self._cursor = TrieCursor(self._local)
         self._prompt: list[int] = []
@@ -129,15 +129,20 @@ class SuffixDrafter(Drafter):
         self._prompt = list(prompt_ids)
         self._local = SuffixTrie(self.max_depth)  # indexed lazily, at the first proposal
         self._cursor = TrieCursor(self._local)
-        self._new_views()
+        self._new_views(self._prompt)
         self._open = True
         self._request += 1
 
-    def _new_views(self) -> None:
-        self._views = None
-        self._scanned: int | None = None  # sequence tokens scanned (None: not yet; -1: no views for this sequence)
-        self._escaped_added = False
+    def _new_views(self, prompt: list[int]) -> None:
+        """Start the other spellings of ``prompt`` (the request's; [] for a sequence that is not one): the text of
+        its escaped JSON strings now, its JSON-escaped text once the answer writes a backslash (:meth:`_add_views`)."""
+        self._views: SuffixTrie | None = None
+        self._view_prompt = prompt
+        self._scanned = len(prompt)  # tokens of the sequence read for the spelling the answer writes in
+        self._escaped_added = not prompt
         self._spelling = ""  # what the answer writes in: "escaped", "raw" or "" (neither seen yet)
+        if self._respell is not None and self._respell.has_escape(prompt):
+            self._index_views(self._respell.unescaped(prompt))
 
     def finish(self, ids: list[int]) -> None:
         """The request prefilled last ended normally with ``ids`` (prompt + output): cache its response, with the
@@ -155,34 +160,24 @@ class SuffixDrafter(Drafter):
         if cur.length > len(ids) - 1:  # not an extension of what was indexed (a caller outside the engines)
             self._local = SuffixTrie(self.max_depth)
             cur = self._cursor = TrieCursor(self._local)
-            self._new_views()
+            self._new_views([])
             self._request += 1
         cur.extend(ids[cur.length:len(ids) - 1])
         if self._respell is not None:
             self._add_views(ids)
 
     def _add_views(self, ids: list[int]) -> None:
-        """Index the prompt's other spellings once each is worth matching (the text of its escaped JSON strings at the
-        first proposal, its JSON-escaped text once the answer holds a token with a backslash) and follow the
-        spelling the answer writes in (its last token with a backslash or a raw newline)."""
-        respell, prompt = self._respell, self._prompt
-        if self._scanned == -1:
-            return
-        found: list[list[int]] = []
-        if self._scanned is None:  # the first proposal of the request
-            if ids[:len(prompt)] != prompt:  # a sequence that is not this request's (a caller outside the engines)
-                self._scanned = -1
-                return
-            if respell.has_escape(prompt):
-                found += respell.unescaped(prompt)
-            self._scanned = len(prompt)
+        """Follow the spelling the answer writes in (its last token with a backslash or a raw newline) and index the
+        prompt JSON-escaped once the answer holds a token with a backslash."""
         new = ids[self._scanned:]
-        self._scanned = len(ids)
-        self._spelling = respell.spelling(new, self._spelling)
-        if not self._escaped_added and respell.has_escape(new):
+        self._scanned = max(self._scanned, len(ids))
+        self._spelling = self._respell.spelling(new, self._spelling)
+        if not self._escaped_added and self._respell.has_escape(new):
             self._escaped_added = True
-            found.append(respell.escaped(prompt))
-        for seq in filter(None, found):
+            self._index_views([self._respell.escaped(self._view_prompt)])
+
+    def _index_views(self, seqs: list[list[int]]) -> None:
+        for seq in filter(None, seqs):
             if self._views is None:
                 self._views = SuffixTrie(self.max_depth)
             self._views.insert(seq)
