@@ -156,12 +156,15 @@ class SpeculativeEngine:
             if room <= 0:
                 new, finish = [], "length"
                 break
-            route(unwrapped(drafter), self.controller, ids)  # per-step drafter choice (MultiDrafter only)
+            # the grammar's forced tokens go first: the controller prices K behind them, lookups match after them
+            forced = drafter.forced_now(room - 1) if isinstance(drafter, ForcedDrafter) else []
+            self.controller.set_forced(len(forced))
+            route(unwrapped(drafter), self.controller, ids + forced if forced else ids)  # MultiDrafter only
             k = min(self.controller.next_k(), room - 1) if drafter is not None else 0
             # a tree's nodes must fit the context (the depth k already does) and the target's tree capacity
             budget = min(tree_budget, self.target.max_context - len(ids), self.target.max_tree_nodes)
             width = trees.plan(k, budget) if trees is not None else 0
-            draft, n_forced = self._propose(req, drafter, k, width, room, stop_rule)
+            draft, n_forced = self._propose(req, drafter, k, width, room, stop_rule, forced)
             # the tree this chain step could have verified, to learn whether trees pay without running them
             what_if = (drafter.propose_tree(ids, k, budget, req.params, req.generator, cfg.tree_expand)
                        if trees is not None and trees.what_if and not width and len(draft) and budget > 1 else None)
@@ -218,15 +221,16 @@ class SpeculativeEngine:
         return (0, f"chains: {why}") if why else (req.cfg.tree_budget, "")
 
     def _propose(self, req: RequestState, drafter: Drafter | None, k: int, width: int, room: int,
-                 stop_rule) -> tuple[Draft, int]:
+                 stop_rule, forced: list[int]) -> tuple[Draft, int]:
         """The step's draft: a tree of ``width`` nodes and ``k`` levels, or a chain of ``k`` tokens (behind the
-        grammar's forced tokens, at most ``room - 1`` in all, under a grammar), cut to what the grammar allows:
+        grammar's ``forced`` tokens, at most ``room - 1`` in all, under a grammar), cut to what the grammar allows:
         ``(draft, forced tokens at its start)``."""
         n_forced = 0
         if width:
             draft = drafter.propose_tree(req.ids, k, width, req.params, req.generator, req.cfg.tree_expand)
         elif isinstance(drafter, ForcedDrafter):  # the grammar's forced tokens, then K of the wrapped drafter
-            draft, n_forced = drafter.propose_free(req.ids, k, room - 1, req.params, req.generator, stop_rule)
+            draft, n_forced = drafter.propose_free(req.ids, k, room - 1, req.params, req.generator, stop_rule,
+                                                   forced)
         else:
             draft = drafter.propose(req.ids, k, req.params, req.generator, stop_rule) if k > 0 else empty_draft()
         if req.grammar is not None:  # drafts the grammar rejects are cut before verification

@@ -32,6 +32,11 @@ class StepRecord:
         drafter: name of the drafter that proposed ("" for a plain step).
         batch: rows in the target forward of this step (1 outside :class:`~adaspec.batch.BatchEngine`).
         tree: the step proposed a token tree (:mod:`adaspec.tree`) rather than a chain.
+        forced: tokens verified ahead of ``drafted`` that the request's grammar forced (drafted free,
+            :class:`~adaspec.drafters.forced.ForcedDrafter`): 0 in the engines' records, where the draft counts
+            them; set in the step a controller sees (:func:`~adaspec.drafters.forced.without_forced`), whose
+            ``drafted`` and ``accepted`` are the wrapped drafter's own, so the forward was ``forced + drafted + 1``
+            tokens wide.
     """
 
     k: int
@@ -45,6 +50,7 @@ class StepRecord:
     drafter: str = ""
     batch: int = 1
     tree: bool = False
+    forced: int = 0
 
     @property
     def depth(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 
@@ -441,6 +442,102 @@ def test_interpolate():
 def test_goodput_picks_the_best_k_on_a_seeded_curve(curve, alpha, draft_ms):
     ctrl = seeded(curve, alpha, draft_ms)
     assert ctrl.next_k() == brute_force_k(curve, alpha, draft_ms, overhead=3.0)
+
+
+def brute_force_forced_k(curve: dict, alpha: float, draft_ms: float, overhead: float, forced: int,
+                         k_max: int = 8) -> int:
+    """argmax over K = 0..k_max of (f + E(K)) / (K t_d + f t_f + t_v(f + K + 1) + o): the step verifies the f
+    forced tokens ahead of K (emitted with certainty); a draft model feeds them first at t_f = t_d / 4 per token
+    (the cost model's feed price before one is measured); K = 0 drafts nothing, so feeds nothing."""
+    def goodput(k: int) -> float:
+        feed = forced * draft_ms / 4 if k else 0.0
+        return (forced + sum(alpha ** j for j in range(k + 1))) / (
+            k * draft_ms + feed + piecewise(curve, forced + k + 1) + overhead)
+    return max(range(k_max + 1), key=goodput)
+
+
+@pytest.mark.parametrize("curve", [CHEAP, EXPENSIVE], ids=["cheap", "expensive"])
+@pytest.mark.parametrize("alpha,draft_ms", [(0.95, 0.0), (0.95, 10.0), (0.9, 4.0)])
+@pytest.mark.parametrize("forced", [0, 3, 6])
+def test_goodput_prices_k_behind_the_grammars_forced_tokens(curve, alpha, draft_ms, forced):
+    """With f forced tokens ahead of the draft, each drafted token adds verification at width f + K + 1 (where the
+    curve is steeper on a CPU) while the step already emits f + 1 tokens: the best K is the brute-force optimum of
+    that step, and never deeper than without forced tokens."""
+    ctrl = seeded(curve, alpha, draft_ms)
+    ctrl.probe_gap["d"] = 99  # not due for a probe: where nothing pays, the step drafts nothing of its own
+    ctrl.set_forced(forced)
+    expected = brute_force_forced_k(curve, alpha, draft_ms, overhead=3.0, forced=forced)
+    assert expected <= brute_force_k(curve, alpha, draft_ms, overhead=3.0)
+    assert ctrl.next_k() == expected
+    ctrl.reset()
+    assert ctrl.forced == 0  # told again before each step of the next request
+    unpriced = seeded(curve, alpha, draft_ms)
+    unpriced.config = GoodputConfig(price_forced=False)
+    unpriced.set_forced(forced)  # ignored: K as if nothing were forced
+    assert unpriced.next_k() == brute_force_k(curve, alpha, draft_ms, overhead=3.0)
+
+
+def test_forced_tokens_price_the_width_they_were_verified_at():
+    """A step the controller sees without the grammar's forced tokens (drafted = the wrapped drafter's own) was
+    verified f wider: its time is the verification of f + drafted + 1 tokens, not of a plain step, and the
+    drafter has fed the forced tokens too."""
+    ctrl = GoodputController()
+    ctrl.update(rec(0, 0, verify_ms=50.0, ctx=100))
+    forced_only = StepRecord(k=0, drafted=0, accepted=0, emitted=5, context_len=101, draft_ms=0.0, verify_ms=90.0,
+                             total_ms=90.0, forced=4)
+    ctrl.update(forced_only)
+    b = bucket_of(101)
+    assert ctrl.costs.verify[b][1].value == 50.0 and ctrl.costs.verify[b][5].value == 90.0
+    ctrl.update(StepRecord(k=2, drafted=2, accepted=1, emitted=5, context_len=106, draft_ms=0.1, verify_ms=110.0,
+                           total_ms=110.1, drafter="d", forced=2))
+    assert ctrl.costs.verify[b][5].value == pytest.approx((90.0 + 110.0) / 2)  # widths 2 + 2 + 1 and 4 + 1
+    assert ctrl.synced["d"] == 106 + 2 + 1  # the forced tokens and its first draft; the rejected one is gone
+    off = GoodputController(price_forced=False)  # the ablation: the width as the drafted tokens alone
+    off.update(forced_only)
+    assert off.costs.verify[b][1].value == 90.0
+
+
+def test_drafts_behind_forced_tokens_keep_their_own_acceptance():
+    """Behind a forced run the next token is often all but forced (a quote or bracket the grammar allows in several
+    spellings): the drafter's acceptance there is counted apart from its other drafts, so a drafter that misses
+    elsewhere still drafts behind forced tokens, and not the other way round."""
+    ctrl = seeded(CHEAP, 0.5, 0.0)
+    for _ in range(10):
+        ctrl.update(rec(2, 0, verify_ms=CHEAP[3]))  # free text: always wrong
+        ctrl.update(dataclasses.replace(rec(2, 2, verify_ms=CHEAP[6]), forced=3))  # behind 3 forced: always right
+    assert ctrl.acceptance["d|forced"].rates()[0] > 0.8 and ctrl.acceptance["d"].rates()[0] < 0.2
+    ctrl.set_forced(3)
+    assert ctrl.next_k() >= 2
+    ctrl.set_forced(0)
+    assert ctrl.next_k() == 0
+    shared = seeded(CHEAP, 0.5, 0.0)
+    shared.config = GoodputConfig(forced_apart=False)
+    for _ in range(10):
+        shared.update(rec(2, 0, verify_ms=CHEAP[3]))
+        shared.update(dataclasses.replace(rec(2, 2, verify_ms=CHEAP[6]), forced=3))
+    assert "d|forced" not in shared.acceptance and 0.3 < shared.acceptance["d"].rates()[0] < 0.7
+
+
+def test_behind_forced_tokens_the_depth_probe_reads_the_acceptance_the_plan_was_priced_on():
+    """Behind a forced token a lookup's drafts are all or nothing (every other one accepted to its end): only a
+    depth probe finds that deep drafts pay there. It must read the record behind forced tokens (measured at its
+    first position only), whatever the drafter's free-text record says (measured 8 deep here)."""
+    ctrl = seeded(CHEAP, 0.9, 0.0)
+    c = ctrl.config
+    behind = Acceptance(c.k_max, c.forget, c.shrink, 0.9)
+    free = Acceptance(c.k_max, c.forget, c.shrink, 0.9)
+    for i in range(12):
+        behind.observe(1, i % 2)  # K = 1 steps, half accepted
+        free.observe(8, 8)
+    ctrl.acceptance["d"], ctrl.acceptance["d|forced"] = free, behind
+    ks = []
+    for i in range(40):
+        ctrl.set_forced(1)
+        k = ctrl.next_k()
+        ks.append(k)
+        accepted = k if i % 2 == 0 else 0
+        ctrl.update(dataclasses.replace(rec(k, accepted, verify_ms=CHEAP.get(k + 2, 157.0)), forced=1))
+    assert max(ks) >= 5 and behind.reached[4] > 0, ks  # probed deep, and the probe's record is the one behind
 
 
 def test_cheap_verification_reaches_long_drafts_and_expensive_stays_short():

@@ -899,6 +899,24 @@ def test_observed_controller_is_the_inner_controller_to_the_engine():
     assert [k for _, k in reported] == [4] * len(reported) and reported[-1][0] < 4  # ran clamped, reported as 4
 
 
+def test_the_observed_controller_forwards_every_hook_the_base_class_defines():
+    """A hook the base :class:`Controller` defines is a no-op there, so the wrapper's ``__getattr__`` never sees it:
+    each must be forwarded by name, or the server's controllers silently lose it (``set_forced`` was)."""
+    import inspect
+
+    from adaspec.controllers import GoodputController
+    from adaspec.controllers.base import Controller
+    from adaspec.server.runtime import ObservedController
+
+    hooks = {name for name, member in vars(Controller).items()
+             if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property))}
+    assert {"set_forced", "set_synced", "next_k", "update"} <= hooks
+    assert hooks <= set(vars(ObservedController)), hooks - set(vars(ObservedController))
+    inner = GoodputController()
+    ObservedController(inner).set_forced(5)
+    assert inner.forced == 5
+
+
 def test_server_names_stay_importable_from_runtime_and_app():
     """runtime.py and app.py were split by job (settings, host, jobs, batch_runner, service, ...); the names scripts
     and users import from them are the same objects as where they live now."""

@@ -20,6 +20,7 @@ from adaspec.controllers import FixedController
 from adaspec.drafters import ModelDrafter, NgramDrafter
 from adaspec.drafters.base import Draft, Drafter
 from adaspec.drafters.forced import ForcedDrafter
+from adaspec.drafters.multi import MultiDrafter
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
 from adaspec.structured import JSON_OPTIONS, Constraint, GrammarVocab
@@ -150,6 +151,45 @@ def test_forced_drafts_are_accepted_with_certainty(models, vocab):
         assert text_of(r.token_ids)[:3] == "xyz" and text_of(r.token_ids)[-3:] == "wvu"
         assert r.finish_reason == "stop"
         assert r.stats.draft_tokens == 5 and r.stats.accepted_tokens == 5  # "yz" and "wvu" forced
+
+
+def test_the_controller_plans_behind_the_forced_tokens_and_lookups_match_after_them(models, vocab):
+    """Before each step the engine tells the controller how many tokens the grammar forces (it prices K behind
+    them) and routes the wrapped drafters on the sequence with the forced tokens appended (where the wrapped
+    drafter will continue); the step it is shown counts them in ``forced``, its drafts are the wrapped drafter's."""
+    told, seen, offered = [], [], []
+
+    class Routing(FixedController):
+        def set_forced(self, n):
+            told.append(n)
+
+        def choose_drafter(self, options):
+            return next(iter(options))
+
+        def update(self, step):
+            seen.append(step)
+
+    class Lookup(Drafter):
+        name, lookup = "lookup", True
+
+        def available(self, ids):
+            offered.append(text_of(ids))
+            return 0
+
+        def propose(self, ids, k, sampling, generator=None, stop=None):
+            return Draft(torch.zeros(0, dtype=torch.long))
+
+    e = SpeculativeEngine(TorchBackend(models["qwen"], "qwen"), MultiDrafter({"lookup": Lookup()}), Routing(4),
+                          eos_token_ids=[EOS])
+    e.grammar_vocab = vocab
+    r = e.generate([1, 2, 3], GenerationConfig(max_new_tokens=20, regex="xyz[0-9]{3}wvu"))
+    out = text_of(r.token_ids)
+    assert out[:3] == "xyz" and out[-3:] == "wvu" and r.finish_reason == "stop"
+    assert told[0] == 2 and 3 in told  # "yz" after the first token, "wvu" after the digits
+    assert [s.forced for s in seen if s.forced] == [2, 3] and all(s.drafted == 0 for s in seen)
+    prompt = text_of([1, 2, 3])
+    assert offered[0] == prompt + "xyz"  # the lookup was asked where it would continue: after "yz"
+    assert offered[-1] == prompt + out  # and after "wvu"
 
 
 def test_rejected_drafts_are_cut_before_verification(models, vocab):

@@ -3,10 +3,19 @@
 Methods, on the structured workload (adaspec.structured_workload; greedy, one target, one runtime):
 
 * ``plain``: constrained plain decoding (no drafter), the reference output;
-* ``speculative``: the default speculation (``hybrid`` drafter: prompt lookup + the default draft model, goodput
-  controller) with the grammar's forced tokens drafted on top (the engine's default under a grammar);
+* ``speculative``: the default speculation (the default drafter, ``hybrid-suffix``: suffix decoding, prompt lookup
+  and the default draft model; goodput controller) with the grammar's forced tokens drafted on top (the engine's
+  default under a grammar); the controller prices K behind the forced tokens and counts the acceptance of
+  drafts behind forced tokens apart from its other drafts;
+* ``speculative-pooled``: the same with one acceptance per drafter (``GoodputConfig.forced_apart=False``);
+* ``speculative-unpriced``: the same with a controller that plans K and books steps as if nothing were forced
+  (``GoodputConfig.price_forced=False``: the controller before 2026-12-06, though the engine now routes its
+  lookups after the forced tokens);
 * ``speculative-noforced``: the same without forced drafts (what the grammar-forced drafts add);
 * ``forced``: grammar-forced drafts alone (no other drafter, no draft model).
+
+Each speculative method reads and writes its own partition of the suffix drafter's cache across requests
+(``cache_partition``), so no method drafts from the answers another method wrote for the same task.
 
 Per method and task: tokens/s, identity with ``plain`` (token for token), schema validity, exact match of the
 expected fields, α, and the grammar engine's time (masks, cuts, forced tokens) as a share of decoding time. One JSON
@@ -23,13 +32,14 @@ import sys
 import time
 from pathlib import Path
 
-METHODS = ("plain", "speculative", "speculative-noforced", "forced")
+METHODS = ("plain", "speculative", "speculative-pooled", "speculative-unpriced", "speculative-noforced", "forced")
+SPECULATIVE = ("speculative", "speculative-pooled", "speculative-unpriced", "speculative-noforced")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    p.add_argument("--draft", default="hybrid", help="drafter of the speculative methods (default: hybrid)")
+    p.add_argument("--draft", default=None, help="drafter of the speculative methods (default: the default drafter)")
     p.add_argument("--backend", default="ik")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--limit", type=int, default=9, help="tasks (interleaved by category)")
@@ -40,7 +50,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from adaspec.api import SpeculativeLM, load_model, make_drafter, set_threads
-    from adaspec.controllers import make_controller
+    from adaspec.controllers import GoodputController, make_controller
+    from adaspec.defaults import DEFAULT_DRAFTER
     from adaspec.drafters.forced import ForcedDrafter
     from adaspec.engine import GenerationConfig, SpeculativeEngine
     from adaspec.structured import GrammarVocab
@@ -60,11 +71,17 @@ def main(argv=None) -> int:
     tasks = load_tasks(args.limit)
     plain_engine = SpeculativeEngine(target.backend, None, None, tokenizer=target.tokenizer)
     engines = {"plain": plain_engine}
-    if {"speculative", "speculative-noforced"} & set(methods):
-        drafter = make_drafter(args.draft, target, backend=args.backend, progress=True)
+    if set(SPECULATIVE) & set(methods):
+        drafter = make_drafter(args.draft or DEFAULT_DRAFTER, target, backend=args.backend, progress=True)
         engines["speculative"] = SpeculativeEngine(target.backend, drafter, make_controller("goodput", None),
                                                    tokenizer=target.tokenizer)
         engines["speculative-noforced"] = engines["speculative"]
+        engines["speculative-pooled"] = SpeculativeEngine(target.backend, drafter,
+                                                          GoodputController(forced_apart=False),
+                                                          tokenizer=target.tokenizer)
+        engines["speculative-unpriced"] = SpeculativeEngine(target.backend, drafter,
+                                                            GoodputController(price_forced=False),
+                                                            tokenizer=target.tokenizer)
     if "forced" in methods:
         engines["forced"] = SpeculativeEngine(target.backend, ForcedDrafter(None), make_controller("fixed", 0),
                                               tokenizer=target.tokenizer)
@@ -80,13 +97,15 @@ def main(argv=None) -> int:
             if row["method"] == "plain":
                 plain_ids[row["task"]] = row["token_ids"]
     with out.open("a") as f:
-        for task in tasks:
+        for i, task in enumerate(tasks):
             ids = lm.encode(list(task.messages), chat=True, tools=task.template_tools)
-            for method in methods:
+            rest = methods[1:]  # after plain (the reference), the methods in turns: each leads one task in a few
+            for method in methods[:1] + rest[i % max(len(rest), 1):] + rest[:i % max(len(rest), 1)]:
                 if (method, task.id) in done:
                     continue
                 cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, response_format=task.constraint,
-                                       forced_drafts=method != "speculative-noforced")
+                                       forced_drafts=method != "speculative-noforced",
+                                       cache_partition=method if method in SPECULATIVE else None)
                 t = time.perf_counter()
                 r = engines[method].generate(ids, cfg)
                 wall = time.perf_counter() - t

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,6 +31,7 @@ class Row:
     prefill_pos: int = 0  # prompt tokens in the target's cache while prefilling (chunked prefill)
     alpha: float = 0.6  # acceptance estimate for the batch pricer (EMA)
     draft_ms: float | None = None  # ms per drafted token (EMA)
+    forced: list[int] = field(default_factory=list)  # the grammar's forced tokens this step drafts ahead of K
 
     @property
     def prompt(self) -> list[int]:

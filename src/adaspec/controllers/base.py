@@ -44,6 +44,11 @@ class Controller(ABC):
         """After ``reset`` and the drafter's prefill: per drafter name, how many leading tokens of the sequence it
         already holds (see :func:`~adaspec.drafters.multi.cached_prefixes`). Default: ignored."""
 
+    def set_forced(self, n: int) -> None:
+        """Before a step (before :meth:`choose_drafter` and :meth:`next_k`): the request's grammar forces the next
+        ``n`` tokens, which the step verifies ahead of the K it drafts (free drafts, accepted where the grammar
+        allows one token; :class:`~adaspec.drafters.forced.ForcedDrafter`). Default: ignored."""
+
     def seed_verify_costs(self, curve: Mapping[int, float], context_len: int, *,
                           level_from_steps: bool = True) -> None:
         """A measured verification cost curve (``{tokens in the forward: ms}`` at ``context_len``) for controllers

@@ -192,7 +192,7 @@ class MeasuredCosts(CostModel):
         lacks at its first draft). The time of feeding those beyond STEADY is catch-up, a cost of switching
         drafters, measured apart from the draft time per token."""
         b = bucket_of(step.context_len)
-        n = step.drafted + 1
+        n = step.forced + step.drafted + 1  # the forward's width (the grammar's forced tokens ahead of the draft)
         self.verify.setdefault(b, {}).setdefault(n, Recent(self.window)).add(step.verify_ms)
         self.shape.setdefault(n, Recent(4 * self.window)).add(step.verify_ms)
         if step.drafted:

@@ -43,6 +43,22 @@ machine, per context-length bucket, while decoding:
 where the one-off catch-up f_d · c is spread over the ``horizon`` H steps that switching to d is expected to
 last. (Where a long prompt costs seconds to feed to a draft model, speculating for a short answer does not pay.)
 
+**Behind a grammar's forced tokens** (``price_forced``; the engine calls :meth:`GoodputController.set_forced`
+before the step): the step verifies the F tokens the grammar forces ahead of the draft, emitted with certainty
+and drafted free, and the drafter continues after them, so
+
+    G_F(d, K)  = (F + E_d(K)) / (K t_d + F f_d + t_v(F + K + 1, L) + o + f_d c / H)
+    G_F(plain) = (F + 1) / (t_v(F + 1, L) + o)                    the forced tokens alone (F = 0: a plain step)
+
+(a draft model first feeds the F tokens, at its catch-up price per token). The step it is then shown counts the F
+tokens in :attr:`StepRecord.forced <adaspec.stats.StepRecord>`, not in ``drafted``, so its verification time is
+booked at width F + drafted + 1 and the drafter's acceptance stays its own; with ``forced_apart`` the acceptance
+of drafts behind forced tokens (and the depth probe's and first probe's view of it) is counted apart from the
+drafter's other drafts (the token after a forced run is often all but forced, a bracket the grammar allows in more
+than one token), starting from the drafter's own α at position 0. A step behind forced tokens is a catch-up step
+for the drafter's draft time (it fed them first). ``price_forced=False``: K planned and steps booked as if
+nothing were forced (the engine still routes the lookups after the forced tokens).
+
 K ranges over 1..k_max (and no further than a lookup drafter's match can propose). The controller speculates with
 the best (d, K) when G(d, K) >= min_gain · G(plain) and takes a plain step (K = 0) otherwise, so speculation never
 runs where it is predicted to lose. When nothing pays it still probes the most promising drafter that has sat out
@@ -86,6 +102,7 @@ each step, which weighs every sub-drafter that can propose now (e.g. a free n-gr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -125,6 +142,8 @@ class GoodputConfig:
     probe_budget: float = 8.0
     probe_share: float = 0.25
     depth_probe: bool = True
+    price_forced: bool = True
+    forced_apart: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_init <= self.k_max:
@@ -170,6 +189,7 @@ class GoodputController(Controller):
         for acc in self.acceptance.values():
             acc.scale(self.config.carry)
         self._plan: tuple[str | None, int] | None = None
+        self.forced = 0  # the engine tells it before each step (set_forced)
         self.synced: dict[str, int] = {}  # per drafter: tokens of this request's sequence it has seen
         self.fresh = True  # no step of this request seen yet: the context length is unknown
         self.plain_run = 0  # steps since the last speculative step
@@ -183,6 +203,11 @@ class GoodputController(Controller):
         """At a request's start: per drafter, the leading tokens of the sequence it already holds (a draft model
         keeps its cache across requests that share a prefix), so its catch-up counts only the tokens it lacks."""
         self.synced.update(synced)
+
+    def set_forced(self, n: int) -> None:
+        """The grammar forces the next step's first ``n`` tokens: the step emits them (α = 1) and verifies them
+        ahead of its K, so :meth:`decide` prices K and plain alike behind them (``price_forced``; off: ignored)."""
+        self.forced = n if self.config.price_forced else 0
 
     def seed_verify_costs(self, curve: Mapping[int, float], context_len: int, *,
                           level_from_steps: bool = True) -> None:
@@ -245,8 +270,9 @@ class GoodputController(Controller):
         if options is None:
             options = {name: None for name in {*self.costs.draft, *self.costs.unsteady, *self.costs.draft_seed}} \
                 or {"": None}
-        b = bucket_of(self.context_len)
+        b, f = bucket_of(self.context_len), self.forced
         plain_ms = self.costs.plain_step_ms(b)
+        base_ms = self._forced_step_ms(0, b) / (f + 1)  # ms per token of a step that drafts nothing of its own
         best: tuple[float, str | None, int, float] = (0.0, None, 0, 0.0)
         candidates: dict[str, tuple[float, int, float]] = {}  # name -> its best (gain, K, catch-up)
         optimistic: dict[str, tuple[float, int]] = {}  # name -> its best (gain, K) were every draft accepted
@@ -259,23 +285,23 @@ class GoodputController(Controller):
                 return name, min(c.k_init, k_top)
             behind = self.context_len - self.synced.get(name, 0)
             catch_up = self.costs.feed_ms(name, b) * max(behind - MeasuredCosts.STEADY, 0)
-            alphas = self._acceptance(name).rates()
+            alphas = self._behind(name, f).rates()
             for k in range(1, k_top + 1):
-                step_ms = self.costs.spec_step_ms(k, b, name, catch_up / c.horizon)
-                gain = expected_tokens(alphas, k) / step_ms
+                step_ms = self._forced_step_ms(k, b, name, catch_up / c.horizon)
+                gain = (f + expected_tokens(alphas, k)) / step_ms
                 if gain > candidates.get(name, (0.0,))[0]:
                     candidates[name] = (gain, k, catch_up)
-                if (k + 1) / step_ms > optimistic.get(name, (0.0,))[0]:
-                    optimistic[name] = ((k + 1) / step_ms, k)
+                if (f + k + 1) / step_ms > optimistic.get(name, (0.0,))[0]:
+                    optimistic[name] = ((f + k + 1) / step_ms, k)
                 if gain > best[0]:
                     best = (gain, name, k, catch_up)
         gain, name, k, catch_up = best
-        self.last_choice = (name, k, gain, 1.0 / plain_ms)
+        self.last_choice = (name, k, gain, 1.0 / base_ms)
         if name is None:
             return None, 0
         for other in candidates:  # every drafter that could draft now and (unless chosen below) does not
             self.idle[other] = self.idle.get(other, 0) + 1
-        if gain >= c.min_gain / plain_ms:
+        if gain >= c.min_gain / base_ms:
             # A drafter that has sat out its probe gap and would beat the chosen one if all its drafts were accepted
             # (a free lookup with a long match, say) is probed instead, judged against the chosen one's rate: a
             # drafter that pays must not keep another that may pay more from ever being measured again.
@@ -303,16 +329,25 @@ class GoodputController(Controller):
             gap = self._probe_gap(name)
             if self.idle[name] > gap and catch_up <= self._probe_allowance(plain_ms):  # else: as soon as allowed
                 self.idle[name], self.probe_gap[name] = 0, self._next_gap(gap)
-                self.probing = (name, plain_ms, self.probe_gap)
+                self.probing = (name, base_ms, self.probe_gap)
                 self.planned = (self.costs.draft_ms(name, b) or 0.0, catch_up)
-                return self._probe(name, k, plain_ms, b, options[name])
+                return self._probe(name, k, base_ms, b, options[name])
         return None, 0
+
+    def _forced_step_ms(self, k: int, b: int, name: str | None = None, catch_up_ms: float = 0.0) -> float:
+        """A step's cost behind ``self.forced`` forced tokens, ms: ``name`` drafting ``k`` tokens after feeding
+        them (a draft model's forward takes them with the last draft and correction; the feed price per token
+        covers the extra ones), a verification of ``forced + k + 1`` tokens, the overhead and ``catch_up_ms``;
+        ``k = 0``: the forced tokens alone (a plain step without them)."""
+        f = self.forced
+        drafting = self.costs.draft_step_ms(k, b, name) + f * self.costs.feed_ms(name, b) if k else 0.0
+        return drafting + self.costs.verify_ms(f + k + 1, b) + self.costs.step_overhead_ms() + catch_up_ms
 
     def _probe_gap(self, name: str) -> int:
         """Steps ``name`` must sit out before it is probed: its probe gap, or none for a drafter never observed (no
         acceptance record, not even one carried from an earlier request: its α is the prior, a guess that one
         probe replaces with a measurement)."""
-        if name not in self.probe_gap and not self._acceptance(name).reached[0]:
+        if name not in self.probe_gap and not self._behind(name, self.forced).reached[0]:
             return 0
         return self.probe_gap.get(name, self.config.probe_init)
 
@@ -333,7 +368,7 @@ class GoodputController(Controller):
         best_case, k_deep = optimistic
         if not c.depth_probe:
             return 0
-        reached = self._acceptance(name).reached
+        reached = self._behind(name, self.forced).reached  # the record this step's plan was priced on
         if k_deep <= k or best_case <= gain or k >= len(reached) or reached[k] >= c.shrink:
             self.shallow[name] = 0
             return 0
@@ -360,7 +395,8 @@ class GoodputController(Controller):
         (Looking beyond the next token matters where the verification curve is not convex: on a CPU one more
         token can cost a step's worth while the few after it are cheap.)"""
         per_token = self.costs.marginal_draft_ms(name, b) if self.costs.draft_ms(name, b) else 0.0
-        verify = [self.costs.verify_ms(n, b) for n in range(1, k_top + 2)]  # verify[n - 1] = t_v(n)
+        f = self.forced  # the step verifies the grammar's forced tokens ahead of the draft
+        verify = [self.costs.verify_ms(f + n, b) for n in range(1, k_top + 2)]  # verify[n - 1] = t_v(f + n)
         out = []
         for j in range(k_top - 1):
             best, reach, tokens = float("inf"), 1.0, 0.0
@@ -395,7 +431,7 @@ class GoodputController(Controller):
         if not (self.config.confidence_stop and name in self.stoppable):
             return name, k
         k_top = self.config.k_max if cap is None else min(self.config.k_max, cap)
-        alphas = self._acceptance(name).rates() if measured else [1.0] * k_top
+        alphas = self._behind(name, self.forced).rates() if measured else [1.0] * k_top
         self._thresholds = self._stop_thresholds(name, gain, b, k_top, alphas)
         return name, k_top
 
@@ -420,10 +456,24 @@ class GoodputController(Controller):
         the steady draft cost, and verification) resets the drafter's gap in ``gaps`` (its probe gap, or its depth
         gap for a depth probe): a gap doubles only while the drafter keeps losing."""
         b = bucket_of(step.context_len)
-        drafting = self.costs.draft_step_ms(step.drafted, b, name) if self.costs.draft_ms(name, b) else step.draft_ms
+        drafting = (self.costs.draft_step_ms(step.drafted, b, name) + step.forced * self.costs.feed_ms(name, b)
+                    if self.costs.draft_ms(name, b) else step.draft_ms)  # as decide() priced it
         cost = drafting + step.verify_ms + self.costs.overhead_ms()
         if step.emitted / cost >= self.config.min_gain / baseline_ms:
             gaps[name] = self.config.probe_init
+
+    def _behind(self, name: str, forced: int) -> Acceptance:
+        """``name``'s acceptance for a draft behind ``forced`` of the grammar's forced tokens: with ``forced_apart``
+        and forced tokens, counted apart from its other drafts (they continue a forced run, where the next token
+        is often all but forced: a quote or bracket the grammar allows in more than one spelling), its prior
+        position 0 being ``name``'s own α there when first seen; else ``name``'s."""
+        if not (forced and self.config.forced_apart):
+            return self._acceptance(name)
+        key = f"{name}|forced"
+        if key not in self.acceptance:
+            c = self.config
+            self.acceptance[key] = Acceptance(c.k_max, c.forget, c.shrink, self._acceptance(name).rates()[0])
+        return self.acceptance[key]
 
     def _acceptance(self, name: str) -> Acceptance:
         if name not in self.acceptance:
@@ -432,18 +482,21 @@ class GoodputController(Controller):
         return self.acceptance[name]
 
     def update(self, step: StepRecord) -> None:
-        behind = step.context_len - self.synced.get(step.drafter, 0) if step.drafted else 0
+        if not self.config.price_forced:
+            step = dataclasses.replace(step, forced=0)  # as before the forced tokens were priced: width unknown
+        # a drafter behind forced tokens fed them first (a catch-up the plan prices per step)
+        behind = step.context_len + step.forced - self.synced.get(step.drafter, 0) if step.drafted else 0
         self.costs.observe(step, behind)
         if step.drafted and self.probing is not None and self.probing[0] == step.drafter:
             self._judge_probe(step, *self.probing)
         self.probing = None
         if step.drafted:  # it has fed the context and its drafts but the last; those past the rejection are gone
-            self.synced[step.drafter] = step.context_len + min(step.drafted - 1, step.accepted)
+            self.synced[step.drafter] = step.context_len + step.forced + min(step.drafted - 1, step.accepted)
         self.context_len = step.context_len + step.emitted
         self.request_ms += step.total_ms
         self.fresh = False
         if step.drafted:
-            self._acceptance(step.drafter).observe(step.depth, step.accepted)  # a tree: along its path
+            self._behind(step.drafter, step.forced).observe(step.depth, step.accepted)  # a tree: along its path
             if self._q:  # this drafter asked the stop rule about its tokens
                 self.stoppable.add(step.drafter)
                 self.calibration.observe(self._q, step.drafted, step.accepted)

@@ -82,21 +82,29 @@ class ForcedDrafter(Drafter):
         """Up to ``k`` tokens the grammar forces from its current state (none without a grammar)."""
         return self.state.forced()[:k] if self.state is not None and k > 0 else []
 
+    def forced_now(self, room: int) -> list[int]:
+        """The forced tokens a step with ``room`` tokens of budget proposes first: at most ``max_forced``."""
+        return self.forced(min(self.max_forced, room))
+
     def propose_free(self, ids: list[int], k: int, room: int, sampling: SamplingParams,
-                     generator: torch.Generator | None = None, stop: DraftStop | None = None) -> tuple[Draft, int]:
+                     generator: torch.Generator | None = None, stop: DraftStop | None = None,
+                     forced: list[int] | None = None) -> tuple[Draft, int]:
         """:meth:`free_proposal` run alone: ``(draft, n forced)``."""
-        return run_proposal(self.free_proposal(ids, k, room, sampling, generator, stop))
+        return run_proposal(self.free_proposal(ids, k, room, sampling, generator, stop, forced))
 
     def free_proposal(self, ids: list[int], k: int, room: int, sampling: SamplingParams,
-                      generator: torch.Generator | None = None, stop: DraftStop | None = None) -> Proposal:
+                      generator: torch.Generator | None = None, stop: DraftStop | None = None,
+                      forced: list[int] | None = None) -> Proposal:
         """How the engines draft, as a :meth:`Drafter.proposal` generator that returns ``(draft, n forced)``: the
         forced tokens come on top of the controller's K, as they cost no draft forward and are accepted with
         certainty where the grammar allows one token; at most ``max_forced`` of them and ``room`` tokens in all
         (the request's token budget and context). ``k`` (the controller's K) goes to the wrapped drafter after
-        them (its forwards are yielded, so a batch runs them with the other rows'). The engines hand the
-        controller the step without the forced tokens (:func:`without_forced`), so its prices and acceptance
-        are the wrapped drafter's own."""
-        forced = self.forced(min(self.max_forced, room))
+        them (its forwards are yielded, so a batch runs them with the other rows'). The engines tell the
+        controller how many tokens are forced before it chooses K (:meth:`Controller.set_forced`) and hand it
+        the step with the forced tokens counted apart (:func:`without_forced`), so its acceptance is the wrapped
+        drafter's own and its prices include the forced tokens' verification. ``forced``: the tokens :meth:`forced_now` gave before the step (the engines
+        tell the controller and route the lookups after them), else read here."""
+        forced = self.forced_now(room) if forced is None else forced[:room]
         k = min(k, room - len(forced))
         if self.inner is None or k <= 0:
             return (Draft(torch.tensor(forced, dtype=torch.long), source="forced") if forced else empty_draft(),
@@ -148,12 +156,14 @@ def unwrapped(drafter: Drafter | None) -> Drafter | None:
 
 
 def without_forced(step: StepRecord, n_forced: int) -> StepRecord:
-    """``step`` as the controller sees it: the grammar's forced drafts left out (they cost no draft forward and
-    their acceptance is the grammar's, not the drafter's), so K, acceptance and draft prices stay the wrapped
-    drafter's; with only forced drafts, a plain step of the controller's."""
+    """``step`` as the controller sees it: the grammar's forced drafts taken out of ``drafted`` and ``accepted``
+    (they cost no draft forward and their acceptance is the grammar's, not the drafter's), so K, acceptance and
+    draft prices stay the wrapped drafter's, and counted in ``forced`` instead, so the forward's width
+    (``forced + drafted + 1``) is known; with only forced drafts (or a forced token rejected), a step in which the
+    wrapped drafter drafted nothing."""
     if not n_forced:
         return step
     accepted = max(0, step.accepted - n_forced) if step.accepted >= n_forced else 0
     drafted = step.drafted - n_forced if step.accepted >= n_forced else 0
-    return dataclasses.replace(step, drafted=drafted, accepted=accepted,
+    return dataclasses.replace(step, drafted=drafted, accepted=accepted, forced=step.drafted - drafted,
                                drafter=step.drafter if drafted else "")

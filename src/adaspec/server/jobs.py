@@ -71,6 +71,9 @@ class ObservedController(Controller):
     def set_synced(self, synced) -> None:
         self.inner.set_synced(synced)
 
+    def set_forced(self, n: int) -> None:
+        self.inner.set_forced(n)
+
     def seed_verify_costs(self, curve, context_len: int, *, level_from_steps: bool = True) -> None:
         self.inner.seed_verify_costs(curve, context_len, level_from_steps=level_from_steps)
 
