@@ -17,7 +17,6 @@ from adaspec.backends.base import BatchRow
 from adaspec.batch import BatchEngine
 from adaspec.controllers import FixedController
 from adaspec.drafters import ModelDrafter, NgramDrafter
-from adaspec.drafters.base import Draft, Drafter
 from adaspec.drafters.forced import ForcedDrafter
 from adaspec.drafters.multi import MultiDrafter
 from adaspec.engine import GenerationConfig, SpeculativeEngine
@@ -25,7 +24,8 @@ from adaspec.errors import ConfigError
 from adaspec.structured import Constraint, GrammarVocab
 
 from conftest import MarkovBackend, markov_table
-from test_structured import EOS, SCHEMA, TOKENS, FixedQDrafter, exact_joint, text_of
+from test_structured import (EOS, SCHEMA, TOKENS, FixedQDrafter, RecordingLookup, RecordingRouter, exact_joint,
+                             text_of)
 from test_verify import assert_matches
 
 CONSTRAINTS = [dict(json_schema=SCHEMA), dict(regex=r"[0-9]{2}x"), dict(response_format="json_object"), {},
@@ -109,42 +109,24 @@ def test_forced_drafts_in_a_batch_are_certain_and_uncounted_by_the_controller(mo
 def test_a_batch_row_plans_behind_its_forced_tokens_and_its_lookups_match_after_them(models, vocab):
     """As the engine alone: each row's controller is told the row's forced tokens before it chooses K, its lookups
     are asked on the row's sequence with them appended, and the steps it sees count them in ``forced``."""
-    told, seen, offered = [], [], []
+    controllers, lookup = [], RecordingLookup()
 
-    class Routing(FixedController):
-        def set_forced(self, n):
-            told.append(n)
-
-        def choose_drafter(self, options):
-            return next(iter(options))
-
-        def update(self, step):
-            seen.append(step)
-
-    class Lookup(Drafter):
-        name, lookup = "lookup", True
-
-        def for_sequence(self, seq):
-            return self
-
-        def available(self, ids):
-            offered.append(text_of(ids))
-            return 0
-
-        def propose(self, ids, k, sampling, generator=None, stop=None):
-            return Draft(torch.zeros(0, dtype=torch.long))
+    def controller():
+        controllers.append(RecordingRouter(4))
+        return controllers[-1]
 
     target = TorchBackend(models["qwen"], "qwen", max_sequences=2)
-    engine = BatchEngine(target, MultiDrafter({"lookup": Lookup()}).for_sequence, lambda: Routing(4),
-                         eos_token_ids=[EOS])
+    engine = BatchEngine(target, MultiDrafter({"lookup": lookup}).for_sequence, controller, eos_token_ids=[EOS])
     engine.grammar_vocab = vocab
     constrained, other = engine.generate([[1, 2, 3], [4, 5, 6]], [
         GenerationConfig(max_new_tokens=20, regex="xyz[0-9]{3}wvu"), GenerationConfig(max_new_tokens=8, ignore_eos=True)])
     out = text_of(constrained.token_ids)
     assert out[:3] == "xyz" and out[-3:] == "wvu" and constrained.finish_reason == "stop"
+    told = [n for c in controllers for n in c.told]
+    seen = [s for c in controllers for s in c.seen]
     assert 2 in told and 3 in told and set(told) <= {0, 2, 3}
     assert sorted(s.forced for s in seen if s.forced) == [2, 3] and all(s.drafted == 0 for s in seen)
-    assert text_of([1, 2, 3]) + "xyz" in offered and text_of([1, 2, 3]) + out in offered
+    assert text_of([1, 2, 3]) + "xyz" in lookup.offered and text_of([1, 2, 3]) + out in lookup.offered
 
 
 def test_a_bad_grammar_is_refused_before_the_batch_and_max_tokens_is_length(models, vocab):

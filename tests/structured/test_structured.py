@@ -153,43 +153,60 @@ def test_forced_drafts_are_accepted_with_certainty(models, vocab):
         assert r.stats.draft_tokens == 5 and r.stats.accepted_tokens == 5  # "yz" and "wvu" forced
 
 
+class RecordingRouter(FixedController):
+    """Routes to the first sub-drafter at a fixed K and records what the engine tells it: ``told`` (each
+    ``set_forced``) and ``seen`` (each step)."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.told, self.seen = [], []
+
+    def set_forced(self, n):
+        self.told.append(n)
+
+    def choose_drafter(self, options):
+        return next(iter(options))
+
+    def update(self, step):
+        self.seen.append(step)
+
+
+class RecordingLookup(Drafter):
+    """A lookup that never matches and records the text of each sequence it is asked about (``offered``)."""
+
+    name, lookup = "lookup", True
+
+    def __init__(self) -> None:
+        self.offered = []
+
+    def for_sequence(self, seq):
+        return self
+
+    def available(self, ids):
+        self.offered.append(text_of(ids))
+        return 0
+
+    def propose(self, ids, k, sampling, generator=None, stop=None):
+        return Draft(torch.zeros(0, dtype=torch.long))
+
+
 def test_the_controller_plans_behind_the_forced_tokens_and_lookups_match_after_them(models, vocab):
     """Before each step the engine tells the controller how many tokens the grammar forces (it prices K behind
     them) and routes the wrapped drafters on the sequence with the forced tokens appended (where the wrapped
     drafter will continue); the step it is shown counts them in ``forced``, its drafts are the wrapped drafter's."""
-    told, seen, offered = [], [], []
-
-    class Routing(FixedController):
-        def set_forced(self, n):
-            told.append(n)
-
-        def choose_drafter(self, options):
-            return next(iter(options))
-
-        def update(self, step):
-            seen.append(step)
-
-    class Lookup(Drafter):
-        name, lookup = "lookup", True
-
-        def available(self, ids):
-            offered.append(text_of(ids))
-            return 0
-
-        def propose(self, ids, k, sampling, generator=None, stop=None):
-            return Draft(torch.zeros(0, dtype=torch.long))
-
-    e = SpeculativeEngine(TorchBackend(models["qwen"], "qwen"), MultiDrafter({"lookup": Lookup()}), Routing(4),
+    controller, lookup = RecordingRouter(4), RecordingLookup()
+    e = SpeculativeEngine(TorchBackend(models["qwen"], "qwen"), MultiDrafter({"lookup": lookup}), controller,
                           eos_token_ids=[EOS])
     e.grammar_vocab = vocab
     r = e.generate([1, 2, 3], GenerationConfig(max_new_tokens=20, regex="xyz[0-9]{3}wvu"))
     out = text_of(r.token_ids)
     assert out[:3] == "xyz" and out[-3:] == "wvu" and r.finish_reason == "stop"
-    assert told[0] == 2 and 3 in told  # "yz" after the first token, "wvu" after the digits
+    assert controller.told[0] == 2 and 3 in controller.told  # "yz" after the first token, "wvu" after the digits
+    seen = controller.seen
     assert [s.forced for s in seen if s.forced] == [2, 3] and all(s.drafted == 0 for s in seen)
     prompt = text_of([1, 2, 3])
-    assert offered[0] == prompt + "xyz"  # the lookup was asked where it would continue: after "yz"
-    assert offered[-1] == prompt + out  # and after "wvu"
+    assert lookup.offered[0] == prompt + "xyz"  # the lookup was asked where it would continue: after "yz"
+    assert lookup.offered[-1] == prompt + out  # and after "wvu"
 
 
 def test_rejected_drafts_are_cut_before_verification(models, vocab):
