@@ -20,8 +20,8 @@ from adaspec.controllers.fixed import FixedController
 from adaspec.controllers.tree_choice import AlwaysTrees, TreeChoice
 from adaspec.constrained import RequestGrammar
 from adaspec.drafters.base import Draft, Drafter, empty_draft
-from adaspec.drafters.forced import ForcedDrafter, request_drafter, unwrapped, without_forced
-from adaspec.drafters.multi import cached_prefixes, measure_drafters, route
+from adaspec.drafters.forced import ForcedDrafter, forced_first, request_drafter, unwrapped, without_forced
+from adaspec.drafters.multi import cached_prefixes, measure_drafters
 from adaspec.errors import ConfigError
 from adaspec.logprobs import score_rows, token_logprobs
 from adaspec.request import (  # noqa: F401 (re-exported: adaspec.engine is where users import the request types)
@@ -156,10 +156,7 @@ class SpeculativeEngine:
             if room <= 0:
                 new, finish = [], "length"
                 break
-            # the grammar's forced tokens go first: the controller prices K behind them, lookups match after them
-            forced = drafter.forced_now(room - 1) if isinstance(drafter, ForcedDrafter) else []
-            self.controller.set_forced(len(forced))
-            route(unwrapped(drafter), self.controller, ids + forced if forced else ids)  # MultiDrafter only
+            forced = forced_first(drafter, self.controller, ids, room - 1)  # the grammar's, then the drafter choice
             k = min(self.controller.next_k(), room - 1) if drafter is not None else 0
             # a tree's nodes must fit the context (the depth k already does) and the target's tree capacity
             budget = min(tree_budget, self.target.max_context - len(ids), self.target.max_tree_nodes)
@@ -229,8 +226,8 @@ class SpeculativeEngine:
         if width:
             draft = drafter.propose_tree(req.ids, k, width, req.params, req.generator, req.cfg.tree_expand)
         elif isinstance(drafter, ForcedDrafter):  # the grammar's forced tokens, then K of the wrapped drafter
-            draft, n_forced = drafter.propose_free(req.ids, k, room - 1, req.params, req.generator, stop_rule,
-                                                   forced)
+            draft, n_forced = drafter.propose_free(req.ids, forced, k, room - 1, req.params, req.generator,
+                                                   stop_rule)
         else:
             draft = drafter.propose(req.ids, k, req.params, req.generator, stop_rule) if k > 0 else empty_draft()
         if req.grammar is not None:  # drafts the grammar rejects are cut before verification

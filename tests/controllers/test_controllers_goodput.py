@@ -477,6 +477,17 @@ def test_goodput_prices_k_behind_the_grammars_forced_tokens(curve, alpha, draft_
     assert unpriced.next_k() == brute_force_k(curve, alpha, draft_ms, overhead=3.0)
 
 
+def test_the_cost_model_prices_a_step_behind_forced_tokens():
+    """T_F(K) = K t_d + F t_f + t_v(F + K + 1) + o and T_F(plain) = t_v(F + 1) + o, on a seeded curve."""
+    costs = MeasuredCosts()
+    costs.seed_verify(CHEAP, 100)
+    costs.seed_draft("d", 4.0, 1.0)  # 4 ms per drafted token, 1 ms per token fed
+    b = bucket_of(100)
+    assert costs.plain_step_ms(b, 3) == CHEAP[4] and costs.plain_step_ms(b) == CHEAP[1]
+    assert costs.spec_step_ms(2, b, "d", 5.0, forced=3) == pytest.approx(2 * 4.0 + 3 * 1.0 + CHEAP[6] + 5.0)
+    assert costs.spec_step_ms(2, b, "d") == pytest.approx(2 * 4.0 + CHEAP[3])
+
+
 def test_forced_tokens_price_the_width_they_were_verified_at():
     """A step the controller sees without the grammar's forced tokens (drafted = the wrapped drafter's own) was
     verified f wider: its time is the verification of f + drafted + 1 tokens, not of a plain step, and the

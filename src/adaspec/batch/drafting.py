@@ -53,8 +53,8 @@ def draft_rows(decoding: list[Row], ks: dict[int, int], fail: Callable[[Row, Bas
     for row in decoding:
         k = ks[row.rid]
         if isinstance(row.proposer, ForcedDrafter):  # forced tokens on top of K, within the row's room
-            proposals[row.rid] = row.proposer.free_proposal(row.ids, k, row.req.room() - 1, row.req.params,
-                                                            row.req.generator, row.stop_rule, row.forced)
+            proposals[row.rid] = row.proposer.free_proposal(row.ids, row.forced, k, row.req.room() - 1,
+                                                            row.req.params, row.req.generator, row.stop_rule)
             advance(row.rid)
         elif k > 0 and row.proposer is not None:
             proposals[row.rid] = row.proposer.proposal(row.ids, k, row.req.params, row.req.generator,

@@ -17,8 +17,8 @@ from adaspec.controllers.batch import BatchPricer, RowEstimate
 from adaspec.constrained import RequestGrammar
 from adaspec.controllers.fixed import FixedController
 from adaspec.drafters.base import Draft, Drafter
-from adaspec.drafters.forced import ForcedDrafter, request_drafter, unwrapped, without_forced
-from adaspec.drafters.multi import cached_prefixes, measure_drafters, model_drafters, route
+from adaspec.drafters.forced import forced_first, request_drafter, unwrapped, without_forced
+from adaspec.drafters.multi import cached_prefixes, measure_drafters, model_drafters
 from adaspec.logprobs import score_rows
 from adaspec.request_state import RequestState
 from adaspec.request import GenerationConfig, GenerationResult, StreamChunk, TokenLogprob, default_eos_ids
@@ -295,10 +295,8 @@ class BatchEngine:
         ks = {}
         for row in decoding:
             room = row.req.room()
-            try:  # forced tokens first, then the per-step drafter choice (MultiDrafter), as the engine
-                row.forced = row.proposer.forced_now(room - 1) if isinstance(row.proposer, ForcedDrafter) else []
-                row.controller.set_forced(len(row.forced))
-                route(row.drafter, row.controller, row.ids + row.forced if row.forced else row.ids)
+            try:  # the grammar's forced tokens, then the per-step drafter choice, as the engine
+                row.forced = forced_first(row.proposer, row.controller, row.ids, room - 1)
                 own = row.controller.next_k() if row.drafter is not None else 0
             except Exception as e:
                 fail(row, e)

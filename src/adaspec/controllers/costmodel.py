@@ -12,6 +12,10 @@ generalised to measured costs (all in milliseconds, at a context position ``at``
              = (1 − α^(K+1)) / (1 − α)            for i.i.d. acceptance α (K + 1 when α = 1)
     T(K)     = K t_d + t_v(K + 1) + o            a speculative step (:meth:`CostModel.spec_step_ms`)
     T(plain) = t_v(1) + o                        a plain step (:meth:`CostModel.plain_step_ms`)
+
+Behind F tokens a grammar forces (drafted free, verified ahead of the draft): T_F(K) = K t_d + F t_f + t_v(F + K
++ 1) + o, where a draft model first feeds them at t_f per token (:meth:`CostModel.feed_ms`), and T_F(plain) =
+t_v(F + 1) + o, the forced tokens alone (the ``forced`` argument of both methods).
     speedup  = E(K) / T(K) × T(plain)            (:meth:`CostModel.speedup`)
 
 Where the costs come from is a subclass's business: :class:`MeasuredCosts` (here) learns them per context bucket
@@ -66,8 +70,13 @@ class CostModel:
         """o, ms per step."""
         raise NotImplementedError
 
-    def plain_step_ms(self, at: float) -> float:
-        return self.verify_ms(1, at) + self.step_overhead_ms()
+    def feed_ms(self, drafter, at: float) -> float:
+        """t_f: feeding a drafter one token it has not seen, ms (default: nothing to feed)."""
+        return 0.0
+
+    def plain_step_ms(self, at: float, forced: int = 0) -> float:
+        """T(plain) at ``at``, ms: a step that drafts nothing, verifying ``forced`` forced tokens ahead."""
+        return self.verify_ms(forced + 1, at) + self.step_overhead_ms()
 
     def draft_step_ms(self, k: float, at: float, drafter) -> float:
         """Drafting time of a step that drafts ``k`` tokens, ms: K t_d (a subclass may measure it otherwise)."""
@@ -77,10 +86,12 @@ class CostModel:
         """What one more drafted token adds to a step's drafting time, ms: t_d (a subclass may measure it)."""
         return self.draft_ms(drafter, at)
 
-    def spec_step_ms(self, k: float, at: float, drafter, catch_up_ms: float = 0.0) -> float:
-        """T(K) at ``at``, plus ``catch_up_ms`` (a drafter's share of feeding the tokens it missed). ``drafter``
-        needs a known draft time."""
-        return self.draft_step_ms(k, at, drafter) + self.verify_ms(k + 1, at) + self.step_overhead_ms() + catch_up_ms
+    def spec_step_ms(self, k: float, at: float, drafter, catch_up_ms: float = 0.0, forced: int = 0) -> float:
+        """T(K) at ``at``, plus ``catch_up_ms`` (a drafter's share of feeding the tokens it missed), behind
+        ``forced`` forced tokens (fed to the drafter first, verified ahead of the draft). ``drafter`` needs a known
+        draft time."""
+        drafting = self.draft_step_ms(k, at, drafter) + forced * self.feed_ms(drafter, at)
+        return drafting + self.verify_ms(forced + k + 1, at) + self.step_overhead_ms() + catch_up_ms
 
     # Predictions (i.i.d. acceptance α) ---------------------------------------------------------------------
     def speedup(self, alpha: float, k: float, at: float, drafter, plain_fraction: float = 0.0) -> float:

@@ -272,7 +272,7 @@ class GoodputController(Controller):
                 or {"": None}
         b, f = bucket_of(self.context_len), self.forced
         plain_ms = self.costs.plain_step_ms(b)
-        base_ms = self._forced_step_ms(0, b) / (f + 1)  # ms per token of a step that drafts nothing of its own
+        base_ms = self.costs.plain_step_ms(b, f) / (f + 1)  # ms per token of a step that drafts nothing of its own
         best: tuple[float, str | None, int, float] = (0.0, None, 0, 0.0)
         candidates: dict[str, tuple[float, int, float]] = {}  # name -> its best (gain, K, catch-up)
         optimistic: dict[str, tuple[float, int]] = {}  # name -> its best (gain, K) were every draft accepted
@@ -287,7 +287,7 @@ class GoodputController(Controller):
             catch_up = self.costs.feed_ms(name, b) * max(behind - MeasuredCosts.STEADY, 0)
             alphas = self._behind(name, f).rates()
             for k in range(1, k_top + 1):
-                step_ms = self._forced_step_ms(k, b, name, catch_up / c.horizon)
+                step_ms = self.costs.spec_step_ms(k, b, name, catch_up / c.horizon, f)
                 gain = (f + expected_tokens(alphas, k)) / step_ms
                 if gain > candidates.get(name, (0.0,))[0]:
                     candidates[name] = (gain, k, catch_up)
@@ -333,15 +333,6 @@ class GoodputController(Controller):
                 self.planned = (self.costs.draft_ms(name, b) or 0.0, catch_up)
                 return self._probe(name, k, base_ms, b, options[name])
         return None, 0
-
-    def _forced_step_ms(self, k: int, b: int, name: str | None = None, catch_up_ms: float = 0.0) -> float:
-        """A step's cost behind ``self.forced`` forced tokens, ms: ``name`` drafting ``k`` tokens after feeding
-        them (a draft model's forward takes them with the last draft and correction; the feed price per token
-        covers the extra ones), a verification of ``forced + k + 1`` tokens, the overhead and ``catch_up_ms``;
-        ``k = 0``: the forced tokens alone (a plain step without them)."""
-        f = self.forced
-        drafting = self.costs.draft_step_ms(k, b, name) + f * self.costs.feed_ms(name, b) if k else 0.0
-        return drafting + self.costs.verify_ms(f + k + 1, b) + self.costs.step_overhead_ms() + catch_up_ms
 
     def _probe_gap(self, name: str) -> int:
         """Steps ``name`` must sit out before it is probed: its probe gap, or none for a drafter never observed (no

@@ -20,6 +20,7 @@ import dataclasses
 import torch
 
 from adaspec.drafters.base import Draft, Drafter, DraftStop, Proposal, empty_draft, run_proposal
+from adaspec.drafters.multi import route
 from adaspec.sampling import SamplingParams
 from adaspec.stats import StepRecord
 
@@ -86,15 +87,13 @@ class ForcedDrafter(Drafter):
         """The forced tokens a step with ``room`` tokens of budget proposes first: at most ``max_forced``."""
         return self.forced(min(self.max_forced, room))
 
-    def propose_free(self, ids: list[int], k: int, room: int, sampling: SamplingParams,
-                     generator: torch.Generator | None = None, stop: DraftStop | None = None,
-                     forced: list[int] | None = None) -> tuple[Draft, int]:
+    def propose_free(self, ids: list[int], forced: list[int], k: int, room: int, sampling: SamplingParams,
+                     generator: torch.Generator | None = None, stop: DraftStop | None = None) -> tuple[Draft, int]:
         """:meth:`free_proposal` run alone: ``(draft, n forced)``."""
-        return run_proposal(self.free_proposal(ids, k, room, sampling, generator, stop, forced))
+        return run_proposal(self.free_proposal(ids, forced, k, room, sampling, generator, stop))
 
-    def free_proposal(self, ids: list[int], k: int, room: int, sampling: SamplingParams,
-                      generator: torch.Generator | None = None, stop: DraftStop | None = None,
-                      forced: list[int] | None = None) -> Proposal:
+    def free_proposal(self, ids: list[int], forced: list[int], k: int, room: int, sampling: SamplingParams,
+                      generator: torch.Generator | None = None, stop: DraftStop | None = None) -> Proposal:
         """How the engines draft, as a :meth:`Drafter.proposal` generator that returns ``(draft, n forced)``: the
         forced tokens come on top of the controller's K, as they cost no draft forward and are accepted with
         certainty where the grammar allows one token; at most ``max_forced`` of them and ``room`` tokens in all
@@ -102,9 +101,9 @@ class ForcedDrafter(Drafter):
         them (its forwards are yielded, so a batch runs them with the other rows'). The engines tell the
         controller how many tokens are forced before it chooses K (:meth:`Controller.set_forced`) and hand it
         the step with the forced tokens counted apart (:func:`without_forced`), so its acceptance is the wrapped
-        drafter's own and its prices include the forced tokens' verification. ``forced``: the tokens :meth:`forced_now` gave before the step (the engines
-        tell the controller and route the lookups after them), else read here."""
-        forced = self.forced_now(room) if forced is None else forced[:room]
+        drafter's own and its prices include the forced tokens' verification. ``forced``: the tokens
+        :func:`forced_first` read before the step."""
+        forced = forced[:room]
         k = min(k, room - len(forced))
         if self.inner is None or k <= 0:
             return (Draft(torch.tensor(forced, dtype=torch.long), source="forced") if forced else empty_draft(),
@@ -148,6 +147,17 @@ def request_drafter(drafter: Drafter | None, state, forced_drafts: bool = True) 
     if state is None or not forced_drafts or drafter is None:
         return drafter
     return ForcedDrafter(drafter, state)
+
+
+def forced_first(drafter: Drafter | None, controller, ids: list[int], room: int) -> list[int]:
+    """Before a step of either engine: the tokens the grammar forces, which the step proposes first
+    (:meth:`ForcedDrafter.forced_now` within ``room`` tokens; none for any other drafter), told to ``controller``
+    (``set_forced``: it prices K behind them), then the per-step choice of the wrapped drafter
+    (:func:`~adaspec.drafters.multi.route`) on ``ids`` with them appended, where that drafter will continue."""
+    forced = drafter.forced_now(room) if isinstance(drafter, ForcedDrafter) else []
+    controller.set_forced(len(forced))
+    route(unwrapped(drafter), controller, ids + forced if forced else ids)
+    return forced
 
 
 def unwrapped(drafter: Drafter | None) -> Drafter | None:
