@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-DEFAULT = "hybrid/goodput"
+DEFAULTS = ("hybrid-suffix/goodput", "hybrid/goodput")  # the default method: today's, or the one runs before 2026-12-07 used
 FAMILY = {"coding": "new code (Spec-Bench coding)", "writing": "chat (Spec-Bench writing)", "humaneval": "HumanEval",
           "gsm8k": "GSM8K"}
 
@@ -47,6 +47,7 @@ def main(out: Path) -> None:
     print(f"Commit `{commit}`, machine: {cpu}. Command: `bash docs/results/peers/run.sh {out}`. Decode tokens/s "
           "(after the first token; each engine's own timings where it reports them, see the report below), "
           "greedy, 128 tokens, 2 threads, each peer in its own process, interleaved per prompt.\n")
+    default = next((m for m in DEFAULTS if m in answering), DEFAULTS[0])
     shown = [m for m in methods if m in answering]
     peers = [m for m in shown if any(r.get("peer") for r in ok if r["method"] == m)]
     print("| family | prompts | " + " | ".join(shown) + " | default ÷ plain llama.cpp | default ÷ best peer |")
@@ -58,7 +59,7 @@ def main(out: Path) -> None:
             a = alpha.get(fam, {}).get(m)
             return f"{c[m]:.1f}" + (f" (α {a:.2f})" if a is not None else "")
         best = max((m for m in peers if m in c), key=lambda m: c[m], default=None)
-        d = c.get(DEFAULT)
+        d = c.get(default)
         vs_plain = f"{d / c['llama-server:plain']:.2f}×" if d and c.get("llama-server:plain") else "–"
         vs_best = f"{d / c[best]:.2f}× ({best})" if d and best else "–"
         print(f"| {fam} | {counts[fam]} | " + " | ".join(fmt(m) for m in shown) + f" | {vs_plain} | {vs_best} |")
