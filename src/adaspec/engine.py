@@ -135,6 +135,7 @@ class SpeculativeEngine:
         req.start = time.perf_counter()
         self.target.reset()
         logits, req.prompt_logprobs = scored_prefill(self.target, req.prompt, cfg)
+        stats.cached_tokens = self.target.reused_tokens
         new, finish, lp = req.first(logits)
         first = req.chunk(new, lp)
         first.prompt_logprobs = req.prompt_logprobs

@@ -160,7 +160,8 @@ class LogitsControls:
                 in_prompt[prompt_col] = True
                 seen |= in_prompt.to(dev)
             penalised = torch.where(sub > 0, sub / self.repetition_penalty, sub * self.repetition_penalty)
-            sub = torch.where(seen, penalised, sub)
+            big = torch.finfo(sub.dtype).max  # a penalty near 0 divides a logit past the float range (inf, then NaN)
+            sub = torch.where(seen, penalised.clamp(-big, big), sub)
         if self.presence_penalty:
             sub -= self.presence_penalty * (counts > 0).float()
         if self.frequency_penalty:

@@ -65,6 +65,7 @@ class GenerationStats:
     """Statistics of one request. Times in milliseconds, memory in bytes."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from a prefix cache, not prefilled (Backend.reused_tokens)
     new_tokens: int = 0
     prefill_ms: float = 0.0
     ttft_ms: float = 0.0
@@ -139,6 +140,7 @@ class GenerationStats:
         """A flat JSON-ready dict of the counters and derived values (no per-step list)."""
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "new_tokens": self.new_tokens,
             "steps": len(self.steps),
             "speculation_steps": self.speculation_steps,

@@ -21,8 +21,9 @@ The chat template renders the tools into the system prompt and the model answers
   tokens, drafted for free under speculation.
 
 A response with calls has ``finish_reason: "tool_calls"`` (OpenAI's). Calls are parsed with :func:`parse_tool_calls`
-and, when streaming, with :class:`ToolCallStream`, which passes text through until a call opens and emits each
-call as one ``tool_calls`` delta when it closes.
+and, when streaming, with :class:`ToolCallStream`, which passes text through until a call opens and streams each
+call as it is written: its name once complete, then its ``arguments`` text in pieces (a call in another shape is
+sent whole when it closes).
 """
 
 from __future__ import annotations
@@ -162,7 +163,18 @@ def template_message(message: dict) -> dict:
     return {**message, "tool_calls": out}
 
 
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_.\-]{1,64})"\s*,\s*"arguments"\s*:\s*(?=\{)')
+"""The opening of a call as the template writes it, up to its ``arguments`` object: ``{"name": "f", "arguments": ``."""
+
+
+def _call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
 def _call(body: str) -> dict | None:
+    """A call in OpenAI's shape from the JSON between the tags, None where it is no call. ``arguments`` is the
+    model's own text of the arguments object where the body has the template's order (name, then arguments: what a
+    streamed call sends piece by piece), else the arguments re-serialised."""
     try:
         value = json.loads(body)
     except json.JSONDecodeError:
@@ -170,8 +182,16 @@ def _call(body: str) -> dict | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     args = value.get("arguments", value.get("parameters", {}))
-    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-            "function": {"name": value["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+    text = json.dumps(args, ensure_ascii=False)
+    head = _HEAD.match(body)
+    if head:
+        try:
+            _, end = json.JSONDecoder().raw_decode(body, head.end())
+        except json.JSONDecodeError:
+            end = -1
+        if end > 0 and re.fullmatch(r"\s*\}\s*", body[end:]):
+            text = body[head.end():end]
+    return {"id": _call_id(), "type": "function", "function": {"name": value["name"], "arguments": text}}
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
@@ -186,14 +206,22 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
 
 
 class ToolCallStream:
-    """Streamed text split into content deltas and tool calls: :meth:`feed` returns the content that is surely not
-    part of a call (text that could still begin ``<tool_call>`` is held back), :meth:`calls` the calls completed so
-    far (each returned once), :meth:`finish` the rest."""
+    """Streamed text split into content deltas and tool-call deltas, as OpenAI and vLLM stream them.
+
+    :meth:`feed` returns the content that is surely not part of a call (text that could still begin
+    ``<tool_call>`` is held back); :meth:`calls` the tool-call deltas since the last call of it. A call written in
+    the template's order (``{"name": ..., "arguments": {...}}``) is streamed as it is written: one delta with its
+    index, id, type and name once the name is complete, then the text of its ``arguments`` object in pieces (a
+    client concatenates them per index). A call in any other shape is sent whole, as one delta, when it closes.
+    :meth:`finish` gives the rest: the text of an unclosed or invalid call that was never announced is content
+    (it was no call); the pieces of an announced call stay sent (the finish reason says whether it completed).
+    """
 
     def __init__(self) -> None:
         self.buffer = ""
         self.in_calls = False
         self.count = 0
+        self._args: _ArgsScan | None = None  # the arguments of the call being streamed, once announced
 
     def feed(self, text: str) -> str:
         self.buffer += text
@@ -209,22 +237,86 @@ class ToolCallStream:
         return out
 
     def calls(self) -> list[dict]:
-        """Calls whose ``</tool_call>`` has arrived since the last call, in OpenAI's streamed shape (with index)."""
-        out = []
-        while self.in_calls and CLOSE in self.buffer:
-            end = self.buffer.find(CLOSE) + len(CLOSE)
-            block, self.buffer = self.buffer[:end], self.buffer[end:]
-            _, parsed = parse_tool_calls(block)
-            for call in parsed:
-                out.append({"index": self.count, **call})
-                self.count += 1
+        """Tool-call deltas since the last call: a streamed call's opening and argument pieces (one delta per call
+        index), and whole calls in other shapes when they close."""
+        out: list[dict] = []
+        while self.in_calls:
+            if self._args is None:
+                at = self.buffer.find(OPEN)
+                head = _HEAD.match(self.buffer, at + len(OPEN)) if at >= 0 and not self.buffer[:at].strip() else None
+                close = self.buffer.find(CLOSE)
+                if head and (close < 0 or close > head.end()):
+                    self._args = _ArgsScan(head.end())
+                    out.append({"index": self.count, "id": _call_id(), "type": "function",
+                                "function": {"name": head.group(1), "arguments": ""}})
+                    continue
+                if close < 0:
+                    break
+                end = close + len(CLOSE)
+                block, self.buffer = self.buffer[:end], self.buffer[end:]
+                for call in parse_tool_calls(block)[1]:
+                    out.append({"index": self.count, **call})
+                    self.count += 1
+                continue
+            piece = self._args.scan(self.buffer)
+            if piece:
+                _add_arguments(out, self.count, piece)
+            close = self.buffer.find(CLOSE, self._args.pos)
+            if not self._args.done or close < 0:
+                break
+            self.buffer, self._args = self.buffer[close + len(CLOSE):], None
+            self.count += 1
         return out
 
     def finish(self) -> tuple[str, list[dict]]:
-        """(content left over, calls left): text of an unclosed or invalid call is content (it was no call)."""
+        """(content left over, calls left): text of an unclosed or invalid call is content (it was no call),
+        unless the call was announced already."""
         calls = self.calls()
         rest, self.buffer = self.buffer, ""
+        if self._args is not None:
+            self._args, rest = None, ""
         return ("" if not rest.strip() else rest), calls
+
+
+class _ArgsScan:
+    """Where a streamed call's ``arguments`` object ends: a scan of its JSON text (strings, escapes, nesting)
+    from ``start``, resumed as the text grows."""
+
+    def __init__(self, start: int) -> None:
+        self.pos = start
+        self.depth = 0
+        self.in_string = self.escaped = self.done = False
+
+    def scan(self, text: str) -> str:
+        """The arguments text from where the last scan stopped to the end of ``text`` or of the object."""
+        start = self.pos
+        while self.pos < len(text) and not self.done:
+            c = text[self.pos]
+            self.pos += 1
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                self.done = self.depth == 0
+        return text[start:self.pos]
+
+
+def _add_arguments(out: list[dict], index: int, piece: str) -> None:
+    """Append ``piece`` of call ``index``'s arguments to its delta in ``out`` (one delta per index), or add one."""
+    for delta in out:
+        if delta["index"] == index:
+            delta["function"]["arguments"] += piece
+            return
+    out.append({"index": index, "function": {"arguments": piece}})
 
 
 def _partial_suffix(text: str, token: str) -> int:

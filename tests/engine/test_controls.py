@@ -42,6 +42,16 @@ def test_each_verified_row_is_processed_with_its_own_history():
     assert torch.equal(LogitsControls().apply(logits, ids, prompt_len, drafts), logits)
 
 
+def test_a_penalty_near_zero_keeps_the_logits_finite():
+    # Found by the server's fuzz: repetition_penalty 5e-324 divided a positive logit past the float range, the
+    # softmax turned it into NaN and the logprobs could not be written as JSON (a 500).
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    out = LogitsControls(repetition_penalty=5e-324).apply(logits, [0, 1, 3], 1)
+    big = torch.finfo(torch.float32).max
+    assert out.tolist() == [[big, 0.0, 0.5, big]]  # a seen positive logit ends at the range, never inf
+    assert torch.isfinite(torch.log_softmax(out, -1)).all()
+
+
 @pytest.mark.parametrize("bad, needle", [({"presence_penalty": 2.5}, "presence_penalty"),
                                          ({"frequency_penalty": -3}, "frequency_penalty"),
                                          ({"repetition_penalty": 0}, "repetition_penalty"),

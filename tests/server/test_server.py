@@ -203,6 +203,21 @@ def test_openai_client_stream_equals_nonstream_equals_generate(server, tiny, cap
     assert final.model_extra["speculation"]["draft_tokens"] == 0
 
 
+def test_prefix_cache_reports_cached_tokens_and_keeps_the_text(server):
+    """With --max-batch 1 the target's cache outlives a request: a prompt that repeats the one before prefills only
+    its last token, says so in OpenAI's usage.prompt_tokens_details.cached_tokens, and answers the same text."""
+    client = server.client()
+    kw = dict(model=client.models.list().data[0].id, temperature=0, max_tokens=12,
+              extra_body={"speculation": {"drafter": "none"}})
+    other = client.chat.completions.create(messages=[{"role": "user", "content": "Count to ten, please."}], **kw)
+    first = client.chat.completions.create(messages=[{"role": "user", "content": PROMPT}], **kw)
+    again = client.chat.completions.create(messages=[{"role": "user", "content": PROMPT}], **kw)
+    shared = first.usage.prompt_tokens_details.cached_tokens  # the chat template's opening, shared with `other`
+    assert 0 <= shared < first.usage.prompt_tokens - 1 and other.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == first.choices[0].message.content
+
+
 def test_stop_seed_and_sampling_fields(server):
     client = server.client()
     base = client.completions.create(model=health(server.url)["model"], prompt=PROMPT, max_tokens=16, temperature=0)

@@ -224,6 +224,71 @@ def test_tool_call_stream_holds_back_a_partial_tag():
     assert json.loads((calls + last)[0]["function"]["arguments"]) == {"a": 1, "b": 2}
 
 
+def _stream(pieces):
+    """Feed ``pieces`` to a ToolCallStream: (content, the deltas of each feed, the finish's content and deltas)."""
+    s = ToolCallStream()
+    content, per_feed = "", []
+    for p in pieces:
+        content += s.feed(p)
+        per_feed.append(s.calls())
+    rest, last = s.finish()
+    return content + rest, per_feed, last
+
+
+def _joined(deltas):
+    """Deltas accumulated per index, as an OpenAI client does: {index: (name, arguments)}."""
+    out = {}
+    for d in deltas:
+        name, args = out.get(d["index"], ("", ""))
+        out[d["index"]] = (name + (d["function"].get("name") or ""), args + d["function"]["arguments"])
+    return out
+
+
+def test_tool_call_arguments_stream_as_they_are_written():
+    args = '{"text": "a } and a \\" and {x}", "n": [1, {"k": "]"}], "ok": true}'
+    text = 'Sure.\n<tool_call>\n{"name": "translate", "arguments": ' + args + '}\n</tool_call>'
+    content, per_feed, last = _stream(list(text))  # one character at a time
+    flat = [d for ds in per_feed for d in ds] + last
+    assert content == "Sure.\n" and not last
+    first = next(i for i, ds in enumerate(per_feed) if ds)
+    assert per_feed[first][0]["function"] == {"name": "translate", "arguments": "{"}  # the name once complete
+    assert per_feed[first][0]["id"].startswith("call_") and per_feed[first][0]["type"] == "function"
+    assert first == text.index(args)  # announced when the arguments object opens, not when the call closes
+    assert sum(1 for ds in per_feed if ds) == len(args)  # then every character of the arguments as it came
+    assert _joined(flat) == {0: ("translate", args)}
+    assert parse_tool_calls(text)[1][0]["function"]["arguments"] == args  # the same text as the answer unstreamed
+
+
+def test_tool_calls_streamed_in_chunks_keep_their_indices():
+    one = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    two = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    text = one + "\n" + two
+    for size in (1, 3, 7, 40, len(text)):
+        content, per_feed, last = _stream([text[i:i + size] for i in range(0, len(text), size)])
+        assert content == "" and not last
+        assert all(len({d["index"] for d in ds}) == len(ds) for ds in per_feed)  # one delta per call and feed
+        assert _joined([d for ds in per_feed for d in ds]) == {0: ("add", '{"a": 1, "b": 2}'),
+                                                              1: ("get_weather", '{"city": "Paris"}')}
+
+
+def test_a_call_in_another_shape_is_sent_whole_when_it_closes():
+    text = '<tool_call>\n{"arguments": {"a": 1, "b": 2}, "name": "add"}\n</tool_call>'
+    content, per_feed, last = _stream(list(text))
+    assert content == "" and not last
+    assert [i for i, ds in enumerate(per_feed) if ds] == [len(text) - 1]  # nothing before the closing tag
+    (call,) = per_feed[-1]
+    assert call["function"]["name"] == "add" and json.loads(call["function"]["arguments"]) == {"a": 1, "b": 2}
+
+
+def test_an_announced_call_cut_short_stays_sent_and_leaves_no_content():
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b'
+    content, per_feed, last = _stream([text[:30], text[30:]])
+    assert content == "" and last == []
+    assert _joined([d for ds in per_feed for d in ds]) == {0: ("add", '{"a": 1, "b')}
+    unannounced = '<tool_call>\n{"name": "ad'  # never announced: its text is content, as before
+    assert _stream([unannounced])[0] == unannounced
+
+
 def test_plan_tools_modes():
     assert plan_tools(None, None, None) is None
     assert plan_tools(TOOLS, "none", None).template_tools is None

@@ -59,6 +59,9 @@ class Backend(ABC):
             per level, as EAGLE-2 does); a draft model on a backend without it drafts one-level trees.
         shares_prefix: :meth:`share_prefix` works (a batched row takes another row's cached prompt prefix instead
             of prefilling it again).
+        reused_tokens: leading tokens of the last sequence's first forward after :meth:`reset` whose keys and values
+            came from the cache instead of being computed (a prefix cache,
+            :class:`~adaspec.backends.prefix_cache.PrefixCacheBackend`; 0 elsewhere).
     """
 
     name: str
@@ -71,6 +74,7 @@ class Backend(ABC):
     supports_trees: bool = False
     supports_tree_growth: bool = False
     shares_prefix: bool = False
+    reused_tokens: int = 0
 
     @property
     def max_tree_nodes(self) -> int:

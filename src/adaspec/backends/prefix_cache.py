@@ -1,5 +1,7 @@
 """A backend wrapper that keeps the KV cache of a shared prompt prefix across ``reset()``: the prefill of a prompt run
-by several methods (``adaspec bench``, ``adaspec compare``, ``adaspec profile``) is paid once."""
+by several methods (``adaspec bench``, ``adaspec compare``, ``adaspec profile``) is paid once, and ``adaspec serve``
+(one request at a time) prefills only what a request does not share with the sequence before it (automatic prefix
+caching, as vLLM's and llama-server's)."""
 
 from __future__ import annotations
 
@@ -19,10 +21,23 @@ class PrefixCacheBackend(Backend):
 
     With ``record_top2`` set to a list, each forward appends ``(top1, top2)`` of its last logits row (used to find
     the target's second choice along a plain greedy run).
+
+    A reused prefix holds the keys and values as they were computed then (by a prefill, or by the decoding steps of
+    the sequence before): bit-identical to a cold prefill only where the runtime's kernels do not depend on how
+    many positions a forward holds. With ``strict_cold`` a sequence started in strict mode (``batch_invariant``
+    set before its first forward) is prefilled cold, so its output never depends on what ran before (the server
+    sets it; the comparisons share one cold prefill per prompt, so every method starts from the same cache).
+    If the inner cache was changed behind the wrapper (its ``seq_len`` disagrees), or a forward fails, the next
+    sequence starts cold. ``owner`` names whose sequence starts next (the server sets a request's API-key
+    partition): a sequence reuses only a cache its own owner left, so a prompt's prefill time never tells a client
+    what another key's prompts held.
     """
 
-    def __init__(self, inner: Backend) -> None:
+    def __init__(self, inner: Backend, strict_cold: bool = False) -> None:
         self.inner = inner
+        self.strict_cold = strict_cold
+        self.owner: str | None = None
+        self._owner: str | None = None  # the owner of the cached sequence
         self.name = inner.name
         self.vocab_size = inner.vocab_size
         self.max_context = inner.max_context
@@ -52,6 +67,11 @@ class PrefixCacheBackend(Backend):
         ids = [int(t) for t in input_ids]
         if self._fresh:
             self._fresh = False
+            if (self.inner.seq_len != len(self._ids) or self.owner != self._owner
+                    or (self.strict_cold and self.inner.batch_invariant)):
+                self.inner.reset()  # used behind this wrapper, another owner's, or a strict sequence: start cold
+                self._ids = []
+            self._owner = self.owner
             limit = min(len(self._ids), len(ids) - num_logits)
             n = 0
             while n < limit and self._ids[n] == ids[n]:
@@ -60,7 +80,11 @@ class PrefixCacheBackend(Backend):
             del self._ids[n:]
             self.reused_tokens = n
             ids = ids[n:]
-        logits = self.inner.forward(ids, num_logits)
+        try:
+            logits = self.inner.forward(ids, num_logits)
+        except BaseException:
+            self._drop_quietly()  # how much of ``ids`` reached the cache is unknown: the next prefill is cold
+            raise
         self._ids.extend(ids)
         if self.record_top2 is not None:
             top = logits[-1].float().topk(2).indices.tolist()
@@ -124,6 +148,12 @@ class PrefixCacheBackend(Backend):
         self.inner.reset()
         self._ids = []
         self._fresh = False
+
+    def _drop_quietly(self) -> None:
+        try:
+            self.drop()
+        except Exception:  # the inner backend is broken too: the seq_len check of the next prefill starts cold
+            self._ids, self._fresh = [], False
 
     def synchronize(self) -> None:
         self.inner.synchronize()

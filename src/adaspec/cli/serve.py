@@ -22,6 +22,10 @@ def add_serve_parser(sub) -> None:
     srv.add_argument("--suffix-cache-tokens", type=int, default=None, metavar="TOKENS",
                      help="size of the suffix cache over all keys (default: the --draft suffix spec's tokens, else "
                           "100000; about 0.5 kB per token, docs/guide/suffix.md)")
+    srv.add_argument("--no-prefix-cache", action="store_true",
+                     help="prefill every prompt whole (default with --max-batch 1: keep the target's cache between "
+                          "requests and prefill only what a prompt does not share with the sequence before it, from "
+                          "the same API key; strict-mode requests prefill cold)")
     srv.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                      help="model name(s) clients use, the first one reported (default: --target as given; the "
                           "runtime-qualified name, e.g. NAME@llamacpp, is always accepted too)")

@@ -18,8 +18,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from adaspec.api import LoadedModel, SpeculativeLM, load_model, make_drafter, set_threads
+from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.backends.select import resolve_device
 from adaspec.batch import BatchEngine
 from adaspec.controllers import FixedController, make_controller
@@ -61,6 +63,9 @@ class ModelHost:
             per-slot draft caches (the drafters loaded at start are always kept).
         suffix_tokens: the size of the suffix cache every suffix drafter shares (:mod:`.suffix_partitions`;
             None: the default drafter's, else 100,000 tokens).
+        prefix_cache: with ``max_batch`` 1, keep the target's cache between requests and prefill only the part of a
+            prompt it does not share with the sequence before (:class:`~adaspec.backends.prefix_cache.PrefixCacheBackend`;
+            strict-mode requests prefill cold).
 
     Raises:
         ConfigError: ``max_batch`` above what the target holds; a suffix drafter of another depth than the
@@ -70,8 +75,11 @@ class ModelHost:
     def __init__(self, target: LoadedModel, default: SpecSetting, model_drafters: dict[str, Drafter] | None = None,
                  *, max_engines: int = 32, max_batch: int = 1, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
                  prefill_step_ms: float | None = DEFAULT_PREFILL_STEP_MS, max_dynamic_drafters: int = 4,
-                 suffix_tokens: int | None = None) -> None:
-        self.target = target
+                 suffix_tokens: int | None = None, prefix_cache: bool = True) -> None:
+        self.loaded = target  # as loaded: drafters are built from it
+        # one request at a time: a prompt prefills only what it does not share with the sequence before it
+        self.target = replace(target, backend=PrefixCacheBackend(target.backend, strict_cold=True)) \
+            if prefix_cache and max_batch == 1 else target
         self.max_batch = max_batch
         self.batch: BatchEngine | None = None
         if max_batch > 1:
@@ -114,7 +122,7 @@ class ModelHost:
              extra_drafters: Sequence[str] = (), progress: bool = True, backend: str = "torch",
              max_batch: int = 1, strict: bool = False, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
              prefill_step_ms: float | None = DEFAULT_PREFILL_STEP_MS, served_as: str | None = None,
-             suffix_tokens: int | None = None) -> ModelHost:
+             suffix_tokens: int | None = None, prefix_cache: bool = True) -> ModelHost:
         """Load the target and every model drafter clients may choose (the default one plus ``extra_drafters``) on
         ``backend``/``device`` (see :func:`adaspec.api.load`; ``adaspec serve`` passes ``auto``), each holding
         ``max_batch`` sequences. With ``max_batch`` > 1 the batch runs in ``strict`` mode or not for every request.
@@ -149,7 +157,8 @@ class ModelHost:
             model_drafters[spec.lower()] = drafter
             model_drafters.setdefault(drafter.name.lower(), drafter)
         host = cls(tgt, SpecSetting(draft, controller, k), model_drafters, max_batch=max_batch,
-                   prefill_chunk=prefill_chunk, prefill_step_ms=prefill_step_ms, suffix_tokens=suffix_tokens)
+                   prefill_chunk=prefill_chunk, prefill_step_ms=prefill_step_ms, suffix_tokens=suffix_tokens,
+                   prefix_cache=prefix_cache)
         host.backend = backend  # where a draft model a client names later is loaded
         host.requested_name = served_as or target
         return host
@@ -205,7 +214,7 @@ class ModelHost:
         if spec in self._dynamic:
             self._dynamic.move_to_end(spec)
             return self._dynamic[spec]
-        drafter = make_drafter(spec, self.target, progress=False, backend=self.backend, max_sequences=self.max_batch)
+        drafter = make_drafter(spec, self.loaded, progress=False, backend=self.backend, max_sequences=self.max_batch)
         self.suffix.adopt(drafter)
         if spec == self.default.drafter:  # the server's default drafter is never evicted
             self._drafters[spec] = drafter

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.controllers import Controller, FixedController, make_controller
 from adaspec.drafters import Drafter
 from adaspec.engine import GenerationConfig, GenerationResult, SpeculativeEngine, StreamChunk
@@ -218,6 +219,9 @@ class Job:
         try:
             if self.handle.settings.plain:  # a speculative engine's K is set by its steps (no decision asked here)
                 self.metrics.speculation_state(0)
+            target = self.handle.engine.target
+            if isinstance(target, PrefixCacheBackend):  # a prompt reuses the cache of its own key's requests only
+                target.owner = self.config.cache_partition
             gen = self.handle.engine.stream(self.prompt_ids, self.config)
             try:
                 while not self.stopping():

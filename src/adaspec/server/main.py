@@ -71,8 +71,8 @@ def serve(args: argparse.Namespace) -> int:
                            dtype=args.dtype, threads=args.threads, extra_drafters=args.allow_drafter,
                            backend=args.backend, device=args.device, max_batch=args.max_batch,
                            strict=args.strict, prefill_chunk=prefill_chunk, prefill_step_ms=prefill_step_ms,
-                           served_as=names[0],
-                           suffix_tokens=args.suffix_cache_tokens).result()
+                           served_as=names[0], suffix_tokens=args.suffix_cache_tokens,
+                           prefix_cache=not args.no_prefix_cache).result()
     if not args.no_warmup:  # on the generation thread, like every forward (ModelHost.on_generation_thread)
         host.on_generation_thread(host.warmup)
         curve = host.engine_for(host.default).engine.verify_curve

@@ -40,10 +40,12 @@ class SSEResponse(StreamingResponse):
 
 
 def usage(job: Job, scored: bool = False) -> dict:
-    """OpenAI's ``usage`` of a finished job (``scored``: echo with ``max_tokens`` 0, no completion tokens)."""
+    """OpenAI's ``usage`` of a finished job (``scored``: echo with ``max_tokens`` 0, no completion tokens), with
+    ``prompt_tokens_details.cached_tokens``: prompt tokens the prefix cache held (not prefilled)."""
     s = job.result.stats
     new = 0 if scored else s.new_tokens
-    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": new, "total_tokens": s.prompt_tokens + new}
+    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": new, "total_tokens": s.prompt_tokens + new,
+            "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}
 
 
 def job_error(job: Job) -> APIError:

@@ -111,7 +111,7 @@ def chat_message(plan: StructuredPlan, text: str, finish_reason: str) -> tuple[d
 
 class StreamedChoice:
     """One streamed chat choice's deltas under a plan: content passes through (held back while it may open a
-    call), each completed call is one ``tool_calls`` delta."""
+    call), calls stream as :class:`~adaspec.toolcalls.ToolCallStream` gives them (name, then arguments in pieces)."""
 
     def __init__(self, plan: StructuredPlan) -> None:
         self.parser = ToolCallStream() if plan.tools is not None and plan.tools.parses_calls else None

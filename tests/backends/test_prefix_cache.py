@@ -1,0 +1,90 @@
+"""The prefix cache between requests (``PrefixCacheBackend``, what ``adaspec serve`` runs its target through with
+``--max-batch 1``): a prompt prefills only what it does not share with the sequence before it, the output stays the
+cold run's, and every case that must start cold does."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaspec.backends import TorchBackend
+from adaspec.backends.prefix_cache import PrefixCacheBackend
+from adaspec.controllers import FixedController
+from adaspec.drafters import NgramDrafter
+from adaspec.engine import GenerationConfig, SpeculativeEngine
+
+SHARED = [3, 17, 42, 5, 9, 9, 12, 3, 17, 42, 7, 3, 17, 8, 3, 17, 42, 5, 3, 17, 11, 23]
+FIRST, SECOND = SHARED + [4, 4, 19], SHARED + [31, 2]
+CFG = GenerationConfig(max_new_tokens=16)
+
+
+@pytest.fixture()
+def engines(qwen):
+    """(a speculative engine through a server-style prefix cache, a cold plain engine on its own backend)."""
+    cached = PrefixCacheBackend(TorchBackend(qwen, "t"), strict_cold=True)
+    return (SpeculativeEngine(cached, NgramDrafter(), FixedController(4)),
+            SpeculativeEngine(TorchBackend(qwen, "cold"), None, None))
+
+
+def test_a_prompt_prefills_only_what_it_does_not_share(engines):
+    spec, cold = engines
+    first = spec.generate(FIRST, CFG)
+    assert first.stats.cached_tokens == 0 and first.token_ids == cold.generate(FIRST, CFG).token_ids
+    second = spec.generate(SECOND, CFG)
+    assert second.stats.cached_tokens == len(SHARED)  # the shared prefix, nothing of the first answer
+    assert second.token_ids == cold.generate(SECOND, CFG).token_ids
+    again = spec.generate(SECOND, CFG)  # the same prompt: all but its last token (its logits are needed)
+    assert again.stats.cached_tokens == len(SECOND) - 1 and again.token_ids == second.token_ids
+    follow_up = SECOND + second.token_ids + [6, 6]  # a next turn holds the answer before it
+    turn = spec.generate(follow_up, CFG)
+    assert turn.stats.cached_tokens >= len(SECOND) + len(second.token_ids) - 1
+    assert turn.token_ids == cold.generate(follow_up, CFG).token_ids
+    assert turn.stats.summary()["cached_tokens"] == turn.stats.cached_tokens
+
+
+def test_another_owner_starts_cold(engines):
+    spec, _ = engines
+    target = spec.target
+    target.owner = "key:a"
+    spec.generate(FIRST, CFG)
+    assert spec.generate(SECOND, CFG).stats.cached_tokens == len(SHARED)
+    target.owner = "key:b"  # another API key's request: its prefill time must not tell what key a sent
+    assert spec.generate(SECOND, CFG).stats.cached_tokens == 0
+    target.owner = "key:a"  # the cache now holds key b's sequence
+    assert spec.generate(SECOND, CFG).stats.cached_tokens == 0
+
+
+def test_strict_requests_prefill_cold_where_asked(qwen):
+    strict = GenerationConfig(max_new_tokens=8, strict=True)
+    for strict_cold, reused in ((True, 0), (False, len(FIRST) - 1)):
+        engine = SpeculativeEngine(PrefixCacheBackend(TorchBackend(qwen, "t"), strict_cold=strict_cold), None, None)
+        engine.generate(FIRST, CFG)
+        out = engine.generate(FIRST, strict)
+        assert out.stats.cached_tokens == reused
+        assert out.token_ids == SpeculativeEngine(TorchBackend(qwen, "c"), None, None).generate(FIRST, strict).token_ids
+
+
+def test_a_cache_changed_behind_the_wrapper_starts_cold(engines):
+    spec, cold = engines
+    spec.generate(FIRST, CFG)
+    inner = spec.target.inner
+    inner.truncate(inner.seq_len - 3)  # someone used the inner backend directly
+    out = spec.generate(SECOND, CFG)
+    assert out.stats.cached_tokens == 0 and out.token_ids == cold.generate(SECOND, CFG).token_ids
+
+
+def test_a_failed_forward_leaves_a_cold_cache(engines, monkeypatch):
+    spec, cold = engines
+    spec.generate(FIRST, CFG)
+    inner = spec.target.inner
+    real = inner.forward
+
+    def failing(ids, num_logits=1):
+        real(ids[:1], 1)  # part of the prompt reached the cache before the failure
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(inner, "forward", failing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        spec.generate(SECOND, CFG)
+    monkeypatch.setattr(inner, "forward", real)
+    out = spec.generate(SECOND, CFG)
+    assert out.stats.cached_tokens == 0 and out.token_ids == cold.generate(SECOND, CFG).token_ids
