@@ -21,9 +21,10 @@ The chat template renders the tools into the system prompt and the model answers
   tokens, drafted for free under speculation.
 
 A response with calls has ``finish_reason: "tool_calls"`` (OpenAI's). Calls are parsed with :func:`parse_tool_calls`
-and, when streaming, with :class:`ToolCallStream`, which passes text through until a call opens and streams each
-call as it is written: its name once complete, then its ``arguments`` text in pieces (a call in another shape is
-sent whole when it closes).
+and, when streaming, with :class:`ToolCallStream`, which passes text through until a call opens and sends each call
+whole when it closes; where a grammar shapes the calls, it streams each call as it is written (its name once
+complete, then its ``arguments`` text in pieces), and the unstreamed answer is read the same way
+(:func:`parse_calls`), so both give the same calls.
 """
 
 from __future__ import annotations
@@ -206,21 +207,30 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
 
 
 class ToolCallStream:
-    """Streamed text split into content deltas and tool-call deltas, as OpenAI and vLLM stream them.
+    """Streamed text split into content deltas and tool-call deltas.
 
     :meth:`feed` returns the content that is surely not part of a call (text that could still begin
-    ``<tool_call>`` is held back); :meth:`calls` the tool-call deltas since the last call of it. A call written in
-    the template's order (``{"name": ..., "arguments": {...}}``) is streamed as it is written: one delta with its
-    index, id, type and name once the name is complete, then the text of its ``arguments`` object in pieces (a
-    client concatenates them per index). A call in any other shape is sent whole, as one delta, when it closes.
-    :meth:`finish` gives the rest: the text of an unclosed or invalid call that was never announced is content
-    (it was no call); the pieces of an announced call stay sent (the finish reason says whether it completed).
+    ``<tool_call>`` is held back); :meth:`calls` the tool-call deltas since the last call of it; :meth:`finish`
+    the rest. Two ways to send a call:
+
+    * whole, as one delta, when ``</tool_call>`` closes it and its body parses (:func:`parse_tool_calls`); the text
+      of an unclosed or invalid call is content (it was no call). For unconstrained output, where a call may be
+      malformed.
+    * ``stream_arguments``: as it is written, as OpenAI and vLLM stream calls — one delta with its index, id, type
+      and name once the name is complete and the ``arguments`` object opens (the template's order,
+      ``{"name": ..., "arguments": {...}}``), then the text of the object in pieces (a client concatenates them per
+      index), the call ending with that object. For calls a grammar shapes (a forced tool choice, ``"auto"``'s lazy
+      grammar), which are well formed; a call in another shape is still sent whole. The pieces of a call cut short
+      (``max_tokens``) stay sent; the finish reason says it did not complete. :func:`parse_calls` reads a whole
+      answer the same way.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stream_arguments: bool = False) -> None:
+        self.stream_arguments = stream_arguments
         self.buffer = ""
         self.in_calls = False
         self.count = 0
+        self.spilled = ""  # the text of closed blocks that held no call
         self._args: _ArgsScan | None = None  # the arguments of the call being streamed, once announced
 
     def feed(self, text: str) -> str:
@@ -243,7 +253,8 @@ class ToolCallStream:
         while self.in_calls:
             if self._args is None:
                 at = self.buffer.find(OPEN)
-                head = _HEAD.match(self.buffer, at + len(OPEN)) if at >= 0 and not self.buffer[:at].strip() else None
+                head = (_HEAD.match(self.buffer, at + len(OPEN))
+                        if self.stream_arguments and at >= 0 and not self.buffer[:at].strip() else None)
                 close = self.buffer.find(CLOSE)
                 if head and (close < 0 or close > head.end()):
                     self._args = _ArgsScan(head.end())
@@ -254,7 +265,10 @@ class ToolCallStream:
                     break
                 end = close + len(CLOSE)
                 block, self.buffer = self.buffer[:end], self.buffer[end:]
-                for call in parse_tool_calls(block)[1]:
+                parsed = parse_tool_calls(block)[1]
+                if not parsed:
+                    self.spilled += block  # no call: its text is content (sent by finish)
+                for call in parsed:
                     out.append({"index": self.count, **call})
                     self.count += 1
                 continue
@@ -275,7 +289,29 @@ class ToolCallStream:
         rest, self.buffer = self.buffer, ""
         if self._args is not None:
             self._args, rest = None, ""
+        rest, self.spilled = self.spilled + rest, ""
         return ("" if not rest.strip() else rest), calls
+
+
+def parse_calls(text: str) -> tuple[str | None, list[dict]]:
+    """``(content, tool calls)`` of a whole answer read as :class:`ToolCallStream` with ``stream_arguments`` reads
+    it, its deltas put together per call: what a client of the streamed answer ends up with (content None when
+    empty; a call cut short keeps the arguments text it got)."""
+    stream = ToolCallStream(stream_arguments=True)
+    content = stream.feed(text)
+    deltas = stream.calls()
+    rest, last = stream.finish()
+    calls: dict[int, dict] = {}
+    for delta in deltas + last:
+        call = calls.get(delta["index"])
+        if call is None:
+            calls[delta["index"]] = {"id": delta.get("id") or _call_id(), "type": "function",
+                                     "function": {"name": delta["function"].get("name", ""),
+                                                  "arguments": delta["function"]["arguments"]}}
+        else:
+            call["function"]["arguments"] += delta["function"]["arguments"]
+    content = (content + rest).strip() if calls else content + rest
+    return content or None, [calls[i] for i in sorted(calls)]
 
 
 class _ArgsScan:

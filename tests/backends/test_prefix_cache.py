@@ -88,3 +88,43 @@ def test_a_failed_forward_leaves_a_cold_cache(engines, monkeypatch):
     monkeypatch.setattr(inner, "forward", real)
     out = spec.generate(SECOND, CFG)
     assert out.stats.cached_tokens == 0 and out.token_ids == cold.generate(SECOND, CFG).token_ids
+
+
+def test_a_cache_that_cannot_be_cut_there_starts_cold(engines, monkeypatch):
+    """A cache that refuses a cut (a sliding window past its size) must not fail every later request."""
+    spec, cold = engines
+    spec.generate(FIRST, CFG)
+    inner = spec.target.inner
+    real = inner.truncate
+
+    def refuses(length):
+        if 0 < length < inner.seq_len:
+            raise RuntimeError("'crop' was called on a sliding-window cache")
+        real(length)
+
+    monkeypatch.setattr(inner, "truncate", refuses)
+    for _ in range(2):
+        out = spec.generate(SECOND, GenerationConfig(max_new_tokens=1))  # one token: no verification cut
+        assert out.stats.cached_tokens == 0 and out.token_ids == cold.generate(SECOND, GenerationConfig(
+            max_new_tokens=1)).token_ids
+
+
+def test_a_failed_tree_forward_empties_the_cache(engines, monkeypatch):
+    """What a failed forward left in the inner cache is unknown (a model may append some layers' keys and values
+    and not its length): the cache is emptied, and the next request prefills cold."""
+    spec, cold = engines
+    spec.generate(FIRST, CFG)
+    target, inner = spec.target, spec.target.inner
+    target.reset()
+    target.forward(SECOND, 1)
+
+    def failing(ids, parents):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(inner, "forward_tree", failing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        target.forward_tree([5, 6, 7], [-1, 0, 0])
+    assert target._ids == [] and inner.seq_len == 0
+    monkeypatch.undo()
+    out = spec.generate(SECOND, CFG)
+    assert out.stats.cached_tokens == 0 and out.token_ids == cold.generate(SECOND, CFG).token_ids

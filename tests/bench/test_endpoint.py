@@ -627,3 +627,21 @@ def test_structured_workload_sends_constraints_and_grades_answers(served, tmp_pa
     row, = _rows(out)
     assert row["completed"] == 3 and row["failed"] == 0 and row["workload"] == "structured"
     assert row["structured"]["answers"] == 3 and 0.0 <= row["structured"]["valid"] <= 1.0
+
+
+def test_structured_workload_by_category():
+    """``structured:CATEGORY[,CATEGORY]`` takes some of the categories (tool calls one after another share their
+    system prompt: what a prefix cache is measured on); an unknown one is named."""
+    from adaspec.bench.endpoint import structured_tasks
+    from adaspec.structured_workload import load_tasks
+
+    tools = structured_tasks("structured:tool-translate", 4)
+    assert [t.category for t in tools] == ["tool-translate"] * 4
+    both = structured_tasks("structured:extract-signature,extract-answer", 4)
+    assert [t.category for t in both] == ["extract-signature", "extract-answer"] * 2
+    assert [t.id for t in structured_tasks("structured", 3)] == [t.id for t in load_tasks(3)]
+    EndpointConfig(url="http://x", workload="structured:tool-translate").validate()
+    with pytest.raises(ConfigError, match="--api chat"):
+        EndpointConfig(url="http://x", workload="structured:tool-translate", api="completions").validate()
+    with pytest.raises(ConfigError, match="'tools'"):
+        structured_tasks("structured:tools", 2)

@@ -50,6 +50,8 @@ def test_a_penalty_near_zero_keeps_the_logits_finite():
     big = torch.finfo(torch.float32).max
     assert out.tolist() == [[big, 0.0, 0.5, big]]  # a seen positive logit ends at the range, never inf
     assert torch.isfinite(torch.log_softmax(out, -1)).all()
+    probs = logits_to_probs(out, SamplingParams(0.5))  # a temperature below 1 must not carry them to inf
+    assert probs.tolist() == [[0.5, 0.0, 0.0, 0.5]]
 
 
 @pytest.mark.parametrize("bad, needle", [({"presence_penalty": 2.5}, "presence_penalty"),

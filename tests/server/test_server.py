@@ -209,6 +209,7 @@ def test_prefix_cache_reports_cached_tokens_and_keeps_the_text(server):
     client = server.client()
     kw = dict(model=client.models.list().data[0].id, temperature=0, max_tokens=12,
               extra_body={"speculation": {"drafter": "none"}})
+    before = scrape(server.url)
     other = client.chat.completions.create(messages=[{"role": "user", "content": "Count to ten, please."}], **kw)
     first = client.chat.completions.create(messages=[{"role": "user", "content": PROMPT}], **kw)
     again = client.chat.completions.create(messages=[{"role": "user", "content": PROMPT}], **kw)
@@ -216,6 +217,15 @@ def test_prefix_cache_reports_cached_tokens_and_keeps_the_text(server):
     assert 0 <= shared < first.usage.prompt_tokens - 1 and other.usage.prompt_tokens_details is not None
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
     assert again.choices[0].message.content == first.choices[0].message.content
+    after = scrape(server.url)
+    answers = (other, first, again)
+
+    def moved(name):
+        return value(after, name) - value(before, name)
+
+    assert moved("adaspec:prefix_cache_queries_total") == sum(r.usage.prompt_tokens for r in answers)
+    assert moved("adaspec:prefix_cache_hits_total") == sum(r.usage.prompt_tokens_details.cached_tokens
+                                                           for r in answers)
 
 
 def test_stop_seed_and_sampling_fields(server):

@@ -13,7 +13,7 @@ pytest.importorskip("llguidance")
 
 import openai  # noqa: E402
 
-from adaspec.toolcalls import ToolCallStream, parse_tool_calls, plan_tools  # noqa: E402
+from adaspec.toolcalls import ToolCallStream, parse_calls, parse_tool_calls, plan_tools  # noqa: E402
 from test_server import live, make_host  # noqa: E402
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "size", "kind"],
@@ -224,9 +224,9 @@ def test_tool_call_stream_holds_back_a_partial_tag():
     assert json.loads((calls + last)[0]["function"]["arguments"]) == {"a": 1, "b": 2}
 
 
-def _stream(pieces):
+def _stream(pieces, stream_arguments=True):
     """Feed ``pieces`` to a ToolCallStream: (content, the deltas of each feed, the finish's content and deltas)."""
-    s = ToolCallStream()
+    s = ToolCallStream(stream_arguments=stream_arguments)
     content, per_feed = "", []
     for p in pieces:
         content += s.feed(p)
@@ -257,6 +257,35 @@ def test_tool_call_arguments_stream_as_they_are_written():
     assert sum(1 for ds in per_feed if ds) == len(args)  # then every character of the arguments as it came
     assert _joined(flat) == {0: ("translate", args)}
     assert parse_tool_calls(text)[1][0]["function"]["arguments"] == args  # the same text as the answer unstreamed
+
+
+def test_the_unstreamed_answer_reads_the_calls_as_the_stream_does():
+    """Under a grammar the unstreamed answer is read as the stream reads it (parse_calls), so both give the same
+    calls, even where the regex of parse_tool_calls would stop early (a closing tag inside a string)."""
+    args = '{"text": "see </tool_call> here", "n": 2}'
+    text = '<tool_call>\n{"name": "translate", "arguments": ' + args + '}\n</tool_call>'
+    content, per_feed, last = _stream([text[i:i + 5] for i in range(0, len(text), 5)])
+    streamed = _joined([d for ds in per_feed for d in ds] + last)
+    whole_content, calls = parse_calls(text)
+    assert streamed == {0: ("translate", args)} and not content and whole_content is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("translate", args)]
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    assert parse_tool_calls(text)[1] == []  # the unconstrained reading stops at the first tag
+    cut = '<tool_call>\n{"name": "add", "arguments": {"a": 1'
+    assert parse_calls(cut)[1][0]["function"] == {"name": "add", "arguments": '{"a": 1'}  # kept, as streamed
+    assert parse_calls("no call here") == ("no call here", [])
+
+
+def test_unconstrained_calls_are_sent_whole_and_only_when_valid():
+    """Without a grammar a call may be malformed: it is sent whole when it closes and parses, else it is content,
+    as the unstreamed answer reads it."""
+    good = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+    content, per_feed, last = _stream(list(good), stream_arguments=False)
+    assert [i for i, ds in enumerate(per_feed) if ds] == [len(good) - 1] and not content
+    bad = '<tool_call>\n{"name": "add", "arguments": {"a": tru}}\n</tool_call>'
+    content, per_feed, last = _stream(list(bad), stream_arguments=False)
+    assert not any(per_feed) and not last and content == bad
+    assert parse_tool_calls(bad) == (bad, [])
 
 
 def test_tool_calls_streamed_in_chunks_keep_their_indices():

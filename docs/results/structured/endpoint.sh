@@ -10,15 +10,17 @@
 #   llama      llama-server n-gram (n 3, m 8: its best speculative mode on these CPUs) vs llama-server plain
 #   cross      adaspec serve (default) vs llama-server plain
 #   prefix     adaspec serve (default) vs `adaspec serve --no-prefix-cache` (the prefix cache between requests)
+# A pair named NAME-tools runs NAME on the tool-call tasks alone (`--workload structured:tool-translate`, 9 tasks):
+# requests one after another that share their system prompt (the tool's definition), as an agent's do.
 # Needs llama-server (`make peers`). Run on a QUIET machine; ~5 min per pair for 27 tasks. Every server's log is
 # kept in OUTDIR/logs; a pair whose results file exists is skipped (rerun to resume).
 #
-# Usage: bash docs/results/structured/endpoint.sh OUTDIR [PAIR ...]   (default: adaspec llama cross prefix;
-#        PROMPTS=27 MAX_TOKENS=160)
+# Usage: bash docs/results/structured/endpoint.sh OUTDIR [PAIR ...]   (default: adaspec llama cross prefix
+#        prefix-tools cross-tools; PROMPTS=27 MAX_TOKENS=160)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT="$1"; shift; mkdir -p "$OUT/logs"
-PAIRS=("${@:-adaspec llama cross prefix}"); PAIRS=(${PAIRS[*]})
+PAIRS=("${@:-adaspec llama cross prefix prefix-tools cross-tools}"); PAIRS=(${PAIRS[*]})
 PROMPTS=${PROMPTS:-27}; MAX_TOKENS=${MAX_TOKENS:-160}
 PEERS=${ADASPEC_PEERS_DIR:-.peers}
 LLAMA_SERVER=${LLAMA_SERVER:-$(find "$PEERS/llama-server" -name llama-server -type f 2>/dev/null | head -1 || true)}
@@ -45,14 +47,16 @@ NGRAM=(--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple
 for pair in "${PAIRS[@]}"; do
   [ -s "$OUT/$pair.jsonl" ] && { echo "$pair: done already ($OUT/$pair.jsonl)"; continue; }
   echo "$(date -u +%FT%TZ) $pair" | tee -a "$OUT/log.txt"
-  case $pair in
+  workload=structured; prompts=$PROMPTS
+  [ "${pair%-tools}" != "$pair" ] && { workload=structured:tool-translate; prompts=9; }
+  case ${pair%-tools} in
     adaspec) start 8473 "$pair-default.log" adaspec; start 8474 "$pair-plain.log" adaspec --draft none ;;
     llama) start 8473 "$pair-ngram.log" llama "${NGRAM[@]}"; start 8474 "$pair-plain.log" llama ;;
     cross) start 8473 "$pair-adaspec.log" adaspec; start 8474 "$pair-llama.log" llama ;;
     prefix) start 8473 "$pair-on.log" adaspec; start 8474 "$pair-off.log" adaspec --no-prefix-cache ;;
-    *) echo "unknown pair $pair (adaspec, llama, cross, prefix)" >&2; exit 2 ;;
+    *) echo "unknown pair $pair (adaspec, llama, cross, prefix, each with -tools or not)" >&2; exit 2 ;;
   esac
-  .venv/bin/adaspec bench --workload structured --api chat --prompts "$PROMPTS" --max-tokens "$MAX_TOKENS" \
+  .venv/bin/adaspec bench --workload "$workload" --api chat --prompts "$prompts" --max-tokens "$MAX_TOKENS" \
     --concurrency 1 --interleave --request-timeout 300 --endpoint http://127.0.0.1:8473 \
     --baseline http://127.0.0.1:8474 --out "$OUT/$pair.tmp.jsonl" >> "$OUT/log.txt" 2>&1
   mv "$OUT/$pair.tmp.jsonl" "$OUT/$pair.jsonl"

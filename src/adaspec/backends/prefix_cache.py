@@ -6,6 +6,7 @@ caching, as vLLM's and llama-server's)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -76,15 +77,16 @@ class PrefixCacheBackend(Backend):
             n = 0
             while n < limit and self._ids[n] == ids[n]:
                 n += 1
-            self.inner.truncate(n)
+            try:
+                self.inner.truncate(n)
+            except Exception:  # a cache that cannot be cut there (a sliding window past its size): start cold
+                n = 0
+                self.inner.reset()
             del self._ids[n:]
             self.reused_tokens = n
             ids = ids[n:]
-        try:
+        with self._cold_on_failure():
             logits = self.inner.forward(ids, num_logits)
-        except BaseException:
-            self._drop_quietly()  # how much of ``ids`` reached the cache is unknown: the next prefill is cold
-            raise
         self._ids.extend(ids)
         if self.record_top2 is not None:
             top = logits[-1].float().topk(2).indices.tolist()
@@ -104,7 +106,8 @@ class PrefixCacheBackend(Backend):
         never a reset), with the cached ids kept in step."""
         if self._fresh:
             raise ValueError("forward_tree after reset needs a prefill first")
-        logits = self.inner.forward_tree(input_ids, parents)
+        with self._cold_on_failure():
+            logits = self.inner.forward_tree(input_ids, parents)
         self._ids.extend(int(t) for t in input_ids)
         return logits
 
@@ -119,12 +122,14 @@ class PrefixCacheBackend(Backend):
             raise ValueError("grow_tree after reset needs a prefill first")
         if self._grown_from is None:
             self._grown_from = len(self._ids)
-        logits = self.inner.grow_tree(input_ids, parents)
+        with self._cold_on_failure():
+            logits = self.inner.grow_tree(input_ids, parents)
         self._ids.extend(int(t) for t in input_ids)
         return logits
 
     def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
-        self.inner.keep_tree_path(base, path)
+        with self._cold_on_failure():
+            self.inner.keep_tree_path(base, path)
         self._grown_from = None
         nodes = self._ids[base:]
         self._ids[base:] = [nodes[p] for p in path]
@@ -134,7 +139,8 @@ class PrefixCacheBackend(Backend):
             if length == 0:
                 return
             raise ValueError("truncate after reset needs a forward first")
-        self.inner.truncate(length)
+        with self._cold_on_failure():
+            self.inner.truncate(length)
         self._grown_from = None
         del self._ids[length:]
 
@@ -149,11 +155,20 @@ class PrefixCacheBackend(Backend):
         self._ids = []
         self._fresh = False
 
-    def _drop_quietly(self) -> None:
+    @contextmanager
+    def _cold_on_failure(self):
+        """Around anything that changes the inner cache: if it fails, what reached the cache is unknown (a model
+        may append some layers' keys and values and not its length), so the cache is emptied and the next
+        sequence prefills cold."""
         try:
-            self.drop()
-        except Exception:  # the inner backend is broken too: the seq_len check of the next prefill starts cold
-            self._ids, self._fresh = [], False
+            yield
+        except BaseException:
+            try:
+                self.drop()
+            except Exception:  # the inner backend is broken too: the seq_len check of the next prefill starts cold
+                self._ids, self._fresh = [], False
+            self._grown_from = None
+            raise
 
     def synchronize(self) -> None:
         self.inner.synchronize()

@@ -21,7 +21,8 @@ accepted tokens, steps, acceptance histogram; vLLM >= 0.32 started with ``--per-
 summary``) are summed when present. A server without ``/metrics`` gives a labelled
 partial result: latency without acceptance.
 
-The workload ``structured`` (:mod:`adaspec.structured_workload`, chat only) sends each task with its constraint
+The workload ``structured`` (:mod:`adaspec.structured_workload`, chat only; ``structured:CATEGORY[,CATEGORY]`` for
+some of its categories, e.g. ``structured:tool-translate``) sends each task with its constraint
 (``response_format`` with the task's strict JSON schema, or its tool with ``tool_choice: "required"``), so vLLM's,
 llama.cpp's and adaspec's structured output are measured alike; each configuration's row then carries
 ``structured``: the schema-valid share of the answers and the mean share of expected fields exactly right.
@@ -52,6 +53,23 @@ from adaspec.errors import ConfigError
 
 
 STRUCTURED = "structured"  # the structured-output workload (adaspec.structured_workload)
+
+
+def is_structured(workload: str) -> bool:
+    """``structured``, or ``structured:CATEGORY[,CATEGORY]`` (some of its categories)."""
+    return workload == STRUCTURED or workload.startswith(STRUCTURED + ":")
+
+
+def structured_tasks(workload: str, limit: int) -> list:
+    """The tasks of a structured workload name (see :func:`is_structured`), at most ``limit``.
+
+    Raises:
+        ConfigError: an unknown category (named).
+    """
+    from adaspec.structured_workload import CATEGORIES, load_tasks
+
+    _, _, chosen = workload.partition(":")
+    return load_tasks(limit, tuple(c.strip() for c in chosen.split(",")) if chosen else CATEGORIES)
 
 
 @dataclass
@@ -111,7 +129,7 @@ class EndpointConfig:
             raise ConfigError("--max-tokens, --rounds and --prompts must be >= 1")
         if self.timeout_s <= 0:
             raise ConfigError("--request-timeout must be > 0 seconds")
-        if self.workload == STRUCTURED and self.api != "chat":
+        if is_structured(self.workload) and self.api != "chat":
             raise ConfigError("the structured workload needs --api chat (response_format and tools are chat fields)")
         if self.interleave and base_url(self.baseline or self.url) == base_url(self.url):
             raise ConfigError("--interleave needs the baseline on its own server (--baseline URL): one server's "
@@ -193,10 +211,8 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
     if not 0 <= settle_s < math.inf:
         raise ConfigError(f"--settle takes seconds >= 0, not {settle_s}")
     arms = cfg.arms()
-    if cfg.workload == STRUCTURED:
-        from adaspec.structured_workload import load_tasks
-
-        prompts = load_tasks(cfg.prompts)
+    if is_structured(cfg.workload):
+        prompts = structured_tasks(cfg.workload, cfg.prompts)
     else:
         prompts = load_workload(cfg.workload, limit=cfg.prompts)[:cfg.prompts]
     start = time.monotonic()
@@ -379,7 +395,7 @@ def _summary_row(results: list[RequestResult], wall: float, before, after, why: 
     """One configuration's row: :func:`summarise` of its requests, the structured workload's grades, and the
     speculative-decoding counters' differences between the ``before`` and ``after`` scrapes."""
     row = summarise(results, wall, slo_ttft_ms=cfg.slo_ttft_ms, slo_tpot_ms=cfg.slo_tpot_ms)
-    if cfg.workload == STRUCTURED:
+    if is_structured(cfg.workload):
         row["structured"] = structured_summary(prompts, results)
     spec = engine_metrics.spec_stats(before, after)
     if why:

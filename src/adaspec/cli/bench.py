@@ -54,8 +54,8 @@ def add_bench_parsers(sub) -> None:
     ep.add_argument("--api", default="chat", choices=("chat", "completions"),
                     help="/v1/chat/completions or /v1/completions (default: %(default)s)")
     ep.add_argument("--workload", default="humaneval",
-                    help="a workload name (humaneval, gsm8k, specbench[:<category>], code-edit, ...) or a JSONL of "
-                         "prompts (default: %(default)s)")
+                    help="a workload name (humaneval, gsm8k, specbench[:<category>], code-edit, "
+                         "structured[:<category>], ...) or a JSONL of prompts (default: %(default)s)")
     ep.add_argument("--prompts", type=int, default=8, help="prompts taken from the workload (default: %(default)s)")
     ep.add_argument("--max-tokens", type=int, default=128)
     ep.add_argument("--temperature", type=float, default=0.0)

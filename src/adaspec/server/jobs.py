@@ -253,6 +253,8 @@ class Job:
         if self.result is None:
             return
         s = self.result.stats
+        if isinstance(self.handle.engine.target, PrefixCacheBackend):
+            m.prefix_cache(s.prompt_tokens, s.cached_tokens)
         decode_s = sum(st.total_ms for st in s.steps) / 1e3
         m.finished(finish_reason=self.result.finish_reason, prompt_tokens=s.prompt_tokens, new_tokens=s.new_tokens,
                    ttft_s=(self.first_chunk - self.arrival) if self.first_chunk is not None else None,

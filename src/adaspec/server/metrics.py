@@ -23,6 +23,9 @@ name                                           type       meaning
 ``spec_decode_num_accepted_tokens_per_pos``    counter    accepted draft tokens by draft position (0 = first)
 ``iteration_tokens_total``                     histogram  tokens in each batched step's target forward (batched
                                                           server only; vLLM: tokens per engine step)
+``prefix_cache_queries_total``                 counter    prompt tokens looked up in the prefix cache (``--max-batch``
+                                                          1 with the prefix cache on)
+``prefix_cache_hits_total``                    counter    of those, tokens the cache held (not prefilled)
 =============================================  =========  ==========================================================
 
 adaspec's own:
@@ -128,6 +131,9 @@ class ServerMetrics:
                                             m, registry=r)
         self.shared_prefix_tokens = Counter(n("shared_prefix_tokens"), "Prompt tokens a batched row took from "
                                             "another row's cache instead of prefilling them.", m, registry=r)
+        self.prefix_queries = Counter(n("prefix_cache_queries"), "Prompt tokens looked up in the prefix cache.", m,
+                                      registry=r)
+        self.prefix_hits = Counter(n("prefix_cache_hits"), "Prompt tokens the prefix cache held.", m, registry=r)
         self.batch_steps = Counter(n("batch_steps"), "Batched steps by batch size.", b, registry=r)
         self.batch_seconds = Counter(n("batch_step_seconds"), "Target forward time of batched steps, seconds.", b,
                                      registry=r)
@@ -142,7 +148,7 @@ class ServerMetrics:
         for reason in ("stop", "length"):
             self.request_success.labels(model_name, reason)
         for metric in (self.prompt_tokens, self.generation_tokens, self.decode_seconds, self.plain_estimate_seconds,
-                       self.batch_prefill_tokens, self.shared_prefix_tokens):
+                       self.batch_prefill_tokens, self.shared_prefix_tokens, self.prefix_queries, self.prefix_hits):
             metric.labels(model_name)
 
     def _m(self, metric):
@@ -197,6 +203,10 @@ class ServerMetrics:
 
     def prefilled(self, prompt_tokens: int) -> None:
         self._m(self.prompt_tokens).inc(prompt_tokens)
+
+    def prefix_cache(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self._m(self.prefix_queries).inc(prompt_tokens)
+        self._m(self.prefix_hits).inc(cached_tokens)
 
     def outcome(self, outcome: str) -> None:
         self.requests.labels(self.model_name, outcome).inc()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from adaspec.errors import ConfigError
 from adaspec.server.protocol import APIError
-from adaspec.toolcalls import ToolCallStream, ToolPlan, parse_tool_calls, plan_tools, template_message
+from adaspec.toolcalls import ToolCallStream, ToolPlan, parse_calls, parse_tool_calls, plan_tools, template_message
 from adaspec.structured.constraint import Constraint
 from adaspec.structured.vocab import TriggerUnavailable
 
@@ -29,6 +29,13 @@ class StructuredPlan:
     @property
     def active(self) -> bool:
         return self.constraint is not None or self.tools is not None
+
+    @property
+    def calls_constrained(self) -> bool:
+        """The grammar shapes every tool call (a forced choice, or ``"auto"``'s lazy grammar once compiled): calls
+        are well formed, so they stream as they are written (:class:`~adaspec.toolcalls.ToolCallStream`)."""
+        return (self.tools is not None and self.constraint is not None
+                and self.constraint in (self.tools.constraint(), self.tools.lazy_constraint()))
 
 
 def plan_request(body) -> StructuredPlan:
@@ -99,10 +106,11 @@ def template_messages(messages: list[dict]) -> list[dict]:
 
 def chat_message(plan: StructuredPlan, text: str, finish_reason: str) -> tuple[dict, str]:
     """The assistant message and finish reason of a finished chat choice: tool calls parsed where the request
-    offered tools (``finish_reason: "tool_calls"`` when the output held complete ones)."""
+    offered tools, as the streamed answer gives them (``finish_reason: "tool_calls"`` when it stopped after calls;
+    a call the token budget cut keeps ``"length"``)."""
     if plan.tools is None or not plan.tools.parses_calls:
         return {"role": "assistant", "content": text}, finish_reason
-    content, calls = parse_tool_calls(text)
+    content, calls = parse_calls(text) if plan.calls_constrained else parse_tool_calls(text)
     if not calls:
         return {"role": "assistant", "content": text}, finish_reason
     return {"role": "assistant", "content": content, "tool_calls": calls}, (
@@ -111,10 +119,12 @@ def chat_message(plan: StructuredPlan, text: str, finish_reason: str) -> tuple[d
 
 class StreamedChoice:
     """One streamed chat choice's deltas under a plan: content passes through (held back while it may open a
-    call), calls stream as :class:`~adaspec.toolcalls.ToolCallStream` gives them (name, then arguments in pieces)."""
+    call), calls as :class:`~adaspec.toolcalls.ToolCallStream` gives them: streamed as they are written where the
+    grammar shapes them, else each whole when it closes."""
 
     def __init__(self, plan: StructuredPlan) -> None:
-        self.parser = ToolCallStream() if plan.tools is not None and plan.tools.parses_calls else None
+        self.parser = (ToolCallStream(stream_arguments=plan.calls_constrained)
+                       if plan.tools is not None and plan.tools.parses_calls else None)
         self.any_calls = False
 
     def deltas(self, text: str) -> list[dict]:
