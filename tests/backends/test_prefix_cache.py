@@ -25,6 +25,12 @@ def engines(qwen):
             SpeculativeEngine(TorchBackend(qwen, "cold"), None, None))
 
 
+def assert_prefilled_cold(spec, cold, cfg=CFG):
+    """The next request on ``spec`` reuses nothing and answers what a cold engine answers."""
+    out = spec.generate(SECOND, cfg)
+    assert out.stats.cached_tokens == 0 and out.token_ids == cold.generate(SECOND, cfg).token_ids
+
+
 def test_a_prompt_prefills_only_what_it_does_not_share(engines):
     spec, cold = engines
     first = spec.generate(FIRST, CFG)
@@ -68,8 +74,7 @@ def test_a_cache_changed_behind_the_wrapper_starts_cold(engines):
     spec.generate(FIRST, CFG)
     inner = spec.target.inner
     inner.truncate(inner.seq_len - 3)  # someone used the inner backend directly
-    out = spec.generate(SECOND, CFG)
-    assert out.stats.cached_tokens == 0 and out.token_ids == cold.generate(SECOND, CFG).token_ids
+    assert_prefilled_cold(spec, cold)
 
 
 def test_a_failed_forward_leaves_a_cold_cache(engines, monkeypatch):
@@ -86,8 +91,7 @@ def test_a_failed_forward_leaves_a_cold_cache(engines, monkeypatch):
     with pytest.raises(RuntimeError, match="out of memory"):
         spec.generate(SECOND, CFG)
     monkeypatch.setattr(inner, "forward", real)
-    out = spec.generate(SECOND, CFG)
-    assert out.stats.cached_tokens == 0 and out.token_ids == cold.generate(SECOND, CFG).token_ids
+    assert_prefilled_cold(spec, cold)
 
 
 def test_a_cache_that_cannot_be_cut_there_starts_cold(engines, monkeypatch):
@@ -104,9 +108,7 @@ def test_a_cache_that_cannot_be_cut_there_starts_cold(engines, monkeypatch):
 
     monkeypatch.setattr(inner, "truncate", refuses)
     for _ in range(2):
-        out = spec.generate(SECOND, GenerationConfig(max_new_tokens=1))  # one token: no verification cut
-        assert out.stats.cached_tokens == 0 and out.token_ids == cold.generate(SECOND, GenerationConfig(
-            max_new_tokens=1)).token_ids
+        assert_prefilled_cold(spec, cold, GenerationConfig(max_new_tokens=1))  # one token: no verification cut
 
 
 def test_a_failed_tree_forward_empties_the_cache(engines, monkeypatch):
@@ -126,5 +128,4 @@ def test_a_failed_tree_forward_empties_the_cache(engines, monkeypatch):
         target.forward_tree([5, 6, 7], [-1, 0, 0])
     assert target._ids == [] and inner.seq_len == 0
     monkeypatch.undo()
-    out = spec.generate(SECOND, CFG)
-    assert out.stats.cached_tokens == 0 and out.token_ids == cold.generate(SECOND, CFG).token_ids
+    assert_prefilled_cold(spec, cold)
