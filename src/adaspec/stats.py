@@ -65,7 +65,8 @@ class GenerationStats:
     """Statistics of one request. Times in milliseconds, memory in bytes."""
 
     prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens taken from a prefix cache, not prefilled (Backend.reused_tokens)
+    cached_tokens: int = 0  # prompt tokens not prefilled: from a prefix cache (Backend.reused_tokens) or a batch row
+    # that held them (Backend.share_prefix)
     new_tokens: int = 0
     prefill_ms: float = 0.0
     ttft_ms: float = 0.0

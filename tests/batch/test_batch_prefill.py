@@ -217,6 +217,7 @@ def test_n_choices_of_one_prompt_prefill_it_once_and_decode_as_alone(tiny_model)
         shared += engine.last_shared_tokens
         results.update({rid: c.result for rid, c in out.items() if c.result is not None})
     assert prefilled == len(prompt) + 2 and shared == 2 * (len(prompt) - 1)  # the others feed only the last token
+    assert sorted(results[rid].stats.cached_tokens for rid in rids) == [0, len(prompt) - 1, len(prompt) - 1]
     for rid in rids:
         assert results[rid].token_ids == alone.token_ids
 
@@ -237,6 +238,7 @@ def test_a_prompt_that_extends_a_running_rows_prompt_takes_its_prefix(tiny_model
     while b not in results or a not in results:
         results.update({rid: c.result for rid, c in engine.step().items() if c.result is not None})
     assert results[b].token_ids == want.token_ids
+    assert results[b].stats.cached_tokens == 24 and results[a].stats.cached_tokens == 0
 
 
 def test_strict_batches_and_scored_rows_never_share(tiny_model):

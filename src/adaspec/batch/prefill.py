@@ -114,6 +114,7 @@ class ChunkedPrefill:
                 fail(row, e)
                 return False
             self.shared_tokens += best - row.prefill_pos
+            row.req.stats.cached_tokens += best - row.prefill_pos
             row.prefill_pos = best
         return wait and row.prefill_pos < limit
 
