@@ -25,6 +25,14 @@ def engines(qwen):
             SpeculativeEngine(TorchBackend(qwen, "cold"), None, None))
 
 
+@pytest.fixture()
+def warm(engines):
+    """``engines`` after a first request: (speculative engine, cold engine, the wrapper's inner backend)."""
+    spec, cold = engines
+    spec.generate(FIRST, CFG)
+    return spec, cold, spec.target.inner
+
+
 def assert_prefilled_cold(spec, cold, cfg=CFG):
     """The next request on ``spec`` reuses nothing and answers what a cold engine answers."""
     out = spec.generate(SECOND, cfg)
@@ -69,18 +77,14 @@ def test_strict_requests_prefill_cold_where_asked(qwen):
         assert out.token_ids == SpeculativeEngine(TorchBackend(qwen, "c"), None, None).generate(FIRST, strict).token_ids
 
 
-def test_a_cache_changed_behind_the_wrapper_starts_cold(engines):
-    spec, cold = engines
-    spec.generate(FIRST, CFG)
-    inner = spec.target.inner
+def test_a_cache_changed_behind_the_wrapper_starts_cold(warm):
+    spec, cold, inner = warm
     inner.truncate(inner.seq_len - 3)  # someone used the inner backend directly
     assert_prefilled_cold(spec, cold)
 
 
-def test_a_failed_forward_leaves_a_cold_cache(engines, monkeypatch):
-    spec, cold = engines
-    spec.generate(FIRST, CFG)
-    inner = spec.target.inner
+def test_a_failed_forward_leaves_a_cold_cache(warm, monkeypatch):
+    spec, cold, inner = warm
     real = inner.forward
 
     def failing(ids, num_logits=1):
@@ -94,11 +98,9 @@ def test_a_failed_forward_leaves_a_cold_cache(engines, monkeypatch):
     assert_prefilled_cold(spec, cold)
 
 
-def test_a_cache_that_cannot_be_cut_there_starts_cold(engines, monkeypatch):
+def test_a_cache_that_cannot_be_cut_there_starts_cold(warm, monkeypatch):
     """A cache that refuses a cut (a sliding window past its size) must not fail every later request."""
-    spec, cold = engines
-    spec.generate(FIRST, CFG)
-    inner = spec.target.inner
+    spec, cold, inner = warm
     real = inner.truncate
 
     def refuses(length):
@@ -111,12 +113,11 @@ def test_a_cache_that_cannot_be_cut_there_starts_cold(engines, monkeypatch):
         assert_prefilled_cold(spec, cold, GenerationConfig(max_new_tokens=1))  # one token: no verification cut
 
 
-def test_a_failed_tree_forward_empties_the_cache(engines, monkeypatch):
+def test_a_failed_tree_forward_empties_the_cache(warm, monkeypatch):
     """What a failed forward left in the inner cache is unknown (a model may append some layers' keys and values
     and not its length): the cache is emptied, and the next request prefills cold."""
-    spec, cold = engines
-    spec.generate(FIRST, CFG)
-    target, inner = spec.target, spec.target.inner
+    spec, cold, inner = warm
+    target = spec.target
     target.reset()
     target.forward(SECOND, 1)
 
