@@ -68,8 +68,10 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    # a temperature below 1 can carry a logit near the float range's end (a repetition penalty near 0) to inf
-    logits = (logits / params.temperature).clamp(max=torch.finfo(torch.float32).max)
+    logits = logits / params.temperature
+    # a temperature below 1 can carry a logit near the float range's end (a repetition penalty near 0) to inf;
+    # in place, on the new tensor (a second [rows, V] copy costs 4x as much)
+    logits.clamp_(max=torch.finfo(torch.float32).max)
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

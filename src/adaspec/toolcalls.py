@@ -173,9 +173,8 @@ def _call_id() -> str:
 
 
 def _call(body: str) -> dict | None:
-    """A call in OpenAI's shape from the JSON between the tags, None where it is no call. ``arguments`` is the
-    model's own text of the arguments object where the body has the template's order (name, then arguments: what a
-    streamed call sends piece by piece), else the arguments re-serialised."""
+    """A call in OpenAI's shape from the JSON between the tags (``arguments`` re-serialised), None where it is no
+    call."""
     try:
         value = json.loads(body)
     except json.JSONDecodeError:
@@ -183,16 +182,8 @@ def _call(body: str) -> dict | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     args = value.get("arguments", value.get("parameters", {}))
-    text = json.dumps(args, ensure_ascii=False)
-    head = _HEAD.match(body)
-    if head:
-        try:
-            _, end = json.JSONDecoder().raw_decode(body, head.end())
-        except json.JSONDecodeError:
-            end = -1
-        if end > 0 and re.fullmatch(r"\s*\}\s*", body[end:]):
-            text = body[head.end():end]
-    return {"id": _call_id(), "type": "function", "function": {"name": value["name"], "arguments": text}}
+    return {"id": _call_id(), "type": "function",
+            "function": {"name": value["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:

@@ -32,10 +32,10 @@ class StructuredPlan:
 
     @property
     def calls_constrained(self) -> bool:
-        """The grammar shapes every tool call (a forced choice, or ``"auto"``'s lazy grammar once compiled): calls
-        are well formed, so they stream as they are written (:class:`~adaspec.toolcalls.ToolCallStream`)."""
-        return (self.tools is not None and self.constraint is not None
-                and self.constraint in (self.tools.constraint(), self.tools.lazy_constraint()))
+        """The constraint is the tools' grammar (a forced choice, or ``"auto"``'s lazy grammar once compiled; a
+        ``response_format`` gives a JSON constraint, never a Lark one): every tool call is well formed, so calls
+        stream as they are written (:class:`~adaspec.toolcalls.ToolCallStream`)."""
+        return self.tools is not None and self.constraint is not None and self.constraint.kind == "lark"
 
 
 def plan_request(body) -> StructuredPlan:
@@ -81,9 +81,7 @@ def compile_request(host, handle, plan: StructuredPlan) -> None:
     """
     if plan.constraint is None:
         return
-    param = ("tool_choice" if plan.tools is not None and plan.constraint in (plan.tools.constraint(),
-                                                                           plan.tools.lazy_constraint())
-             else "response_format")
+    param = "tool_choice" if plan.calls_constrained else "response_format"
     try:
         host.compile_constraint(handle, plan.constraint)
     except TriggerUnavailable:
