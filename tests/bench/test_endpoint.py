@@ -139,6 +139,62 @@ def test_cli_bench_endpoint_then_map_and_advise(served, workload, tmp_path, caps
     assert "give --endpoint URL" in capsys.readouterr().err
 
 
+def test_profile_widens_its_random_sample_until_the_precision_is_reached(served, workload, tmp_path, capsys):
+    """--precision: one prompt cannot show a spread, so the profile measures the rest of the workload in a second
+    pass, prompts the first pass did not send (one seeded order); --pick first takes the file's first prompts."""
+    prof = tmp_path / "widen.jsonl"
+    argv = ["profile", workload, "--endpoint", served.url, "--baseline-body", '{"speculation": {"drafter": "none"}}',
+            "--max-new-tokens", "6", "--confirm-tokens", "6", "--out", str(prof), "--json"]
+    assert cli_main([*argv, "--sample", "1", "--precision", "0.05"]) == 0
+    captured = capsys.readouterr()
+    p = json.loads(captured.out)
+    assert (p["prompts"], p["passes"], p["workload_prompts"], p["precision_target"]) == (3, 2, 3, 0.05)
+    assert "1 prompts: ±inf%, above ±5%; measuring prompts 2-3 of 3" in captured.err
+    passes = [sorted({d[0] for d in r["requests_detail"]}) for r in _rows(prof) if r["arm"] == "speculative"]
+    assert [len(ids) for ids in passes] == [1, 2] and sorted(passes[0] + passes[1]) == ["p0", "p1", "p2"]
+    assert p["precision"] == pytest.approx((p["ci95"][1] - p["ci95"][0]) / 2 / p["speedup"], abs=2e-3)
+    first = tmp_path / "first.jsonl"
+    argv[argv.index(str(prof))] = str(first)
+    assert cli_main([*argv, "--sample", "1", "--pick", "first"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert (p["prompts"], p["passes"], p["precision"]) == (1, 1, None)
+    assert [d[0] for d in _rows(first)[0]["requests_detail"]] == ["p0"]
+    assert cli_main([*argv, "--precision", "1.5"]) == 2
+    assert "--precision takes a fraction" in capsys.readouterr().err
+    assert cli_main(["profile", workload, "--precision", "0.1"]) == 2
+    assert "give --endpoint URL" in capsys.readouterr().err
+
+
+def test_select_prompts_draws_disjoint_passes_of_one_random_order():
+    from adaspec.bench.endpoint import select_prompts
+
+    items = list(range(40))
+    first, second = select_prompts(items, 10, "random", 0, seed=3), select_prompts(items, 15, "random", 10, seed=3)
+    assert first == sorted(first) and second == sorted(second)  # file order kept
+    assert len(first) == 10 and len(second) == 15 and not set(first) & set(second)
+    assert sorted(first + second) == select_prompts(items, 25, "random", 0, seed=3)  # nested: one sample, widened
+    assert first != list(range(10)) and select_prompts(items, 10, "random", 0, seed=4) != first
+    assert select_prompts(items, 5, "first", 2) == [2, 3, 4, 5, 6]
+    assert select_prompts(items, 100, "random") == items  # the whole workload, in file order
+    with pytest.raises(ConfigError, match="40 prompts: none left after skipping 40"):
+        select_prompts(items, 1, "random", 40)
+
+
+def test_prompts_needed_is_the_smallest_sample_reaching_the_precision():
+    from adaspec.bench.advise import prompts_needed
+    from adaspec.quality.stats import t975
+
+    ratios = [2.0, 4.0, 3.0, 2.5, 3.5]  # mean 3, sd 0.791: rel. spread 0.264
+    n = prompts_needed(ratios, 0.10)
+    rel = 0.7905694 / 3 / 0.10
+    assert t975(n - 1) * rel / n ** 0.5 <= 1 < t975(n - 2) * rel / (n - 1) ** 0.5
+    assert n == 30
+    assert prompts_needed(ratios, 0.50) == 4  # 4.30 × 0.527 / √3 = 1.31 > 1; 3.18 × 0.527 / √4 = 0.84
+    assert prompts_needed([3.0, 3.0], 0.10) == 2 and prompts_needed([3.0], 0.10) is None
+    with pytest.raises(ValueError, match="precision must be > 0"):
+        prompts_needed(ratios, 0)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Servers that are not adaspec: fakes for the fault paths, llama-cpp-python's server (slow)
 # ----------------------------------------------------------------------------------------------------------------

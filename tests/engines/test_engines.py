@@ -160,6 +160,26 @@ def test_live_profile_runs_the_cli_against_the_advised_and_off_servers(loop_sett
     assert not any("starting" in m for m in logs) and len(results.rows("profile")) == 2
 
 
+def test_split_draws_derivation_and_held_out_prompts_from_one_random_order(tmp_path):
+    """Consecutive slices of a workload are not alike (HumanEval's later tasks ask for more new code): the loop
+    draws both sets from one seeded permutation; --split first keeps the old slices."""
+    ids = lambda path: [json.loads(line)["id"] for line in path.read_text().splitlines()]  # noqa: E731
+    derive, held = scaleout.split_prompts("humaneval", 20, 20, tmp_path)
+    d, h = ids(derive), ids(held)
+    number = lambda pid: int(pid.split("/")[1])  # noqa: E731
+    assert len(d) == len(h) == 20 and not set(d) & set(h)
+    assert d == sorted(d, key=number) and h == sorted(h, key=number)  # file order within each set
+    assert max(map(number, d)) > max(map(number, h[:10]))  # drawn from the whole file, not the first 20
+    assert ids(scaleout.split_prompts("humaneval", 20, 20, tmp_path, seed=1)[0]) != d
+    derive, held = scaleout.split_prompts("humaneval", 3, 2, tmp_path, "first")
+    assert ids(derive) == ["HumanEval/0", "HumanEval/2", "HumanEval/4"] and ids(held) == ["HumanEval/6", "HumanEval/8"]
+    with pytest.raises(ConfigError, match="--split takes random or first"):
+        scaleout.split_prompts("humaneval", 3, 2, tmp_path, "odd")
+    s = scaleout.parse_args(["--out", str(tmp_path), "--engines", "llamacpp", "--llama-server", "x",
+                             "--split", "first", "--split-seed", "4"])
+    assert (s.split, s.split_seed) == ("first", 4)
+
+
 def test_rounds_and_settling_each_start(loop_settings):
     """--rounds measures every level once per round on the same server (rates are medians over rounds); --settle
     decodes full requests after each start, written as a settle row, before any level is measured."""

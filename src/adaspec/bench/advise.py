@@ -21,6 +21,7 @@ and llama-cpp-python's server settings (``draft_model``, ``draft_model_num_pred_
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from adaspec.bench.endpoint_report import levels
 from adaspec.bench.costmodel import alpha_for_tau
 from adaspec.controllers.costmodel import expected_tokens
 from adaspec.errors import AdaspecError
-from adaspec.quality.stats import mean_interval
+from adaspec.quality.stats import mean_interval, t975
 
 ENGINES = ("vllm", "sglang", "llamacpp")
 MARGIN = 1.03  # a measured speedup must clear the 2-core VM's run-to-run noise to count as a gain
@@ -211,11 +212,32 @@ def paired_speedups(rows: list[dict]) -> list[float]:
             if v.get("speculative") and v.get("baseline")]
 
 
-def profile_endpoint(rows: list[dict]) -> dict:
+def prompts_needed(ratios: list[float], precision: float = 0.10) -> int | None:
+    """How many prompts a sample with this spread needs for its 95 % interval to reach ± ``precision`` (a fraction)
+    of its mean: the smallest n with t(n − 1) · s / √n ≤ precision · mean, s the sample's standard deviation.
+    None for fewer than two ratios or a mean ≤ 0; at least 2.
+
+    Raises:
+        ValueError: ``precision`` is not > 0.
+    """
+    if not precision > 0:
+        raise ValueError(f"precision must be > 0, not {precision}")
+    if len(ratios) < 2 or statistics.fmean(ratios) <= 0:
+        return None
+    rel = statistics.stdev(ratios) / statistics.fmean(ratios) / precision
+    n = max(2, math.ceil((1.96 * rel) ** 2))  # the normal approximation, then t's wider tails
+    while t975(n - 1) * rel / math.sqrt(n) > 1:
+        n += 1
+    return n
+
+
+def profile_endpoint(rows: list[dict], precision: float = 0.10) -> dict:
     """``adaspec profile --endpoint``: enable speculation on this endpoint for this workload? The mean of the
     per-prompt paired speedups with a Student's t 95 % interval over prompts
     (:func:`adaspec.quality.stats.mean_interval`), decided as
-    :func:`adaspec.bench.profile.decide` does (yes when the interval clears 1 + its margin).
+    :func:`adaspec.bench.profile.decide` does (yes when the interval clears 1 + its margin). ``precision``: the
+    interval's half-width as a fraction of the mean; ``prompts_needed``: the sample that reaches ± ``precision``
+    (:func:`prompts_needed`) at the spread measured.
 
     Raises:
         AdaspecError: no prompt was completed by both arms.
@@ -225,12 +247,25 @@ def profile_endpoint(rows: list[dict]) -> dict:
     ratios = paired_speedups(rows)
     if not ratios:
         raise AdaspecError("no prompt was answered by both arms with more than one token: nothing to compare")
-    ci = [round(x, 3) for x in mean_interval(ratios)]
+    lo, hi = mean_interval(ratios)
+    mean = statistics.fmean(ratios)
     spec = next((r.get("spec") or {} for r in reversed(rows) if r.get("kind") == "endpoint"
                  and r.get("arm") == "speculative"), {})
-    return {"prompts": len(ratios), "speedup": round(statistics.fmean(ratios), 3), "ci95": ci,
-            "enable": decide(1, ci), "acceptance_rate": spec.get("acceptance_rate"),
+    return {"prompts": len(ratios), "speedup": round(mean, 3), "ci95": [round(lo, 3), round(hi, 3)],
+            "precision": round((hi - lo) / 2 / mean, 3) if len(ratios) > 1 and mean > 0 else None,
+            "precision_target": precision, "prompts_needed": prompts_needed(ratios, precision),
+            "enable": decide(1, [lo, hi]), "acceptance_rate": spec.get("acceptance_rate"),
             "mean_acceptance_length": spec.get("mean_acceptance_length"), "spec_note": spec.get("note")}
+
+
+def _sample_line(p: dict) -> str:
+    if p.get("precision") is None:
+        return f"{p['prompts']} prompt(s): too few to estimate the spread"
+    need = p.get("prompts_needed")
+    target = p.get("precision_target", 0.10)
+    return (f"{p['prompts']} prompts, 95% CI ±{100 * p['precision']:.0f}% of the mean; ±{100 * target:.0f}% needs "
+            + (f"about {need} prompts" if need else "more prompts") + " at this spread"
+            + (f" ({p['passes']} passes)" if p.get("passes", 1) > 1 else ""))
 
 
 def format_profile(p: dict, out: Path) -> str:
@@ -241,6 +276,7 @@ def format_profile(p: dict, out: Path) -> str:
         f"decode speedup    {p['speedup']:.2f}x  (95% CI {p['ci95'][0]:.2f}-{p['ci95'][1]:.2f}, "
         f"{p['prompts']} prompts paired)",
         f"advice            {verdict}",
+        f"sample            {_sample_line(p)}",
         "acceptance        " + (f"α {alpha:.3f}, τ {p['mean_acceptance_length'] or float('nan'):.2f}"
                                 if alpha is not None else p.get("spec_note") or "not reported by the server"),
         f"results           {out} (adaspec map {out}; adaspec advise --for vllm|sglang|llamacpp {out})"])

@@ -38,6 +38,7 @@ import hashlib
 import json
 import math
 import platform
+import random
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -60,7 +61,35 @@ def is_structured(workload: str) -> bool:
     return workload == STRUCTURED or workload.startswith(STRUCTURED + ":")
 
 
-def structured_tasks(workload: str, limit: int) -> list:
+def select_prompts(items: Sequence, n: int, pick: str = "first", skip: int = 0, seed: int = 0) -> list:
+    """``n`` of ``items`` after the first ``skip`` of an order, returned in their file order. ``first``: the file's
+    order; ``random``: one permutation drawn with ``seed``, so that passes (0, n1), (n1, n2), ... are disjoint and
+    together are the first n1 + n2 + ... of one random sample (a profile widening its sample takes the next ones).
+
+    Raises:
+        ConfigError: nothing is left after ``skip`` prompts (the message names the workload's size).
+    """
+    order = list(range(len(items)))
+    if pick == "random":
+        random.Random(seed).shuffle(order)
+    chosen = sorted(order[skip:skip + n])
+    if not chosen:
+        raise ConfigError(f"the workload has {len(items)} prompts: none left after skipping {skip}")
+    return [items[i] for i in chosen]
+
+
+def workload_items(workload: str) -> list:
+    """Every prompt (a structured workload: every task) of a workload name or JSONL file, in file order.
+
+    Raises:
+        AdaspecError: an unknown workload (see :func:`adaspec.workloads.load_workload`).
+    """
+    from adaspec.workloads import load_workload
+
+    return structured_tasks(workload, None) if is_structured(workload) else load_workload(workload)
+
+
+def structured_tasks(workload: str, limit: int | None) -> list:
     """The tasks of a structured workload name (see :func:`is_structured`), at most ``limit``.
 
     Raises:
@@ -102,6 +131,8 @@ class EndpointConfig:
     max_inflight: int = 64
     warmup: int = 1
     interleave: bool = False
+    pick: str = "first"  # which prompts: "first" (file order) or "random" (a sample drawn with ``seed``)
+    skip: int = 0  # leave out the first ``skip`` prompts of that order (a profile's later passes)
     stream_usage: bool = True  # ask for usage in the stream; turned off for a server that refuses stream_options
 
     def arms(self) -> list[Arm]:
@@ -129,6 +160,10 @@ class EndpointConfig:
             raise ConfigError("--max-tokens, --rounds and --prompts must be >= 1")
         if self.timeout_s <= 0:
             raise ConfigError("--request-timeout must be > 0 seconds")
+        if self.pick not in ("first", "random"):
+            raise ConfigError(f"the prompt pick must be 'first' or 'random', not {self.pick!r}")
+        if not isinstance(self.skip, int) or self.skip < 0:
+            raise ConfigError(f"the prompts skipped must be a whole number >= 0, not {self.skip!r}")
         if is_structured(self.workload) and self.api != "chat":
             raise ConfigError("the structured workload needs --api chat (response_format and tools are chat fields)")
         if self.interleave and base_url(self.baseline or self.url) == base_url(self.url):
@@ -211,7 +246,9 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
     if not 0 <= settle_s < math.inf:
         raise ConfigError(f"--settle takes seconds >= 0, not {settle_s}")
     arms = cfg.arms()
-    if is_structured(cfg.workload):
+    if cfg.pick != "first" or cfg.skip:
+        prompts = select_prompts(workload_items(cfg.workload), cfg.prompts, cfg.pick, cfg.skip, cfg.seed)
+    elif is_structured(cfg.workload):
         prompts = structured_tasks(cfg.workload, cfg.prompts)
     else:
         prompts = load_workload(cfg.workload, limit=cfg.prompts)[:cfg.prompts]
@@ -224,8 +261,9 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
         models = {arm.name: probe(client, arm, cfg) for arm in arms}
         for arm in arms:
             _warm_up(client, arm, cfg, models[arm.name], prompts[0])
-        # (interleave left out when off: runs from before it existed keep their keys and resume)
-        meta_fields = {k: v for k, v in asdict(cfg).items() if k != "api_key" and (k != "interleave" or v)}
+        # (fields added later are left out at their defaults: runs from before them keep their keys and resume)
+        later = {"interleave": False, "pick": "first", "skip": 0}
+        meta_fields = {k: v for k, v in asdict(cfg).items() if k != "api_key" and (k not in later or v != later[k])}
         run = _key(meta_fields)
         loads = [("closed", c) for c in cfg.concurrency] + [("open", r) for r in cfg.rates]
 

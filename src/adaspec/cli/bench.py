@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -149,6 +150,12 @@ def add_bench_parsers(sub) -> None:
                     help="before measuring, decode S seconds of full requests on each server (default: %(default)s)")
     pe.add_argument("--interleave", action="store_true",
                     help="alternate the two servers request by request (needs --baseline URL)")
+    pe.add_argument("--pick", default="random", choices=("random", "first"),
+                    help="which prompts of the workload: a random sample drawn with --seed (kept in file order), or "
+                         "the first ones (default: %(default)s)")
+    pe.add_argument("--precision", type=float, default=None, metavar="P",
+                    help="widen the sample until the speedup's 95%% interval is within ± P of it (0.10: ±10%%), "
+                         "measuring further prompts of the same random order in passes, up to the whole workload")
     pe.add_argument("--out", default="results/profile-endpoint.jsonl", help="endpoint results file (resumable)")
     prof.set_defaults(func=cmd_profile)
 
@@ -300,25 +307,40 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     if args.endpoint:
         from adaspec.bench.advise import format_profile, profile_endpoint
-        from adaspec.bench.endpoint import EndpointConfig, read_rows, run_endpoint_bench
+        from adaspec.bench.endpoint import EndpointConfig, read_rows, run_endpoint_bench, workload_items
 
         if not args.baseline and args.baseline_body is None:
             raise ConfigError("profile --endpoint needs a baseline: --baseline URL or --baseline-body JSON")
-        cfg = EndpointConfig(url=args.endpoint, baseline=args.baseline,
-                             baseline_body=_json_object(args.baseline_body, "--baseline-body"),
-                             workload=args.workload, prompts=args.sample,
-                             max_tokens=args.confirm_tokens or args.max_new_tokens,
-                             temperature=args.temperature, seed=args.seed, requests=args.sample, rounds=args.rounds,
-                             interleave=args.interleave)
-        out = Path(args.out)
-        key = run_endpoint_bench(cfg, out, log=lambda msg: print(msg, file=sys.stderr),
-                                 settle_s=args.settle)["key"]
-        rows = [r for r in read_rows([out]) if r.get("run") == key]
-        p = profile_endpoint(rows)
+        if args.precision is not None and not 0 < args.precision < 1:
+            raise ConfigError(f"--precision takes a fraction of the speedup in (0, 1), e.g. 0.10, not {args.precision}")
+        if args.sample < 1:
+            raise ConfigError(f"--sample must be >= 1, not {args.sample}")
+        total = len(workload_items(args.workload))
+        out, rows, taken, want, passes = Path(args.out), [], 0, min(args.sample, total), 0
+        while True:  # one pass, or more while --precision is not reached and prompts are left
+            cfg = EndpointConfig(url=args.endpoint, baseline=args.baseline,
+                                 baseline_body=_json_object(args.baseline_body, "--baseline-body"),
+                                 workload=args.workload, prompts=want - taken,
+                                 max_tokens=args.confirm_tokens or args.max_new_tokens,
+                                 temperature=args.temperature, seed=args.seed, requests=want - taken,
+                                 rounds=args.rounds, interleave=args.interleave, pick=args.pick, skip=taken)
+            key = run_endpoint_bench(cfg, out, log=lambda msg: print(msg, file=sys.stderr),
+                                     settle_s=args.settle)["key"]
+            rows += [r for r in read_rows([out]) if r.get("run") == key]
+            taken, passes = want, passes + 1
+            p = profile_endpoint(rows, precision=args.precision or 0.10)
+            if args.precision is None or (p["precision"] is not None and p["precision"] <= args.precision) \
+                    or taken >= total:
+                break
+            want = min(total, max(taken + 1, p["prompts_needed"] or total))
+            print(f"{p['prompts']} prompts: ±{100 * (p['precision'] or math.inf):.0f}%, above ±"
+                  f"{100 * args.precision:.0f}%; measuring prompts {taken + 1}-{want} of {total}", file=sys.stderr)
+        p["passes"], p["workload_prompts"] = passes, total
         print(json.dumps(p, indent=2) if args.json else format_profile(p, out))
         return 0
-    if args.rounds != 1 or args.settle or args.interleave:
-        raise ConfigError("--rounds, --settle and --interleave measure a serving endpoint: give --endpoint URL")
+    if args.rounds != 1 or args.settle or args.interleave or args.precision is not None:
+        raise ConfigError("--rounds, --settle, --interleave and --precision measure a serving endpoint: give "
+                          "--endpoint URL")
 
     advice = profile_workload(args.workload, target=args.target, drafts=args.drafts.split(","),
                               sample=args.sample, max_new_tokens=args.max_new_tokens,

@@ -69,6 +69,8 @@ class Settings:
     workload: str = "humaneval"
     derive_prompts: int = 6
     heldout_prompts: int = 6
+    split: str = "random"  # how derivation and held-out prompts are drawn (split_prompts)
+    split_seed: int = 0
     max_tokens: int = 96
     concurrency: list[int] = field(default_factory=lambda: [1, 2, 4])
     rates: list[float] = field(default_factory=list)
@@ -81,20 +83,27 @@ class Settings:
     command: str = ""
 
 
-def split_prompts(workload: str, n_derive: int, n_heldout: int, out: Path) -> tuple[Path, Path]:
-    """Write the first ``n_derive`` prompts of ``workload`` to ``derive.jsonl`` and the next ``n_heldout`` to
-    ``heldout.jsonl`` (disjoint; the held-out ones never inform the advice).
+def split_prompts(workload: str, n_derive: int, n_heldout: int, out: Path, split: str = "random",
+                  seed: int = 0) -> tuple[Path, Path]:
+    """Write ``n_derive`` prompts of ``workload`` to ``derive.jsonl`` and ``n_heldout`` others to ``heldout.jsonl``
+    (disjoint; the held-out ones never inform the advice), each in file order. ``split``: ``random`` draws both
+    from one permutation (``seed``), so that the two sets sample the same traffic; ``first`` takes the first
+    ``n_derive`` and the next ``n_heldout`` (a file ordered by difficulty makes the two sets differ).
 
     Raises:
-        ConfigError: the workload has fewer than ``n_derive + n_heldout`` prompts.
+        ConfigError: the workload has fewer than ``n_derive + n_heldout`` prompts, or an unknown ``split``.
     """
+    from adaspec.bench.endpoint import select_prompts
     from adaspec.workloads import load_workload
 
+    if split not in ("random", "first"):
+        raise ConfigError(f"--split takes random or first, not {split!r}")
     prompts = load_workload(workload)
     if len(prompts) < n_derive + n_heldout:
         raise ConfigError(f"workload {workload!r} has {len(prompts)} prompts; {n_derive} + {n_heldout} needed")
     paths = (out / "derive.jsonl", out / "heldout.jsonl")
-    for path, part in zip(paths, (prompts[:n_derive], prompts[n_derive:n_derive + n_heldout])):
+    parts = (select_prompts(prompts, n_derive, split, 0, seed), select_prompts(prompts, n_heldout, split, n_derive, seed))
+    for path, part in zip(paths, parts):
         path.write_text("".join(json.dumps({"id": p.id, "prompt": p.as_text() if p.messages and len(p.messages) > 1
                                             else p.text}) + "\n" for p in part))
     return paths
@@ -161,7 +170,8 @@ def run(s: Settings, log: Callable[[str], None] = print) -> dict:
     s.out.mkdir(parents=True, exist_ok=True)
     results = Results(s.out / "results.jsonl")
     _write_meta(s)
-    derive_wl, heldout_wl = split_prompts(s.workload, s.derive_prompts, s.heldout_prompts, s.out)
+    derive_wl, heldout_wl = split_prompts(s.workload, s.derive_prompts, s.heldout_prompts, s.out, s.split,
+                                          s.split_seed)
     derive = Phase("derive", str(derive_wl), s.derive_prompts, s.max_tokens, s.concurrency, s.rates, s.api,
                    rounds=s.rounds)
     heldout = Phase("heldout", str(heldout_wl), s.heldout_prompts, s.max_tokens, s.concurrency, s.rates, s.api,
@@ -290,6 +300,10 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     ap.add_argument("--workload", default="humaneval")
     ap.add_argument("--derive-prompts", type=int, default=6)
     ap.add_argument("--heldout-prompts", type=int, default=6)
+    ap.add_argument("--split", default="random", choices=("random", "first"),
+                    help="derivation and held-out prompts drawn from one random order of the workload, or the "
+                         "first ones and the next (runs before 2026-12-07 used first; default: %(default)s)")
+    ap.add_argument("--split-seed", type=int, default=0)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--concurrency", default="1,2,4")
     ap.add_argument("--rate", default="", help="open-loop Poisson rates in requests/s, comma-separated")
@@ -339,6 +353,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
             Path(a.gguf_draft or gguf / "qwen2.5-coder-0.5b-instruct.gguf"),
             slots=max(concurrency, default=1), threads=a.threads),
         workload=a.workload, derive_prompts=a.derive_prompts, heldout_prompts=a.heldout_prompts,
+        split=a.split, split_seed=a.split_seed,
         max_tokens=a.max_tokens, concurrency=concurrency, rates=rates, api=a.api,
         live_profile=[e for e in a.live_profile.split(",") if e], rounds=a.rounds, settle_s=a.settle,
         startup_timeout_s=a.startup_timeout,

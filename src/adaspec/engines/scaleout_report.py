@@ -138,9 +138,12 @@ def markdown(results: Results, meta: dict) -> str:
             pair = {p.get("phase"): p for p in live if p["config"] == label and p.get("mixed")}  # the last of each
             if "derive" in pair and "heldout" in pair:
                 err = pair["derive"]["speedup"] / pair["heldout"]["speedup"] - 1
+                need = pair["derive"].get("prompts_needed")
                 lines += ["", f"Live, both prompt sets in turns: predicted {pair['derive']['speedup']:.2f}× on the "
                               f"derivation prompts, re-measured {pair['heldout']['speedup']:.2f}× on the held-out ones in "
-                              f"the same minutes; error {err:+.1%} (target within ±10 %)."]
+                              f"the same minutes; error {err:+.1%} (target within ±10 %)."
+                              + (f" At the spread measured, a 95 % interval of ±10 % needs about {need} prompts per "
+                                 f"set ({pair['derive']['prompts']} measured)." if need else "")]
     settled = results.rows("settle")
     if settled:
         lines += ["", "## Settling after each start (decode tok/s of the full requests sent before measuring)", ""]

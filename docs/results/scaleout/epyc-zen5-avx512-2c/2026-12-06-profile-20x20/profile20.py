@@ -15,8 +15,8 @@ hf = Path.home() / ".cache/adaspec/hf"
 s = parse_args(["--out", str(HERE), "--engines", "vllm", "--vllm-venv", ".peers/vllm",
                 "--vllm-target", str(hf / "qwen2.5-coder-1.5b-instruct"),
                 "--vllm-draft", str(hf / "qwen2.5-coder-0.5b-instruct"), "--vllm-kv-gib", "2",
-                "--derive-prompts", "20", "--heldout-prompts", "20", "--max-tokens", "64", "--settle", "30"])
-derive, heldout = split_prompts(s.workload, s.derive_prompts, s.heldout_prompts, s.out)
+                "--derive-prompts", "20", "--heldout-prompts", "20", "--max-tokens", "64", "--settle", "30", "--split", "first"])
+derive, heldout = split_prompts(s.workload, s.derive_prompts, s.heldout_prompts, s.out, s.split)
 results = Results(HERE / "results.jsonl")
 _live_profile(s, EngineConfig.parse("vllm", "ngram:8"), {"derive": derive, "heldout": heldout}, results, print)
 for r in results.rows("profile"):
