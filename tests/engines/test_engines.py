@@ -154,7 +154,8 @@ def test_live_profile_runs_the_cli_against_the_advised_and_off_servers(loop_sett
     rows = [r for r in detail if r["kind"] == "endpoint"]
     assert sorted(r["arm"] for r in rows) == ["baseline", "speculative"] and all(r["completed"] == 6 for r in rows)
     report = (loop_settings.out / "report.md").read_text()
-    assert "`adaspec profile --endpoint` run live" in report and "Live, both prompt sets in turns: predicted" in report
+    assert "`adaspec profile --endpoint` run live" in report
+    assert f"Live, both prompt sets in turns ({advised}): predicted" in report
     logs = []  # measured once per advice: a rerun starts no server for it
     scaleout.run(loop_settings, log=logs.append)
     assert not any("starting" in m for m in logs) and len(results.rows("profile")) == 2
@@ -178,6 +179,22 @@ def test_split_draws_derivation_and_held_out_prompts_from_one_random_order(tmp_p
     s = scaleout.parse_args(["--out", str(tmp_path), "--engines", "llamacpp", "--llama-server", "x",
                              "--split", "first", "--split-seed", "4"])
     assert (s.split, s.split_seed) == ("first", 4)
+
+
+@pytest.mark.slow  # a CLI subprocess against two fake servers
+def test_profile_only_measures_the_live_profile_alone(loop_settings):
+    """--profile-only CONFIG: no derivation levels, no advice; the live profile of CONFIG against off, predicted on
+    the derivation prompts and re-measured on the held-out ones, and a report with its error."""
+    loop_settings.profile_only = "ngram:3"
+    summary = scaleout.run(loop_settings, log=lambda m: None)
+    results = Results(loop_settings.out / "results.jsonl")
+    assert not results.rows("scaleout") and not results.rows("advice") and not results.rows("fault")
+    p, held = results.rows("profile")
+    assert (p["config"], p["phase"], held["phase"]) == ("vllm/ngram-k3", "derive", "heldout")
+    assert p["prompts"] == held["prompts"] == 3 and summary["vllm"]["derive"]["speedup"] == p["speedup"]
+    assert "error" in (loop_settings.out / "report.md").read_text()
+    with pytest.raises(ConfigError, match="--profile-only takes a speculative configuration"):
+        scaleout.parse_args(["--out", "x", "--engines", "llamacpp", "--llama-server", "x", "--profile-only", "off"])
 
 
 def test_rounds_and_settling_each_start(loop_settings):

@@ -71,6 +71,7 @@ class Settings:
     heldout_prompts: int = 6
     split: str = "random"  # how derivation and held-out prompts are drawn (split_prompts)
     split_seed: int = 0
+    profile_only: str | None = None  # a configuration ("ngram:8"): only the live profile of it, on every engine
     max_tokens: int = 96
     concurrency: list[int] = field(default_factory=lambda: [1, 2, 4])
     rates: list[float] = field(default_factory=list)
@@ -102,7 +103,8 @@ def split_prompts(workload: str, n_derive: int, n_heldout: int, out: Path, split
     if len(prompts) < n_derive + n_heldout:
         raise ConfigError(f"workload {workload!r} has {len(prompts)} prompts; {n_derive} + {n_heldout} needed")
     paths = (out / "derive.jsonl", out / "heldout.jsonl")
-    parts = (select_prompts(prompts, n_derive, split, 0, seed), select_prompts(prompts, n_heldout, split, n_derive, seed))
+    parts = (select_prompts(prompts, n_derive, split, 0, seed),
+             select_prompts(prompts, n_heldout, split, n_derive, seed))
     for path, part in zip(paths, parts):
         path.write_text("".join(json.dumps({"id": p.id, "prompt": p.as_text() if p.messages and len(p.messages) > 1
                                             else p.text}) + "\n" for p in part))
@@ -178,6 +180,16 @@ def run(s: Settings, log: Callable[[str], None] = print) -> dict:
                     rounds=s.rounds)
     profile = Phase("profile", str(derive_wl), s.derive_prompts, s.max_tokens, [1], [], s.api, rounds=s.rounds)
     summary = {}
+    if s.profile_only:  # the profile's check alone: a prediction and its re-measurement, on larger prompt sets
+        from adaspec.engines.scaleout_report import write_report
+
+        for engine in s.engines:
+            cfg = EngineConfig.parse(engine, s.profile_only)
+            _live_profile(s, cfg, {"derive": derive_wl, "heldout": heldout_wl}, results, log)
+            summary[engine] = {p["phase"]: {k: p.get(k) for k in ("speedup", "ci95", "prompts", "precision")}
+                               for p in results.rows("profile") if p["config"] == cfg.label}
+        summary["report"] = str(write_report(s.out, results))
+        return summary
     for engine in s.engines:
         configs = s.configs[engine]
         off = EngineConfig(engine)
@@ -304,6 +316,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                     help="derivation and held-out prompts drawn from one random order of the workload, or the "
                          "first ones and the next (runs before 2026-12-07 used first; default: %(default)s)")
     ap.add_argument("--split-seed", type=int, default=0)
+    ap.add_argument("--profile-only", default=None, metavar="CONFIG",
+                    help="measure only the live profile of CONFIG (e.g. ngram:8) against off on each engine: "
+                         "predicted on the derivation prompts, re-measured on the held-out ones, in turns")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--concurrency", default="1,2,4")
     ap.add_argument("--rate", default="", help="open-loop Poisson rates in requests/s, comma-separated")
@@ -330,6 +345,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
                for e in engines if e in PORTS}
     if set(engines) - set(PORTS):
         raise ConfigError(f"--engines takes vllm and/or llamacpp, not {a.engines!r}")
+    for e in engines if a.profile_only else []:
+        if EngineConfig.parse(e, a.profile_only).method == "off":  # (parse names a bad spelling)
+            raise ConfigError("--profile-only takes a speculative configuration (ngram:8, draft:4), not off")
     for e, cs in configs.items():
         if EngineConfig(e) not in cs:
             cs.insert(0, EngineConfig(e))  # off is the baseline of every speedup
@@ -353,7 +371,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
             Path(a.gguf_draft or gguf / "qwen2.5-coder-0.5b-instruct.gguf"),
             slots=max(concurrency, default=1), threads=a.threads),
         workload=a.workload, derive_prompts=a.derive_prompts, heldout_prompts=a.heldout_prompts,
-        split=a.split, split_seed=a.split_seed,
+        split=a.split, split_seed=a.split_seed, profile_only=a.profile_only,
         max_tokens=a.max_tokens, concurrency=concurrency, rates=rates, api=a.api,
         live_profile=[e for e in a.live_profile.split(",") if e], rounds=a.rounds, settle_s=a.settle,
         startup_timeout_s=a.startup_timeout,

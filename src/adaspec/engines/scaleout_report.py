@@ -139,7 +139,7 @@ def markdown(results: Results, meta: dict) -> str:
             if "derive" in pair and "heldout" in pair:
                 err = pair["derive"]["speedup"] / pair["heldout"]["speedup"] - 1
                 need = pair["derive"].get("prompts_needed")
-                lines += ["", f"Live, both prompt sets in turns: predicted {pair['derive']['speedup']:.2f}× on the "
+                lines += ["", f"Live, both prompt sets in turns ({label}): predicted {pair['derive']['speedup']:.2f}× on the "
                               f"derivation prompts, re-measured {pair['heldout']['speedup']:.2f}× on the held-out ones in "
                               f"the same minutes; error {err:+.1%} (target within ±10 %)."
                               + (f" At the spread measured, a 95 % interval of ±10 % needs about {need} prompts per "
