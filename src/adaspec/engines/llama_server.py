@@ -6,7 +6,8 @@ It serves the zoo's GGUF files as they are (Q4_K_M target, the 0.5B draft). Flag
 concurrent request), ``--metrics``, ``-md DRAFT --spec-type draft-simple`` for a draft model (``-md`` alone loads
 the draft but never drafts), ``--spec-type ngram-simple`` for n-gram lookup (``--spec-ngram-simple-size-n 3``:
 match 3 tokens, the default 12 rarely matches; ``--spec-ngram-simple-size-m K``: draft K, default 48),
-``--spec-draft-n-max K`` and ``--spec-draft-n-min 0``. ``--spec-draft-p-min 0`` makes the draft model propose all K tokens every step (the
+``--spec-draft-n-max K`` and ``--spec-draft-n-min 0``. ngram-simple proposes nothing below ``size-m`` 3
+(:data:`adaspec.bench.advise.LLAMACPP_NGRAM_MIN_K`), so an n-gram K < 3 is refused. ``--spec-draft-p-min 0`` makes the draft model propose all K tokens every step (the
 default stops at a low-confidence token), so K here means what it means for vLLM. Responses carry
 ``timings.draft_n`` / ``draft_n_accepted``.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from adaspec.bench.advise import LLAMACPP_NGRAM_MIN_K
 from adaspec.engines.config import EngineConfig
 from adaspec.errors import ConfigError
 
@@ -50,6 +52,9 @@ def spec_flags(cfg: EngineConfig, draft: Path | None, threads: int) -> list[str]
     if cfg.method == "off":
         return []
     k = ["--spec-draft-n-max", str(cfg.k), "--spec-draft-n-min", "0"]
+    if cfg.method == "ngram" and cfg.k < LLAMACPP_NGRAM_MIN_K:
+        raise ConfigError(f"{cfg.label}: llama-server's ngram-simple drafts nothing below K "
+                          f"{LLAMACPP_NGRAM_MIN_K} (it would run as plain decoding)")
     if cfg.method == "ngram":  # a 3-token lookup (default 12 rarely matches) drafting K tokens (default 48)
         return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(NGRAM_LOOKUP),
                 "--spec-ngram-simple-size-m", str(cfg.k), *k]

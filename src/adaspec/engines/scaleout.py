@@ -54,7 +54,7 @@ from adaspec.errors import AdaspecError, ConfigError
 PORTS = {"vllm": 8431, "llamacpp": 8441}
 LOG_WAIT_S = 12.0  # vLLM logs its speculative stats every 10 s (VLLM_LOG_STATS_INTERVAL)
 DEFAULT_CONFIGS = {"vllm": ["off", "ngram:2", "ngram:4", "draft:2", "draft:4"],
-                   "llamacpp": ["off", "ngram:2", "ngram:4", "draft:2", "draft:4"]}
+                   "llamacpp": ["off", "ngram:3", "ngram:8", "draft:2", "draft:4"]}  # ngram K < 3: no drafts
 
 
 @dataclass
@@ -348,6 +348,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     for e in engines if a.profile_only else []:
         if EngineConfig.parse(e, a.profile_only).method == "off":  # (parse names a bad spelling)
             raise ConfigError("--profile-only takes a speculative configuration (ngram:8, draft:4), not off")
+    for cfg in configs.get("llamacpp", []):
+        llama_server.spec_flags(cfg, None, 1)  # a K the server cannot serve fails here, not at its start
     for e, cs in configs.items():
         if EngineConfig(e) not in cs:
             cs.insert(0, EngineConfig(e))  # off is the baseline of every speedup

@@ -34,18 +34,32 @@ def _rate(rows: list[dict], phase: str, label: str, load: str, level) -> float |
 
 def heldout_check(rows: list[dict], advice: dict) -> list[dict]:
     """Per concurrency: decode rates on the held-out prompts of off, the advised and the best tried configuration,
-    and advised / best tried (None where one of them was not measured)."""
+    and advised / best tried (None where one of them was not measured). From ``advice["off_from"]`` clients on the
+    advice is to serve without speculation, so ``off`` is the advised configuration there."""
     engine = advice["engine"]
     out = []
+    off_from = advice.get("off_from")
     for c, best in sorted(advice["best_tried"].items(), key=lambda kv: int(kv[0])):
         c = int(c)
-        adv = _rate(rows, "heldout", advice["label"], "closed", c)
+        label = f"{engine}/off" if off_from is not None and c >= off_from else advice["label"]
+        adv = _rate(rows, "heldout", label, "closed", c)
         b = _rate(rows, "heldout", best["label"], "closed", c)
         off = _rate(rows, "heldout", f"{engine}/off", "closed", c)
-        out.append({"concurrency": c, "off": off, "advised": adv, "best_tried": best["label"], "best": b,
+        out.append({"concurrency": c, "off": off, "advised": adv, "advised_label": label, "best_tried": best["label"],
+                    "best": b,
                     "ratio": round(adv / b, 3) if adv and b else None,
                     "advised_speedup": round(adv / off, 3) if adv and off else None})
     return out
+
+
+def never_drafted(rows: list[dict], engine: str) -> list[str]:
+    """Speculative configurations of ``engine`` whose every row has acceptance counters showing no draft token."""
+    by: dict[str, list[int]] = {}
+    for r in rows:
+        s = r.get("spec") or {}
+        if r.get("engine") == engine and r.get("method") not in (None, "off") and s.get("source") == "counters":
+            by.setdefault(r["config"], []).append(s.get("draft_tokens") or 0)
+    return sorted(label for label, drafted in by.items() if not any(drafted))
 
 
 def profile_error(rows: list[dict], advice: dict) -> dict | None:
@@ -117,8 +131,13 @@ def markdown(results: Results, meta: dict) -> str:
                   "speedup over off | target ≥ 0.95 |", "|---:|---:|---|---:|---|"]
         for h in heldout_check(rows, adv):
             ok = "–" if h["ratio"] is None else ("met" if h["ratio"] >= TARGET_RATIO else "**not met**")
-            lines.append(f"| {h['concurrency']} | {_f(h['ratio'], '.3f')} | {h['best_tried']} | "
-                         f"{_f(h['advised_speedup'])}× | {ok} |")
+            lines.append(f"| {h['concurrency']} | {_f(h['ratio'], '.3f')}"
+                         + (f" ({h['advised_label']})" if h["advised_label"] != adv["label"] else "")
+                         + f" | {h['best_tried']} | {_f(h['advised_speedup'])}× | {ok} |")
+        idle = never_drafted(rows, adv["engine"])
+        if idle:
+            lines += ["", "**Never drafted** (the engine's counters show no draft tokens at any level, so these ran "
+                          "as plain decoding and their speedups are drift): " + ", ".join(idle) + "."]
         pe = profile_error(rows, adv)
         if pe:
             lines += ["", f"`profile --endpoint` (paired per-prompt decode speedup, 1 client): predicted "
