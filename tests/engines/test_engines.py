@@ -369,6 +369,69 @@ def test_choose_without_acceptance_counters_uses_the_measured_ks():
                                  "--spec-ngram-simple-size-m 4 --spec-draft-n-max 4")
 
 
+def test_llama_server_ngram_below_three_tokens_is_refused_and_never_advised():
+    """llama-server's ngram-simple drafts nothing at --spec-ngram-simple-size-m 1 or 2 (no error: the 2026-12-07 loop
+    on the Zen 4 advised K 2 and measured plain decoding under that name). The command refuses such a K, the advice
+    never picks one, and the advise CLI's flags raise it to 3."""
+    from adaspec.bench.advise import engine_config
+    from adaspec.engines.choose import choose
+
+    with pytest.raises(ConfigError, match="drafts nothing below K 3"):
+        llama_server.spec_flags(EngineConfig("llamacpp", "ngram", 2), None, 2)
+    flags = llama_server.spec_flags(EngineConfig("llamacpp", "ngram", 3), None, 2)
+    assert flags[flags.index("--spec-ngram-simple-size-m") + 1] == "3"
+    with pytest.raises(ConfigError, match="drafts nothing below K 3"):
+        scaleout.parse_args(["--out", "x", "--engines", "llamacpp", "--llama-server", "/bin/true",
+                             "--llamacpp-configs", "off,ngram:2"])
+    # measured at K 3: τ 2.0 of K̄ 3 (α ≈ 0.5) for 1.15×, so c = (2 / 1.15 − 1) / 3 = 0.246: the model's best K is 1
+    # (1.20× predicted) and K 3 still pays (1.08×)
+    spec = {"mean_acceptance_length": 2.0, "mean_draft_length": 3.0, "acceptance_rate": 0.5}
+    rows = {e: [_row(e, "off", 0, 1, 10.0), _row(e, "ngram", 3, 1, 11.5, spec)] for e in ("vllm", "llamacpp")}
+    assert choose(rows["vllm"], "vllm")["label"] == "vllm/ngram-k1"
+    lc = choose(rows["llamacpp"], "llamacpp")
+    assert lc["label"] == "llamacpp/ngram-k3" and "--spec-ngram-simple-size-m 3 --spec-draft-n-max 3" in lc["flags"]
+    conf = engine_config("llamacpp", {"levels": [{"concurrency": 1, "k": 2, "k_measured": 3.0}]}, model="m")
+    assert "--spec-ngram-simple-size-m 3 --spec-draft-n-max 3" in conf["command"]
+    assert any("drafts nothing below 3 tokens: K raised to 3" in n for n in conf["notes"])
+
+
+def test_one_k_advice_serves_heavy_load_without_speculation_and_the_check_measures_off_there():
+    """llama-server takes one K for every load. Where it is predicted to lose from some concurrency on, the advice
+    says so, and the held-out check compares off there (what the advice tells a user to run)."""
+    from adaspec.engines.choose import choose
+    from adaspec.engines.scaleout_report import heldout_check, markdown, never_drafted
+
+    spec = {"mean_acceptance_length": 3.0, "mean_draft_length": 4.0, "acceptance_rate": 0.5}
+    rows = []
+    for c, off, draft in ((1, 10.0, 16.0), (2, 18.0, 21.6), (4, 30.0, 21.0)):  # 1.6×, 1.2×, 0.7×
+        rows += [_row("llamacpp", "off", 0, c, off), _row("llamacpp", "draft", 4, c, draft, spec)]
+    a = choose(rows, "llamacpp")
+    assert a["off_from"] == 4 and a["per_level"][4] < 1.0 <= a["per_level"][2]
+    assert "# up to 2 concurrent requests; from 4 on, serve without speculation" in a["flags"]
+    advice = {"kind": "advice", "engine": "llamacpp", **{k: v for k, v in a.items() if k != "config"}}
+    # held-out: off, and the advised K measured as draft-k4 was on the derivation prompts
+    held = [dict(r, phase="heldout") for r in rows if r["config"] == "llamacpp/off"]
+    held += [dict(r, phase="heldout", config=a["label"], k=a["config"].k) for r in rows
+             if r["config"] == "llamacpp/draft-k4"]
+    check = {h["concurrency"]: h for h in heldout_check(held, advice)}
+    assert check[4]["advised_label"] == "llamacpp/off" and check[4]["ratio"] == 1.0  # off is the best at 4
+    assert check[1]["advised_label"] == a["label"] == check[1]["best_tried"] and check[1]["ratio"] == 1.0
+    assert check[1]["best_derive"] == "llamacpp/draft-k4"
+    # the check compares with the best configuration on the held-out prompts, not with the derivation's winner
+    faster = dict(_row("llamacpp", "ngram", 3, 1, 20.0), phase="heldout")
+    h1 = heldout_check(held + [faster], advice)[0]
+    assert (h1["best_tried"], h1["best_derive"], h1["ratio"]) == ("llamacpp/ngram-k3", "llamacpp/draft-k4", 0.8)
+    # a configuration whose counters never saw a draft token is named in the report
+    idle = [_row("llamacpp", "ngram", 3, c, 10.0, {"source": "counters", "draft_tokens": 0}) for c in (1, 2)]
+    assert never_drafted(rows + idle, "llamacpp") == ["llamacpp/ngram-k3"]
+
+    class _Results:
+        def rows(self, kind):
+            return {"scaleout": rows + idle + held, "advice": [advice]}.get(kind, [])
+    text = markdown(_Results(), {"engines": ["llamacpp"]})
+    assert "**Never drafted**" in text and "llamacpp/ngram-k3" in text and "(llamacpp/off)" in text
+
+
 def test_acceptance_checks_report_disagreement():
     from adaspec.engines.acceptance import check_responses, check_vllm, vllm_log_totals
 
