@@ -145,13 +145,16 @@ def test_profile_widens_its_random_sample_until_the_precision_is_reached(served,
     prof = tmp_path / "widen.jsonl"
     argv = ["profile", workload, "--endpoint", served.url, "--baseline-body", '{"speculation": {"drafter": "none"}}',
             "--max-new-tokens", "6", "--confirm-tokens", "6", "--out", str(prof), "--json"]
-    assert cli_main([*argv, "--sample", "1", "--precision", "0.05"]) == 0
+    assert cli_main([*argv, "--sample", "1", "--precision", "0.001"]) == 0
     captured = capsys.readouterr()
     p = json.loads(captured.out)
-    assert (p["prompts"], p["passes"], p["workload_prompts"], p["precision_target"]) == (3, 2, 3, 0.05)
-    assert "1 prompts: ±inf%, above ±5%; measuring prompts 2-3 of 3" in captured.err
+    assert (p["prompts"], p["passes"], p["workload_prompts"], p["precision_target"]) == (3, 3, 3, 0.001)
+    assert p["precision_reached"] is False  # three prompts cannot reach ±0.1 %: the workload ran out
+    # each pass at most doubles the sample: 1, then 1 more, then the last
+    assert "1 prompt(s): no spread yet, short of ±0.1%; measuring prompts 2-2 of 3" in captured.err
+    assert "; measuring prompts 3-3 of 3" in captured.err
     passes = [sorted({d[0] for d in r["requests_detail"]}) for r in _rows(prof) if r["arm"] == "speculative"]
-    assert [len(ids) for ids in passes] == [1, 2] and sorted(passes[0] + passes[1]) == ["p0", "p1", "p2"]
+    assert [len(ids) for ids in passes] == [1, 1, 1] and sorted(sum(passes, [])) == ["p0", "p1", "p2"]
     assert p["precision"] == pytest.approx((p["ci95"][1] - p["ci95"][0]) / 2 / p["speedup"], abs=2e-3)
     first = tmp_path / "first.jsonl"
     argv[argv.index(str(prof))] = str(first)
@@ -162,6 +165,8 @@ def test_profile_widens_its_random_sample_until_the_precision_is_reached(served,
     assert cli_main([*argv, "--precision", "1.5"]) == 2
     assert "--precision takes a fraction" in capsys.readouterr().err
     assert cli_main(["profile", workload, "--precision", "0.1"]) == 2
+    assert "give --endpoint URL" in capsys.readouterr().err
+    assert cli_main(["profile", workload, "--pick", "first"]) == 2
     assert "give --endpoint URL" in capsys.readouterr().err
 
 

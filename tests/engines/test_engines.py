@@ -171,8 +171,12 @@ def test_split_draws_derivation_and_held_out_prompts_from_one_random_order(tmp_p
     assert len(d) == len(h) == 20 and not set(d) & set(h)
     assert d == sorted(d, key=number) and h == sorted(h, key=number)  # file order within each set
     assert max(map(number, d)) > max(map(number, h[:10]))  # drawn from the whole file, not the first 20
-    assert ids(scaleout.split_prompts("humaneval", 20, 20, tmp_path, seed=1)[0]) != d
-    derive, held = scaleout.split_prompts("humaneval", 3, 2, tmp_path, "first")
+    assert ids(scaleout.split_prompts("humaneval", 20, 20, tmp_path / "seed1", seed=1)[0]) != d
+    assert scaleout.split_prompts("humaneval", 20, 20, tmp_path) == (derive, held)  # the same prompts: resumes
+    # a folder measured on other prompts (an older run's first-N split, another seed or count) is refused
+    with pytest.raises(ConfigError, match="holds other prompts than --split first --split-seed 0 with 3 \\+ 2"):
+        scaleout.split_prompts("humaneval", 3, 2, tmp_path, "first")
+    derive, held = scaleout.split_prompts("humaneval", 3, 2, tmp_path / "first", "first")
     assert ids(derive) == ["HumanEval/0", "HumanEval/2", "HumanEval/4"] and ids(held) == ["HumanEval/6", "HumanEval/8"]
     with pytest.raises(ConfigError, match="--split takes random or first"):
         scaleout.split_prompts("humaneval", 3, 2, tmp_path, "odd")
@@ -380,9 +384,9 @@ def test_llama_server_ngram_below_three_tokens_is_refused_and_never_advised():
         llama_server.spec_flags(EngineConfig("llamacpp", "ngram", 2), None, 2)
     flags = llama_server.spec_flags(EngineConfig("llamacpp", "ngram", 3), None, 2)
     assert flags[flags.index("--spec-ngram-simple-size-m") + 1] == "3"
-    with pytest.raises(ConfigError, match="drafts nothing below K 3"):
-        scaleout.parse_args(["--out", "x", "--engines", "llamacpp", "--llama-server", "/bin/true",
-                             "--llamacpp-configs", "off,ngram:2"])
+    for flags in (["--llamacpp-configs", "off,ngram:2"], ["--profile-only", "ngram:2"]):
+        with pytest.raises(ConfigError, match="drafts nothing below K 3"):
+            scaleout.parse_args(["--out", "x", "--engines", "llamacpp", "--llama-server", "/bin/true", *flags])
     # measured at K 3: τ 2.0 of K̄ 3 (α ≈ 0.5) for 1.15×, so c = (2 / 1.15 − 1) / 3 = 0.246: the model's best K is 1
     # (1.20× predicted) and K 3 still pays (1.08×)
     spec = {"mean_acceptance_length": 2.0, "mean_draft_length": 3.0, "acceptance_rate": 0.5}
@@ -393,6 +397,9 @@ def test_llama_server_ngram_below_three_tokens_is_refused_and_never_advised():
     conf = engine_config("llamacpp", {"levels": [{"concurrency": 1, "k": 2, "k_measured": 3.0}]}, model="m")
     assert "--spec-ngram-simple-size-m 3 --spec-draft-n-max 3" in conf["command"]
     assert any("drafts nothing below 3 tokens: K raised to 3" in n for n in conf["notes"])
+    assert any("--draft_model_num_pred_tokens 2 " in n for n in conf["notes"])  # llama-cpp-python's lookup keeps K
+    off = engine_config("llamacpp", {"levels": [{"concurrency": 1, "k": 0, "k_measured": 3.0}]}, model="m")
+    assert off["command"] == "llama-server -m m.gguf" and not any("raised" in n for n in off["notes"])
 
 
 def test_one_k_advice_serves_heavy_load_without_speculation_and_the_check_measures_off_there():
@@ -430,6 +437,25 @@ def test_one_k_advice_serves_heavy_load_without_speculation_and_the_check_measur
             return {"scaleout": rows + idle + held, "advice": [advice]}.get(kind, [])
     text = markdown(_Results(), {"engines": ["llamacpp"]})
     assert "**Never drafted**" in text and "llamacpp/ngram-k3" in text and "(llamacpp/off)" in text
+
+
+def test_load_split_advice_only_for_a_loss_at_the_top():
+    """Serve without speculation from the concurrency where every higher level loses, never for a dip between
+    gains (choose's off_from and advise --for llamacpp's note)."""
+    from adaspec.bench.advise import engine_config
+    from adaspec.engines.choose import losing_from
+
+    assert losing_from([1, 2, 4, 8], {1: 1.43, 2: 0.97, 4: 1.31, 8: 0.995}) == 8
+    assert losing_from([1, 2, 4], {1: 1.4, 2: 0.97, 4: 1.3}) is None
+    assert losing_from([1, 2, 4], {1: 1.4, 2: 0.9, 4: 0.8}) == 2
+    assert losing_from([1, 2, 4], {1: 0.9, 2: 0.9, 4: 0.8}) is None  # loses everywhere: not a split, no speculation
+
+    def notes(ks):
+        lv = [{"concurrency": c, "k": k, "k_measured": 4.0} for c, k in zip((1, 2, 4), ks)]
+        return " ".join(engine_config("llamacpp", {"levels": lv}, model="m", method="draft")["notes"])
+    assert "stopped paying" not in notes((4, 0, 4))
+    assert "stopped paying from 2 concurrent requests" in notes((4, 0, 0))
+    assert "stopped paying from 4 concurrent requests" in notes((4, 4, 0))
 
 
 def test_acceptance_checks_report_disagreement():

@@ -154,10 +154,10 @@ def engine_config(engine: str, advice: dict, *, model: str = "MODEL", method: st
             notes.append(f"SGLang takes one draft length for all batch sizes: speculation stopped paying from "
                          f"{off[0][0]} concurrent requests here, so run a second instance without it for such load.")
     else:
-        k = max(k_max, 1)
-        if method == "ngram" and k < LLAMACPP_NGRAM_MIN_K:
-            notes.append(f"The best K measured is {k}, but llama-server's ngram-simple drafts nothing below "
-                         f"{LLAMACPP_NGRAM_MIN_K} tokens: K raised to {LLAMACPP_NGRAM_MIN_K}.")
+        k = k_python = max(k_max, 1)
+        if method == "ngram" and k_max > 0 and k < LLAMACPP_NGRAM_MIN_K:
+            notes.append(f"The advised K is {k}, but llama-server's ngram-simple drafts nothing below "
+                         f"{LLAMACPP_NGRAM_MIN_K} tokens: K raised to {LLAMACPP_NGRAM_MIN_K} for llama-server.")
             k = LLAMACPP_NGRAM_MIN_K
         gguf = model if model.endswith(".gguf") else f"{model}.gguf"
         draft_gguf = draft_name if draft_name.endswith(".gguf") else f"{draft_name}.gguf"
@@ -168,13 +168,18 @@ def engine_config(engine: str, advice: dict, *, model: str = "MODEL", method: st
             command += " --spec-draft-p-min 0"
         notes.append(f"llama-cpp-python's server: python -m llama_cpp.server --model {gguf} "
                      + ("--draft_model prompt-lookup-decoding " if method == "ngram" else "")
-                     + f"--draft_model_num_pred_tokens {k} (prompt lookup only).")
+                     + f"--draft_model_num_pred_tokens {k_python} (prompt lookup only).")
         if k_max == 0:
             command = f"llama-server -m {gguf}"
         notes.append("llama.cpp speculates per slot with one --spec-draft-n-max; K per batch size is not configurable.")
-        off = [r for r in table if r[2] == 0]
-        if off and k_max > 0:
-            notes.append(f"Speculation stopped paying from {off[0][0]} concurrent requests here: serve such load from "
+        tail = []  # the ranges at the top of the load that all lose (K 0), from the highest down
+        for r in reversed(table):
+            if r[2] != 0:
+                break
+            tail.append(r)
+        if tail and k_max > 0:
+            start = tail[-1][0]
+            notes.append(f"Speculation stopped paying from {start} concurrent requests here: serve such load from "
                          "an instance without it.")
     return {"command": command, "notes": notes, "ranges": table}
 
@@ -277,7 +282,8 @@ def _sample_line(p: dict) -> str:
     target = p.get("precision_target", 0.10)
     return (f"{p['prompts']} prompts, 95% CI ±{100 * p['precision']:.0f}% of the mean; ±{100 * target:.0f}% needs "
             + (f"about {need} prompts" if need else "more prompts") + " at this spread"
-            + (f" ({p['passes']} passes)" if p.get("passes", 1) > 1 else ""))
+            + (f" ({p['passes']} passes)" if p.get("passes", 1) > 1 else "")
+            + ("; the workload ran out of prompts before that" if p.get("precision_reached") is False else ""))
 
 
 def format_profile(p: dict, out: Path) -> str:

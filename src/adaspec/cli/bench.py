@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -150,12 +149,13 @@ def add_bench_parsers(sub) -> None:
                     help="before measuring, decode S seconds of full requests on each server (default: %(default)s)")
     pe.add_argument("--interleave", action="store_true",
                     help="alternate the two servers request by request (needs --baseline URL)")
-    pe.add_argument("--pick", default="random", choices=("random", "first"),
+    pe.add_argument("--pick", default=None, choices=("random", "first"),
                     help="which prompts of the workload: a random sample drawn with --seed (kept in file order), or "
-                         "the first ones (default: %(default)s)")
+                         "the first ones (default: random)")
     pe.add_argument("--precision", type=float, default=None, metavar="P",
                     help="widen the sample until the speedup's 95%% interval is within ± P of it (0.10: ±10%%), "
-                         "measuring further prompts of the same random order in passes, up to the whole workload")
+                         "measuring further prompts of the same random order in passes (each at most doubling the "
+                         "sample), up to the whole workload")
     pe.add_argument("--out", default="results/profile-endpoint.jsonl", help="endpoint results file (resumable)")
     prof.set_defaults(func=cmd_profile)
 
@@ -323,7 +323,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                  workload=args.workload, prompts=want - taken,
                                  max_tokens=args.confirm_tokens or args.max_new_tokens,
                                  temperature=args.temperature, seed=args.seed, requests=want - taken,
-                                 rounds=args.rounds, interleave=args.interleave, pick=args.pick, skip=taken)
+                                 rounds=args.rounds, interleave=args.interleave, pick=args.pick or "random",
+                                 skip=taken)
             key = run_endpoint_bench(cfg, out, log=lambda msg: print(msg, file=sys.stderr),
                                      settle_s=args.settle)["key"]
             rows += [r for r in read_rows([out]) if r.get("run") == key]
@@ -332,14 +333,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
             if args.precision is None or (p["precision"] is not None and p["precision"] <= args.precision) \
                     or taken >= total:
                 break
-            want = min(total, max(taken + 1, p["prompts_needed"] or total))
-            print(f"{p['prompts']} prompts: ±{100 * (p['precision'] or math.inf):.0f}%, above ±"
-                  f"{100 * args.precision:.0f}%; measuring prompts {taken + 1}-{want} of {total}", file=sys.stderr)
+            # toward the sample the spread asks for, at most doubling per pass (a spread from few prompts is rough)
+            want = min(total, 2 * taken, max(taken + 1, p["prompts_needed"] or total))
+            spread = f"±{100 * p['precision']:.1f}%" if p["precision"] is not None else "no spread yet"
+            print(f"{p['prompts']} prompt(s): {spread}, short of ±{100 * args.precision:g}%; measuring prompts "
+                  f"{taken + 1}-{want} of {total}", file=sys.stderr)
         p["passes"], p["workload_prompts"] = passes, total
+        if args.precision is not None:
+            p["precision_reached"] = p["precision"] is not None and p["precision"] <= args.precision
         print(json.dumps(p, indent=2) if args.json else format_profile(p, out))
         return 0
-    if args.rounds != 1 or args.settle or args.interleave or args.precision is not None:
-        raise ConfigError("--rounds, --settle, --interleave and --precision measure a serving endpoint: give "
+    if args.rounds != 1 or args.settle or args.interleave or args.precision is not None or args.pick:
+        raise ConfigError("--rounds, --settle, --interleave, --pick and --precision measure a serving endpoint: give "
                           "--endpoint URL")
 
     advice = profile_workload(args.workload, target=args.target, drafts=args.drafts.split(","),

@@ -110,9 +110,7 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
     score, method, k, schedule, preds = best
     # one K for every load (llama-server; vLLM when its schedule lost): where it is predicted to lose from some
     # concurrency on, the advice is to serve that load without speculation (a second instance, or fewer slots)
-    losing = [c for c in levels if k and not schedule and preds[c] < 1.0]
-    off_from = losing[0] if losing and all(c in losing for c in levels if c >= losing[0]) and losing[0] != levels[0] \
-        else None
+    off_from = losing_from(levels, preds) if k and not schedule else None
     cfg = EngineConfig(engine, method, k, schedule)
     best_tried = {}
     for c in levels:
@@ -131,6 +129,17 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
             "single": EngineConfig(engine, single[1], single[2]).label,
             "fits": {f"{m}@{c}": e for (m, c), e in sorted(f.items())}, "best_tried": best_tried, "off_from": off_from,
             "flags": flags["command"]}
+
+
+def losing_from(levels: list[int], preds: dict[int, float]) -> int | None:
+    """The lowest concurrency from which every higher measured level is predicted to lose (speedup < 1), when some
+    lower level gains; None otherwise (a dip between gains is not a reason to split the load)."""
+    trailing = []
+    for c in reversed(levels):
+        if preds[c] >= 1.0:
+            break
+        trailing.insert(0, c)
+    return trailing[0] if trailing and trailing[0] != levels[0] else None
 
 
 def min_k(engine: str, method: str) -> int:

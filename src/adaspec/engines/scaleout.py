@@ -91,8 +91,12 @@ def split_prompts(workload: str, n_derive: int, n_heldout: int, out: Path, split
     from one permutation (``seed``), so that the two sets sample the same traffic; ``first`` takes the first
     ``n_derive`` and the next ``n_heldout`` (a file ordered by difficulty makes the two sets differ).
 
+    A folder that already holds prompt files keeps them only when they are the same prompts: resuming a run with
+    another split, seed or count would mix the levels measured on the old prompts with new ones.
+
     Raises:
-        ConfigError: the workload has fewer than ``n_derive + n_heldout`` prompts, or an unknown ``split``.
+        ConfigError: the workload has fewer than ``n_derive + n_heldout`` prompts, an unknown ``split``, or the
+            folder's prompt files name other prompts (runs before 2026-12-07 resume with ``--split first``).
     """
     from adaspec.bench.endpoint import select_prompts
     from adaspec.workloads import load_workload
@@ -102,9 +106,17 @@ def split_prompts(workload: str, n_derive: int, n_heldout: int, out: Path, split
     prompts = load_workload(workload)
     if len(prompts) < n_derive + n_heldout:
         raise ConfigError(f"workload {workload!r} has {len(prompts)} prompts; {n_derive} + {n_heldout} needed")
+    out.mkdir(parents=True, exist_ok=True)
     paths = (out / "derive.jsonl", out / "heldout.jsonl")
     parts = (select_prompts(prompts, n_derive, split, 0, seed),
              select_prompts(prompts, n_heldout, split, n_derive, seed))
+    for path, part in zip(paths, parts):
+        if path.exists():
+            had = [json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()]
+            if had != [p.id for p in part]:
+                raise ConfigError(f"{path} holds other prompts than --split {split} --split-seed {seed} with "
+                                  f"{n_derive} + {n_heldout} prompts picks: resume with the settings it was measured "
+                                  "with (runs before 2026-12-07: --split first), or give another --out")
     for path, part in zip(paths, parts):
         path.write_text("".join(json.dumps({"id": p.id, "prompt": p.as_text() if p.messages and len(p.messages) > 1
                                             else p.text}) + "\n" for p in part))
@@ -349,6 +361,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     for e in engines if a.profile_only else []:
         if EngineConfig.parse(e, a.profile_only).method == "off":  # (parse names a bad spelling)
             raise ConfigError("--profile-only takes a speculative configuration (ngram:8, draft:4), not off")
+        if e == "llamacpp":
+            llama_server.spec_flags(EngineConfig.parse(e, a.profile_only), None, 1)  # a K it cannot serve
     for cfg in configs.get("llamacpp", []):
         llama_server.spec_flags(cfg, None, 1)  # a K the server cannot serve fails here, not at its start
     for e, cs in configs.items():
