@@ -326,7 +326,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                  rounds=args.rounds, interleave=args.interleave, pick=args.pick or "random",
                                  skip=taken)
             key = run_endpoint_bench(cfg, out, log=lambda msg: print(msg, file=sys.stderr),
-                                     settle_s=args.settle)["key"]
+                                     settle_s=args.settle if passes == 0 else 0.0)["key"]  # warm after a pass
             rows += [r for r in read_rows([out]) if r.get("run") == key]
             taken, passes = want, passes + 1
             p = profile_endpoint(rows, precision=args.precision or 0.10)
