@@ -41,6 +41,12 @@ MARGIN = 1.03  # a measured speedup must clear the 2-core VM's run-to-run noise 
 LLAMACPP_NGRAM_MIN_K = 3
 
 
+def min_k(engine: str, method: str) -> int:
+    """The smallest K ``engine`` serves for ``method``: llama-server's n-gram lookup drafts nothing below
+    :data:`LLAMACPP_NGRAM_MIN_K`; 1 otherwise."""
+    return LLAMACPP_NGRAM_MIN_K if (engine, method) == ("llamacpp", "ngram") else 1
+
+
 def predicted_speedup(alpha: float, cost: float, k: int) -> float:
     """Leviathan et al. 2023, Theorem 3.8, with ``cost`` per drafted token relative to a plain step."""
     return expected_tokens(alpha, k) / (1 + cost * k)
@@ -155,10 +161,10 @@ def engine_config(engine: str, advice: dict, *, model: str = "MODEL", method: st
                          f"{off[0][0]} concurrent requests here, so run a second instance without it for such load.")
     else:
         k = k_python = max(k_max, 1)
-        if method == "ngram" and k_max > 0 and k < LLAMACPP_NGRAM_MIN_K:
+        if k_max > 0 and k < min_k(engine, method):
             notes.append(f"The advised K is {k}, but llama-server's ngram-simple drafts nothing below "
                          f"{LLAMACPP_NGRAM_MIN_K} tokens: K raised to {LLAMACPP_NGRAM_MIN_K} for llama-server.")
-            k = LLAMACPP_NGRAM_MIN_K
+            k = min_k(engine, method)
         gguf = model if model.endswith(".gguf") else f"{model}.gguf"
         draft_gguf = draft_name if draft_name.endswith(".gguf") else f"{draft_name}.gguf"
         spec = (f"-md {draft_gguf} --spec-type draft-simple" if method == "draft" else

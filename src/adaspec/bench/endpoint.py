@@ -240,18 +240,11 @@ def run_endpoint_bench(cfg: EndpointConfig, out: Path, *, log: Callable[[str], N
     Raises:
         ConfigError: bad settings. EndpointError: an arm cannot be measured at all (checked before any timing).
     """
-    from adaspec.workloads import load_workload
-
     cfg.validate()
     if not 0 <= settle_s < math.inf:
         raise ConfigError(f"--settle takes seconds >= 0, not {settle_s}")
     arms = cfg.arms()
-    if cfg.pick != "first" or cfg.skip:
-        prompts = select_prompts(workload_items(cfg.workload), cfg.prompts, cfg.pick, cfg.skip, cfg.seed)
-    elif is_structured(cfg.workload):
-        prompts = structured_tasks(cfg.workload, cfg.prompts)
-    else:
-        prompts = load_workload(cfg.workload, limit=cfg.prompts)[:cfg.prompts]
+    prompts = select_prompts(workload_items(cfg.workload), cfg.prompts, cfg.pick, cfg.skip, cfg.seed)
     start = time.monotonic()
     deadline = start + time_limit_s if time_limit_s else float("inf")
     out.parent.mkdir(parents=True, exist_ok=True)

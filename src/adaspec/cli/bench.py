@@ -330,8 +330,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             rows += [r for r in read_rows([out]) if r.get("run") == key]
             taken, passes = want, passes + 1
             p = profile_endpoint(rows, precision=args.precision or 0.10)
-            if args.precision is None or (p["precision"] is not None and p["precision"] <= args.precision) \
-                    or taken >= total:
+            reached = p["precision"] is not None and p["precision"] <= (args.precision or 0.0)
+            if args.precision is None or reached or taken >= total:
                 break
             # toward the sample the spread asks for, at most doubling per pass (a spread from few prompts is rough)
             want = min(total, 2 * taken, max(taken + 1, p["prompts_needed"] or total))
@@ -340,7 +340,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                   f"{taken + 1}-{want} of {total}", file=sys.stderr)
         p["passes"], p["workload_prompts"] = passes, total
         if args.precision is not None:
-            p["precision_reached"] = p["precision"] is not None and p["precision"] <= args.precision
+            p["precision_reached"] = reached
         print(json.dumps(p, indent=2) if args.json else format_profile(p, out))
         return 0
     if args.rounds != 1 or args.settle or args.interleave or args.precision is not None or args.pick:

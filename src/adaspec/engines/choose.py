@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from adaspec.bench.advise import LLAMACPP_NGRAM_MIN_K, MARGIN, advise, engine_config, predicted_speedup, ranges
+from adaspec.bench.advise import MARGIN, advise, engine_config, min_k, predicted_speedup, ranges
 from adaspec.engines.config import EngineConfig
 from adaspec.errors import AdaspecError
 
@@ -140,12 +140,6 @@ def losing_from(levels: list[int], preds: dict[int, float]) -> int | None:
             break
         trailing.insert(0, c)
     return trailing[0] if trailing and trailing[0] != levels[0] else None
-
-
-def min_k(engine: str, method: str) -> int:
-    """The smallest K ``engine`` serves for ``method``: llama-server's n-gram lookup drafts nothing below
-    :data:`adaspec.bench.advise.LLAMACPP_NGRAM_MIN_K`; 1 otherwise."""
-    return LLAMACPP_NGRAM_MIN_K if (engine, method) == ("llamacpp", "ngram") else 1
 
 
 def _geomean(values) -> float:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from adaspec.bench.advise import LLAMACPP_NGRAM_MIN_K
+from adaspec.bench.advise import LLAMACPP_NGRAM_MIN_K, min_k
 from adaspec.engines.config import EngineConfig
 from adaspec.errors import ConfigError
 
@@ -52,7 +52,7 @@ def spec_flags(cfg: EngineConfig, draft: Path | None, threads: int) -> list[str]
     if cfg.method == "off":
         return []
     k = ["--spec-draft-n-max", str(cfg.k), "--spec-draft-n-min", "0"]
-    if cfg.method == "ngram" and cfg.k < LLAMACPP_NGRAM_MIN_K:
+    if cfg.k < min_k("llamacpp", cfg.method):
         raise ConfigError(f"{cfg.label}: llama-server's ngram-simple drafts nothing below K "
                           f"{LLAMACPP_NGRAM_MIN_K} (it would run as plain decoding)")
     if cfg.method == "ngram":  # a 3-token lookup (default 12 rarely matches) drafting K tokens (default 48)

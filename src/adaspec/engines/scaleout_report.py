@@ -40,8 +40,7 @@ def heldout_check(rows: list[dict], advice: dict) -> list[dict]:
     engine = advice["engine"]
     out = []
     off_from = advice.get("off_from")
-    labels = sorted({r["config"] for r in rows if r.get("phase") == "heldout" and r.get("engine", engine) == engine
-                     and r["config"].startswith(f"{engine}/")})
+    labels = sorted({r["config"] for r in rows if r.get("phase") == "heldout" and r["config"].startswith(f"{engine}/")})
     for c, derived in sorted(advice["best_tried"].items(), key=lambda kv: int(kv[0])):
         c = int(c)
         label = f"{engine}/off" if off_from is not None and c >= off_from else advice["label"]
