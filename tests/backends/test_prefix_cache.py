@@ -130,3 +130,88 @@ def test_a_failed_tree_forward_empties_the_cache(warm, monkeypatch):
     assert target._ids == [] and inner.seq_len == 0
     monkeypatch.undo()
     assert_prefilled_cold(spec, cold)
+
+
+# Stored copies (store_bytes > 0): interleaved sessions each find their own prefix --------------------------------
+OTHER = [50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 44, 45, 46, 47]
+
+
+def stored_engine(qwen, store_bytes: int) -> SpeculativeEngine:
+    return SpeculativeEngine(PrefixCacheBackend(TorchBackend(qwen, "t"), strict_cold=True, store_bytes=store_bytes),
+                             NgramDrafter(), FixedController(4))
+
+
+@pytest.fixture()
+def cold(qwen):
+    return SpeculativeEngine(TorchBackend(qwen, "cold"), None, None)
+
+
+def test_an_interleaved_session_restores_its_own_prefix(qwen, cold):
+    for store_bytes, reused in ((0, 0), (1 << 30, len(SHARED))):
+        spec = stored_engine(qwen, store_bytes)
+        spec.generate(FIRST, CFG)
+        spec.generate(OTHER, CFG)  # another session's request replaces the cached sequence
+        out = spec.generate(SECOND, CFG)
+        assert out.stats.cached_tokens == reused and spec.target.restored == bool(reused)
+        assert out.token_ids == cold.generate(SECOND, CFG).token_ids
+        again = spec.generate(OTHER + [20, 21], CFG)  # and the other session finds its own in turn
+        assert (again.stats.cached_tokens >= len(OTHER)) if store_bytes else again.stats.cached_tokens == 0
+        assert again.token_ids == cold.generate(OTHER + [20, 21], CFG).token_ids
+
+
+def test_the_store_keeps_to_its_bytes_evicting_the_least_recently_used(qwen, cold):
+    per_token = TorchBackend(qwen, "t").kv_bytes_per_token()
+    one = (len(FIRST) + CFG.max_new_tokens + 1) * per_token  # room for one copy of a request
+    spec = stored_engine(qwen, one)
+    third = [30 + i for i in range(len(SHARED))]
+    for prompt in (FIRST, OTHER, third):
+        spec.generate(prompt, CFG)
+    target = spec.target
+    assert target.stored_sequences == 1 and 0 < target.stored_bytes <= one  # OTHER's copy; FIRST's was evicted
+    assert spec.generate(SECOND, CFG).stats.cached_tokens == 0
+    assert spec.generate(OTHER, CFG).stats.cached_tokens == 0  # evicted in turn when SECOND's sequence was stored
+    assert target.stored_bytes <= one
+
+
+def test_a_stored_copy_is_its_owners_only(qwen):
+    spec = stored_engine(qwen, 1 << 30)
+    target = spec.target
+    target.owner = "key:a"
+    spec.generate(FIRST, CFG)
+    target.owner = "key:b"
+    assert spec.generate(SECOND, CFG).stats.cached_tokens == 0  # key a's copy is not key b's to reuse
+    target.owner = "key:a"
+    assert spec.generate(SECOND, CFG).stats.cached_tokens == len(SHARED)  # key a's own, put back
+
+
+def test_a_copy_that_cannot_go_back_is_dropped_and_the_request_prefills_cold(qwen, cold, monkeypatch):
+    spec = stored_engine(qwen, 1 << 30)
+    spec.generate(FIRST, CFG)
+    spec.generate(OTHER, CFG)
+    inner = spec.target.inner
+
+    def refuses(snap):
+        raise RuntimeError("no room left in the KV cache")
+
+    monkeypatch.setattr(inner, "restore", refuses)
+    out = spec.generate(SECOND, CFG)
+    assert out.stats.cached_tokens == 0 and out.token_ids == cold.generate(SECOND, CFG).token_ids
+    monkeypatch.undo()
+    assert spec.target.stored_sequences == 1  # OTHER's copy; FIRST's, which failed, is gone
+    assert spec.generate(SECOND + [9], CFG).stats.cached_tokens == len(SECOND)  # the sequence just run
+
+
+def test_a_strict_request_starts_cold_but_keeps_the_copies(qwen, cold):
+    spec = stored_engine(qwen, 1 << 30)
+    spec.generate(FIRST, CFG)
+    strict = GenerationConfig(max_new_tokens=8, strict=True)
+    assert spec.generate(FIRST, strict).stats.cached_tokens == 0
+    spec.generate(OTHER, CFG)
+    out = spec.generate(SECOND, CFG)  # a copy of FIRST's sequence was stored before the strict request replaced it
+    assert out.stats.cached_tokens == len(SHARED) and spec.target.restored
+    assert out.token_ids == cold.generate(SECOND, CFG).token_ids
+
+
+def test_a_negative_store_is_refused(qwen):
+    with pytest.raises(ValueError, match="store_bytes"):
+        PrefixCacheBackend(TorchBackend(qwen, "t"), store_bytes=-1)

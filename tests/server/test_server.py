@@ -228,6 +228,21 @@ def test_prefix_cache_reports_cached_tokens_and_keeps_the_text(server):
                                                            for r in answers)
 
 
+def test_interleaved_conversations_each_reuse_their_own_prompt(server):
+    """Stored copies (--prefix-cache-mib, on by default): a conversation whose request follows another one's finds
+    its own earlier sequence again, prefills only its last token and answers the same text."""
+    client = server.client()
+    kw = dict(model=client.models.list().data[0].id, temperature=0, max_tokens=8,
+              extra_body={"speculation": {"drafter": "none"}})
+    a = [{"role": "user", "content": "Name three colours of the rainbow, one per line."}]
+    b = [{"role": "user", "content": "Spell the word banana backwards."}]
+    first = client.chat.completions.create(messages=a, **kw)
+    client.chat.completions.create(messages=b, **kw)
+    again = client.chat.completions.create(messages=a, **kw)
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == first.choices[0].message.content
+
+
 def test_stop_seed_and_sampling_fields(server):
     client = server.client()
     base = client.completions.create(model=health(server.url)["model"], prompt=PROMPT, max_tokens=16, temperature=0)

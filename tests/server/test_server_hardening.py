@@ -310,6 +310,8 @@ def test_a_negative_prefill_budget_is_refused_before_loading(capsys):
 
     assert cli_main(["serve", "--target", "no-such-model", "--prefill-step-ms", "-5"]) == 2
     assert "--prefill-step-ms must be >= 0 (0: fixed chunks), got -5.0" in capsys.readouterr().err
+    assert cli_main(["serve", "--target", "no-such-model", "--prefix-cache-mib", "-1"]) == 2
+    assert "--prefix-cache-mib must be >= 0 (0: the request before only), got -1" in capsys.readouterr().err
 
 
 def test_ngram_tree_is_a_servable_drafter(tiny, host, batched):

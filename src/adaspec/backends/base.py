@@ -19,6 +19,22 @@ from adaspec.errors import ContextLengthError
 
 
 @dataclass(frozen=True)
+class CacheSnapshot:
+    """A copy of sequence 0's KV cache, taken by :meth:`Backend.snapshot` and put back by :meth:`Backend.restore`
+    on the backend that took it.
+
+    Attributes:
+        length: positions it holds.
+        nbytes: host memory it occupies, in bytes.
+        data: the backend's own representation (opaque to callers).
+    """
+
+    length: int
+    nbytes: int
+    data: object
+
+
+@dataclass(frozen=True)
 class BatchRow:
     """One sequence's part of a batched forward (:meth:`Backend.forward_batch`).
 
@@ -59,6 +75,8 @@ class Backend(ABC):
             per level, as EAGLE-2 does); a draft model on a backend without it drafts one-level trees.
         shares_prefix: :meth:`share_prefix` works (a batched row takes another row's cached prompt prefix instead
             of prefilling it again).
+        supports_snapshots: :meth:`snapshot` and :meth:`restore` work (a prefix cache keeps copies of earlier
+            sequences in host memory and puts one back instead of prefilling it again).
         reused_tokens: leading tokens of the last sequence's first forward after :meth:`reset` whose keys and values
             came from the cache instead of being computed (a prefix cache,
             :class:`~adaspec.backends.prefix_cache.PrefixCacheBackend`; 0 elsewhere).
@@ -74,6 +92,7 @@ class Backend(ABC):
     supports_trees: bool = False
     supports_tree_growth: bool = False
     shares_prefix: bool = False
+    supports_snapshots: bool = False
     reused_tokens: int = 0
 
     @property
@@ -199,6 +218,28 @@ class Backend(ABC):
         if not start <= end <= self.seq_len_of(src):
             raise ValueError(f"{self.name}: cannot share positions {start}..{end} of sequence {src}, which holds "
                              f"{self.seq_len_of(src)}")
+
+    def snapshot(self) -> CacheSnapshot:
+        """A copy of sequence 0's cache (keys and values of its ``seq_len`` positions; in host memory on the
+        llama.cpp runtimes, on the model's device on PyTorch); the cache itself is unchanged.
+
+        Raises:
+            NotImplementedError: the backend cannot (``supports_snapshots`` is False).
+            ValueError: a token tree is pending (keep a path or truncate first).
+            RuntimeError: the runtime failed to copy it.
+        """
+        raise NotImplementedError(f"{self.name}: this backend cannot copy its cache out")
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        """Put a :meth:`snapshot` of this backend back as sequence 0's cache, which must be empty: afterwards
+        ``seq_len == snap.length``, with the keys and values as they were copied.
+
+        Raises:
+            NotImplementedError: the backend cannot (``supports_snapshots`` is False).
+            ValueError: sequence 0's cache is not empty.
+            RuntimeError: the runtime refused the copy (sequence 0 is left empty).
+        """
+        raise NotImplementedError(f"{self.name}: this backend cannot restore a cache copy")
 
     def sequence(self, seq: int) -> Backend:
         """A single-sequence :class:`Backend` over sequence ``seq`` of this one (shared weights, own cache): what a

@@ -8,6 +8,7 @@ decode/truncate loop; a subclass loads the model and provides :meth:`GgufBackend
 
 from __future__ import annotations
 
+import ctypes
 from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from adaspec.backends import gguf_trees
-from adaspec.backends.base import Backend, BatchRow
+from adaspec.backends.base import Backend, BatchRow, CacheSnapshot
 from adaspec.backends.gguf_trees import GrowingTree, PendingTree
 from adaspec.errors import ConfigError
 
@@ -62,6 +63,7 @@ class GgufBackend(Backend):
 
     runtime = "gguf"  # the runtime's short name, as in model specs (NAME@llamacpp, NAME@ik)
     supports_batch_invariance = True
+    supports_snapshots = True  # llama_state_seq_get_data / llama_state_seq_set_data
     _invariant = False
     tree_sequences = 0  # sequence ids after the rows' own held for tree leaves (0: no trees on this runtime)
     simd = ""  # the widest x86 vector extension the runtime's build uses (:func:`simd_of`); "" where unknown
@@ -122,6 +124,11 @@ class GgufBackend(Backend):
     @abstractmethod
     def _free(self) -> None:
         """Free the context and the model (the batch is already freed)."""
+
+    def _state_seq(self, name: str, *args) -> int:
+        """``llama_state_seq_<name>(ctx, *args)`` (``get_size``, ``get_data``, ``set_data``): the runtimes differ
+        in their signatures, so a subclass may adapt the call."""
+        return int(getattr(self._lib, f"llama_state_seq_{name}")(self._ctx, *args))
 
     # Backend interface ------------------------------------------------------------------------------------
     @property
@@ -290,6 +297,32 @@ class GgufBackend(Backend):
         if end > start:
             self._lib.llama_kv_cache_seq_cp(self._ctx, src, dst, start, end)
             self._seqs[dst][start:] = self._seqs[src][start:end]
+
+    def snapshot(self) -> CacheSnapshot:
+        """``llama_state_seq_get_data`` of sequence 0 (its cells' keys and values, f16) into a host buffer."""
+        self._check_open()
+        self._check_no_tree()
+        size = self._state_seq("get_size", 0)
+        buf = (ctypes.c_uint8 * size)()
+        got = self._state_seq("get_data", buf, size, 0)
+        if got == 0 and self._seqs[0]:
+            raise RuntimeError(f"{self.name}: {self.runtime} could not copy sequence 0's cache")
+        return CacheSnapshot(len(self._seqs[0]), got, (buf, got, list(self._seqs[0])))
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        """``llama_state_seq_set_data`` into sequence 0 (empty): the runtime places the copied cells again."""
+        self._check_open()
+        self._check_no_tree()
+        if self._seqs[0]:
+            raise ValueError(f"{self.name}: restore needs an empty sequence 0, which holds {len(self._seqs[0])}")
+        buf, size, ids = snap.data
+        if not ids:
+            return
+        if self._state_seq("set_data", buf, size, 0) == 0:
+            self._seq_rm(0, 0)
+            raise RuntimeError(f"{self.name}: {self.runtime} refused a cache copy of {len(ids)} positions "
+                               "(no room left in the KV cache?)")
+        self._seqs[0] = list(ids)
 
     def set_threads(self, threads: int) -> None:
         if threads < 1:

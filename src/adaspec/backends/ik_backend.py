@@ -66,6 +66,14 @@ def import_ik_llama_cpp() -> SimpleNamespace:
                                      ctypes.c_int32),
         "llama_print_system_info": ([], ctypes.c_char_p),
         "llama_log_set": ([ctypes.c_void_p, ctypes.c_void_p], None),
+        # (ctx, [buffer, size,] seq_id, flags) as in ik_llama.cpp's current header; a build from before the flags
+        # argument ignores it (passed in a register on x86-64; tests/backends/test_backend_conformance.py checks
+        # the round trip)
+        "llama_state_seq_get_size": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32], ctypes.c_size_t),
+        "llama_state_seq_get_data": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32,
+                                      ctypes.c_uint32], ctypes.c_size_t),
+        "llama_state_seq_set_data": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32,
+                                      ctypes.c_uint32], ctypes.c_size_t),
     }
     ns = SimpleNamespace(**{k: getattr(C, k) for k in dir(C) if k.startswith("llama_")}, C=C, path=lib._name)
     for name, (argtypes, restype) in declared.items():
@@ -164,6 +172,9 @@ class IkLlamaBackend(GgufBackend):
 
     def _seq_rm(self, start: int, seq: int = 0) -> bool:
         return bool(self._lib.llama_kv_cache_seq_rm(self._ctx, seq, start, -1))
+
+    def _state_seq(self, name: str, *args) -> int:
+        return int(getattr(self._lib, f"llama_state_seq_{name}")(self._ctx, *args, 0))  # flags 0: the whole state
 
     def _compact(self) -> None:
         self._lib.llama_kv_cache_defrag(self._ctx)

@@ -7,10 +7,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
-from adaspec.backends.base import Backend
+from adaspec.backends.base import Backend, CacheSnapshot
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """A stored copy of an earlier sequence: whose it was, its token ids, the copy of its cache."""
+
+    owner: str | None
+    ids: list[int]
+    snap: CacheSnapshot
+
+
+def _common(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
+    n, limit = 0, min(len(a), len(b), limit)
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
 
 
 class PrefixCacheBackend(Backend):
@@ -32,11 +50,29 @@ class PrefixCacheBackend(Backend):
     sequence starts cold. ``owner`` names whose sequence starts next (the server sets a request's API-key
     partition): a sequence reuses only a cache its own owner left, so a prompt's prefill time never tells a client
     what another key's prompts held.
+
+    With ``store_bytes`` > 0 (and a backend that ``supports_snapshots``), a sequence about to be cut or replaced is
+    first copied into a store of at most ``store_bytes`` bytes (least recently used copies evicted first), and a new
+    sequence starts from whichever holds the longer prefix of its ids: the cached sequence or a stored copy of the
+    same owner, put back with :meth:`~adaspec.backends.base.Backend.restore` (as llama-server's prompt cache in RAM,
+    ``--cache-ram``). Interleaved sessions (agents, several system prompts) then each find their own prefix. A copy
+    that cannot be taken is skipped; one that cannot be put back is dropped and the sequence prefills cold.
+
+    Args:
+        inner: the backend whose sequence-0 cache is kept.
+        strict_cold: prefill strict sequences cold (above).
+        store_bytes: bytes of stored copies at most (0: the cached sequence only).
+
+    Raises:
+        ValueError: ``store_bytes`` < 0.
     """
 
-    def __init__(self, inner: Backend, strict_cold: bool = False) -> None:
+    def __init__(self, inner: Backend, strict_cold: bool = False, store_bytes: int = 0) -> None:
+        if store_bytes < 0:
+            raise ValueError(f"store_bytes must be >= 0, got {store_bytes}")
         self.inner = inner
         self.strict_cold = strict_cold
+        self.store_bytes = store_bytes if inner.supports_snapshots else 0
         self.owner: str | None = None
         self._owner: str | None = None  # the owner of the cached sequence
         self.name = inner.name
@@ -45,12 +81,23 @@ class PrefixCacheBackend(Backend):
         self._ids: list[int] = []
         self._fresh = False  # reset() was called: the next forward starts a new sequence
         self._grown_from: int | None = None  # cached ids before a pending grown tree (grow_tree)
+        self._store: list[_Stored] = []  # copies of earlier sequences, least recently used first
         self.reused_tokens = 0
+        self.restored = False  # the last sequence started from a stored copy
         self.record_top2: list[tuple[int, int]] | None = None
 
     @property
     def seq_len(self) -> int:
         return 0 if self._fresh else len(self._ids)
+
+    @property
+    def stored_bytes(self) -> int:
+        """Host memory the stored copies hold, in bytes (at most ``store_bytes``)."""
+        return sum(e.snap.nbytes for e in self._store)
+
+    @property
+    def stored_sequences(self) -> int:
+        return len(self._store)
 
     @property
     def supports_batch_invariance(self) -> bool:
@@ -67,24 +114,7 @@ class PrefixCacheBackend(Backend):
     def forward(self, input_ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
         ids = [int(t) for t in input_ids]
         if self._fresh:
-            self._fresh = False
-            if (self.inner.seq_len != len(self._ids) or self.owner != self._owner
-                    or (self.strict_cold and self.inner.batch_invariant)):
-                self.inner.reset()  # used behind this wrapper, another owner's, or a strict sequence: start cold
-                self._ids = []
-            self._owner = self.owner
-            limit = min(len(self._ids), len(ids) - num_logits)
-            n = 0
-            while n < limit and self._ids[n] == ids[n]:
-                n += 1
-            try:
-                self.inner.truncate(n)
-            except Exception:  # a cache that cannot be cut there (a sliding window past its size): start cold
-                n = 0
-                self.inner.reset()
-            del self._ids[n:]
-            self.reused_tokens = n
-            ids = ids[n:]
+            ids = self._start(ids, num_logits)
         with self._cold_on_failure():
             logits = self.inner.forward(ids, num_logits)
         self._ids.extend(ids)
@@ -92,6 +122,68 @@ class PrefixCacheBackend(Backend):
             top = logits[-1].float().topk(2).indices.tolist()
             self.record_top2.append((top[0], top[1]))
         return logits
+
+    def _start(self, ids: list[int], num_logits: int) -> list[int]:
+        """The first forward of a sequence: keep the longest prefix of ``ids`` that the cached sequence or a stored
+        copy of the same owner holds (never the positions whose logits are asked for); returns the ids to run."""
+        self._fresh = False
+        self.restored = False
+        if self.inner.seq_len != len(self._ids):  # the cache was used behind this wrapper: what it holds is unknown
+            self.inner.reset()
+            self._ids = []
+        cold = self.strict_cold and self.inner.batch_invariant
+        limit = len(ids) - num_logits
+        live = 0 if cold or self.owner != self._owner else _common(self._ids, ids, limit)
+        best = None if cold else max(
+            (e for e in self._store if e.owner == self.owner), key=lambda e: _common(e.ids, ids, limit), default=None)
+        n = _common(best.ids, ids, limit) if best is not None else 0
+        if len(self._ids) > live:  # the cached sequence is about to be cut or replaced: keep a copy of it
+            self._stash()
+        if n > live or cold or self.owner != self._owner:
+            self.inner.reset()
+            self._ids = []
+        if n > live:
+            self._store.remove(best)
+            try:
+                self.inner.restore(best.snap)
+            except Exception:  # the copy cannot go back (no room?): dropped, and this sequence prefills cold
+                self.inner.reset()
+                n = 0
+            else:
+                self._store.append(best)  # most recently used
+                self._ids = list(best.ids)
+                self.restored = True
+        else:
+            n = live
+        self._owner = self.owner
+        try:
+            self.inner.truncate(n)
+        except Exception:  # a cache that cannot be cut there (a sliding window past its size): start cold
+            n = 0
+            self.inner.reset()
+        del self._ids[n:]
+        self.reused_tokens = n
+        return ids[n:]
+
+    def _stash(self) -> None:
+        """Keep a copy of the cached sequence in the store (within ``store_bytes``, least recently used copies
+        evicted first). A copy whose ids the sequence extends is replaced; a copy that already extends the sequence
+        makes this one unnecessary. A copy that fails is skipped: the store is an optimisation."""
+        if not self.store_bytes or not self._ids or self._grown_from is not None:
+            return
+        mine = [e for e in self._store if e.owner == self._owner]
+        if any(e.ids[:len(self._ids)] == self._ids for e in mine):
+            return
+        try:
+            snap = self.inner.snapshot()
+        except Exception:
+            return
+        if snap.nbytes > self.store_bytes:
+            return
+        self._store = [e for e in self._store if not (e.owner == self._owner and self._ids[:len(e.ids)] == e.ids)]
+        self._store.append(_Stored(self._owner, list(self._ids), snap))
+        while self.stored_bytes > self.store_bytes:
+            self._store.pop(0)
 
     @property
     def supports_trees(self) -> bool:  # type: ignore[override]
@@ -150,7 +242,7 @@ class PrefixCacheBackend(Backend):
         self._fresh = True
 
     def drop(self) -> None:
-        """Really empty the cache (the next prefill is cold)."""
+        """Really empty the cached sequence (the next prefill does not reuse it; stored copies are kept)."""
         self.inner.reset()
         self._ids = []
         self._fresh = False

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from adaspec.backends.base import Backend
+from adaspec.backends.base import Backend, CacheSnapshot
 from adaspec.backends.torch_invariant import (  # noqa: F401  (invariant_attention re-exported)
     INVARIANT_ATTENTION, invariant_attention, row_invariant_width, strict_unsupported)
 from adaspec.backends.torch_models import (  # noqa: F401  (re-exported)
@@ -51,6 +51,7 @@ class TorchBackend(Backend):
 
     supports_batch_invariance = True
     shares_prefix = True
+    supports_snapshots = True
 
     def __init__(self, model: PreTrainedModel, name: str = "model", *, max_context: int | None = None,
                  prefill_chunk: int = 2048, batch_invariant: bool = False, invariant_width: int = 9,
@@ -159,6 +160,20 @@ class TorchBackend(Backend):
         if end < length:
             copied.crop(end - length)  # transformers 5.x: a negative count removes that many
         self._set_row_cache(dst, copied, end)
+
+    def snapshot(self) -> CacheSnapshot:
+        """A deep copy of sequence 0's cache, on the model's device."""
+        self._use(0)
+        self._check_not_growing()
+        return CacheSnapshot(self._len, self._len * self.kv_bytes_per_token(), (copy.deepcopy(self._cache), self._len))
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        self._use(0)
+        self._check_not_growing()
+        if self._len:
+            raise ValueError(f"{self.name}: restore needs an empty sequence 0, which holds {self._len}")
+        cache, length = snap.data
+        self._cache, self._len = copy.deepcopy(cache), length
 
     def forward_batch(self, rows) -> list[torch.Tensor]:
         """Rows of at most ``pad_batch_max_tokens`` new tokens run as ONE padded forward (:meth:`_forward_padded`);

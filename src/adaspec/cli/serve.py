@@ -26,6 +26,10 @@ def add_serve_parser(sub) -> None:
                      help="prefill every prompt whole (default with --max-batch 1: keep the target's cache between "
                           "requests and prefill only what a prompt does not share with the sequence before it, from "
                           "the same API key; strict-mode requests prefill cold)")
+    srv.add_argument("--prefix-cache-mib", type=int, default=None, metavar="MIB",
+                     help="with the prefix cache: host memory for copies of earlier requests' caches, so that "
+                          "interleaved sessions each reuse their own prefix, least recently used evicted first (as "
+                          "llama-server's --cache-ram; default: 1024; 0: the request before only)")
     srv.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                      help="model name(s) clients use, the first one reported (default: --target as given; the "
                           "runtime-qualified name, e.g. NAME@llamacpp, is always accepted too)")

@@ -35,7 +35,7 @@ from adaspec.server.batch_runner import BatchRunner
 from adaspec.server.generation_thread import GenerationThread
 from adaspec.server.jobs import EngineHandle, Job, ObservedController
 from adaspec.server.metrics import ServerMetrics
-from adaspec.server.settings import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS
+from adaspec.server.settings import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS, DEFAULT_PREFIX_CACHE_BYTES
 from adaspec.server.suffix_partitions import ServerSuffixCache
 from adaspec.spec_setting import BUILTIN_LOOKUPS, PLAIN, SpecSetting, builtin_drafter, layerskip_layers, validate
 from adaspec.structured.constraint import Constraint
@@ -66,6 +66,8 @@ class ModelHost:
         prefix_cache: with ``max_batch`` 1, keep the target's cache between requests and prefill only the part of a
             prompt it does not share with the sequence before (:class:`~adaspec.backends.prefix_cache.PrefixCacheBackend`;
             strict-mode requests prefill cold).
+        prefix_cache_bytes: with ``prefix_cache``, host memory in bytes for copies of earlier sequences, so that
+            interleaved sessions each find their own prefix (0: the sequence before only).
 
     Raises:
         ConfigError: ``max_batch`` above what the target holds; a suffix drafter of another depth than the
@@ -75,10 +77,12 @@ class ModelHost:
     def __init__(self, target: LoadedModel, default: SpecSetting, model_drafters: dict[str, Drafter] | None = None,
                  *, max_engines: int = 32, max_batch: int = 1, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
                  prefill_step_ms: float | None = DEFAULT_PREFILL_STEP_MS, max_dynamic_drafters: int = 4,
-                 suffix_tokens: int | None = None, prefix_cache: bool = True) -> None:
+                 suffix_tokens: int | None = None, prefix_cache: bool = True,
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> None:
         self.loaded = target  # as loaded: drafters are built from it
-        # one request at a time: a prompt prefills only what it does not share with the sequence before it
-        self.target = replace(target, backend=PrefixCacheBackend(target.backend, strict_cold=True)) \
+        # one request at a time: a prompt prefills only what it does not share with an earlier sequence
+        self.target = replace(target, backend=PrefixCacheBackend(target.backend, strict_cold=True,
+                                                                 store_bytes=prefix_cache_bytes)) \
             if prefix_cache and max_batch == 1 else target
         self.max_batch = max_batch
         self.batch: BatchEngine | None = None
@@ -122,7 +126,8 @@ class ModelHost:
              extra_drafters: Sequence[str] = (), progress: bool = True, backend: str = "torch",
              max_batch: int = 1, strict: bool = False, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
              prefill_step_ms: float | None = DEFAULT_PREFILL_STEP_MS, served_as: str | None = None,
-             suffix_tokens: int | None = None, prefix_cache: bool = True) -> ModelHost:
+             suffix_tokens: int | None = None, prefix_cache: bool = True,
+             prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> ModelHost:
         """Load the target and every model drafter clients may choose (the default one plus ``extra_drafters``) on
         ``backend``/``device`` (see :func:`adaspec.api.load`; ``adaspec serve`` passes ``auto``), each holding
         ``max_batch`` sequences. With ``max_batch`` > 1 the batch runs in ``strict`` mode or not for every request.
@@ -158,7 +163,7 @@ class ModelHost:
             model_drafters.setdefault(drafter.name.lower(), drafter)
         host = cls(tgt, SpecSetting(draft, controller, k), model_drafters, max_batch=max_batch,
                    prefill_chunk=prefill_chunk, prefill_step_ms=prefill_step_ms, suffix_tokens=suffix_tokens,
-                   prefix_cache=prefix_cache)
+                   prefix_cache=prefix_cache, prefix_cache_bytes=prefix_cache_bytes)
         host.backend = backend  # where a draft model a client names later is loaded
         host.requested_name = served_as or target
         return host

@@ -31,7 +31,8 @@ def serve(args: argparse.Namespace) -> int:
         from adaspec.server.auth import keys_from_cli
         from adaspec.server.hostcheck import parse_allowed_hosts
         from adaspec.server.host import ModelHost
-        from adaspec.server.settings import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS, ServerConfig
+        from adaspec.server.settings import (DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS, DEFAULT_PREFIX_CACHE_MIB,
+                                             ServerConfig)
     except ImportError as e:
         raise AdaspecError(f"adaspec serve needs the 'serve' extra ({e.name} is missing): "
                            "pip install 'adaspec[serve]'") from None
@@ -61,6 +62,9 @@ def serve(args: argparse.Namespace) -> int:
     if args.prefill_step_ms is not None and not args.prefill_step_ms >= 0:
         raise AdaspecError(f"--prefill-step-ms must be >= 0 (0: fixed chunks), got {args.prefill_step_ms}")
     prefill_step_ms = DEFAULT_PREFILL_STEP_MS if args.prefill_step_ms is None else (args.prefill_step_ms or None)
+    prefix_cache_mib = DEFAULT_PREFIX_CACHE_MIB if args.prefix_cache_mib is None else args.prefix_cache_mib
+    if prefix_cache_mib < 0:
+        raise AdaspecError(f"--prefix-cache-mib must be >= 0 (0: the request before only), got {prefix_cache_mib}")
     allowed_hosts = parse_allowed_hosts(args.allowed_hosts, args.host, _is_loopback(args.host))
     names = args.served_model_name or [args.target]  # the name the user typed (vLLM serves the model as given)
     # Loaded on a thread that then ends: loading may run parallel work (the runtime probe of --backend auto, a
@@ -72,7 +76,8 @@ def serve(args: argparse.Namespace) -> int:
                            backend=args.backend, device=args.device, max_batch=args.max_batch,
                            strict=args.strict, prefill_chunk=prefill_chunk, prefill_step_ms=prefill_step_ms,
                            served_as=names[0], suffix_tokens=args.suffix_cache_tokens,
-                           prefix_cache=not args.no_prefix_cache).result()
+                           prefix_cache=not args.no_prefix_cache,
+                           prefix_cache_bytes=prefix_cache_mib << 20).result()
     if not args.no_warmup:  # on the generation thread, like every forward (ModelHost.on_generation_thread)
         host.on_generation_thread(host.warmup)
         curve = host.engine_for(host.default).engine.verify_curve

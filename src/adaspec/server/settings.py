@@ -12,6 +12,8 @@ __all__ = ["DEFAULT_PREFILL_CHUNK", "DEFAULT_PREFILL_STEP_MS", "PLAIN", "ServerC
 
 DEFAULT_PREFILL_CHUNK = 64  # prompt tokens per batch step while other rows decode (--prefill-chunk)
 DEFAULT_PREFILL_STEP_MS = 750.0  # wall-time budget of a batch step carrying prefill (--prefill-step-ms)
+DEFAULT_PREFIX_CACHE_MIB = 1024  # host memory for copies of earlier sequences' caches (--prefix-cache-mib)
+DEFAULT_PREFIX_CACHE_BYTES = DEFAULT_PREFIX_CACHE_MIB << 20
 
 
 SpecSettings = SpecSetting  # the server's older name for the one setting type (:mod:`adaspec.spec_setting`)
