@@ -27,7 +27,8 @@ Workload names (``load_workload``; ``NAME:<category>`` keeps one category of any
 No two workloads share a category name (``adaspec compare`` summarizes per category), bar the aliases, whose
 prompts are Spec-Bench's own.
 
-Anything else is read as a JSONL path whose rows carry ``prompt``, ``text``, ``question`` or ``turns``. The data
+Anything else is read as a JSONL path whose rows carry ``prompt``, ``text``, ``question``, ``turns`` or OpenAI-style
+``messages`` (a conversation ending with the user's turn; an integer ``step`` is kept). The data
 folder is ``$ADASPEC_DATA`` when set (files named as in :data:`FILES`), else the package's own ``adaspec/data``.
 """
 
@@ -236,4 +237,25 @@ def load_workload(name: str, limit: int | None = None) -> list[Prompt]:
 
 def _prompt(row: dict, index: int, label: str, path: Path) -> Prompt:
     pid = str(row.get("question_id", row.get("task_id", row.get("id", index))))
+    if "messages" in row:
+        messages = _messages(row["messages"], f"{path}, row {index + 1}")
+        return Prompt(pid, row.get("category", label), messages[-1]["content"], messages,
+                      step=row.get("step") if isinstance(row.get("step"), int) else None)
     return Prompt(pid, row.get("category", label), _row_text(row, str(path)))
+
+
+def _messages(messages, where: str) -> tuple[dict, ...]:
+    """A JSONL row's OpenAI-style ``messages``: a non-empty list of ``{"role", "content"}`` with string values,
+    ending with a user turn.
+
+    Raises:
+        AdaspecError: anything else (names the row and what is wrong).
+    """
+    if not isinstance(messages, list) or not messages:
+        raise AdaspecError(f"{where}: 'messages' must be a non-empty list of {{\"role\", \"content\"}} objects")
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise AdaspecError(f"{where}: message {i + 1} needs a string 'role' and a string 'content', got {m!r}")
+    if messages[-1]["role"] != "user":
+        raise AdaspecError(f"{where}: the last message must be the user's turn, not {messages[-1]['role']!r}")
+    return tuple({"role": m["role"], "content": m["content"]} for m in messages)

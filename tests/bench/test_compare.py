@@ -59,3 +59,19 @@ def test_workload_from_jsonl(tmp_path):
     assert len(load_workload(str(path), limit=2)) == 2
     with pytest.raises(AdaspecError, match="unknown workload"):
         load_workload(str(tmp_path / "missing.jsonl"))
+
+
+def test_a_jsonl_workload_keeps_a_conversation(tmp_path):
+    """Rows with OpenAI-style messages (an agent's trace with its system prompt) keep them, as the agentic
+    workload's own prompts do, so a request sends the whole conversation."""
+    path = tmp_path / "trace.jsonl"
+    convo = [{"role": "system", "content": "You call tools."}, {"role": "user", "content": "Task: add 2 and 3."}]
+    path.write_text(json.dumps({"id": "s:0", "category": "agent", "step": 4, "messages": convo}) + "\n")
+    [p] = load_workload(str(path))
+    assert p.messages == tuple(convo) and p.text == "Task: add 2 and 3." and p.step == 4 and p.category == "agent"
+    assert p.model_input() == convo
+    for bad, why in (([], "non-empty list"), ([{"role": "user"}], "message 1 needs"),
+                     ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "user's turn")):
+        path.write_text(json.dumps({"messages": bad}) + "\n")
+        with pytest.raises(AdaspecError, match=why):
+            load_workload(str(path))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prefix cache's stored copies (`adaspec serve --prefix-cache-mib`, docs/guide/server.md#the-prefix-cache-max-batch-1)
 # on sessions that interleave, as agents sharing one server do: the agentic workload's four sessions (tool calls,
-# SQL, extraction, code; each with its own system prompt and growing history) taken round robin, STEPS requests
+# SQL, extraction, code; each request its session's system prompt and one task) taken round robin, STEPS requests
 # each, so consecutive requests never belong to the same session. Then the structured workload (27 tasks of three
 # kinds, each kind with its own system prompt, in file order).
 #   on    adaspec serve (default: stored copies, 1024 MiB)
@@ -38,7 +38,8 @@ with open(out, "w") as f:
         for cat in sorted(by):
             if step < len(by[cat]):
                 p = by[cat][step]
-                f.write(json.dumps({"id": p.id, "category": p.category, "prompt": p.text}) + "\n")
+                f.write(json.dumps({"id": p.id, "category": p.category, "step": p.step,
+                                    "messages": list(p.messages)}) + "\n")
 PY
 run() {  # PART WORKLOAD PROMPTS
   local part=$1 workload=$2 prompts=$3
