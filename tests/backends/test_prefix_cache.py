@@ -5,6 +5,7 @@ cold run's, and every case that must start cold does."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from adaspec.backends import TorchBackend
 from adaspec.backends.prefix_cache import PrefixCacheBackend
@@ -169,8 +170,45 @@ def test_the_store_keeps_to_its_bytes_evicting_the_least_recently_used(qwen, col
     target = spec.target
     assert target.stored_sequences == 1 and 0 < target.stored_bytes <= one  # OTHER's copy; FIRST's was evicted
     assert spec.generate(SECOND, CFG).stats.cached_tokens == 0
-    assert spec.generate(OTHER, CFG).stats.cached_tokens == 0  # evicted in turn when SECOND's sequence was stored
+    assert spec.generate(OTHER, CFG).stats.cached_tokens == 0  # evicted when `third`'s sequence was stored
     assert target.stored_bytes <= one
+
+
+def test_a_full_store_never_evicts_the_copy_it_is_about_to_put_back(qwen, cold):
+    """A, B, A again with room for one copy: storing B's sequence must not evict A's, which the request needs."""
+    per_token = TorchBackend(qwen, "t").kv_bytes_per_token()
+    spec = stored_engine(qwen, (len(FIRST) + CFG.max_new_tokens + 1) * per_token)
+    spec.generate(FIRST, CFG)
+    spec.generate(OTHER, CFG)
+    out = spec.generate(SECOND, CFG)
+    assert out.stats.cached_tokens == len(SHARED) and spec.target.restored
+    assert out.token_ids == cold.generate(SECOND, CFG).token_ids
+    assert spec.target.stored_bytes <= spec.target.store_bytes
+
+
+def test_a_pending_tree_is_never_reused_as_a_sequence(qwen):
+    """Tree nodes left in the cache by a forward_tree that no keep_tree_path followed are dropped at reset, so a
+    later prompt that spells the nodes out is not served from them."""
+    target = PrefixCacheBackend(TorchBackend(qwen, "t"), store_bytes=1 << 30)
+    target.forward(SHARED, 1)
+    target.forward_tree([7, 8, 9, 10], [-1, -1, 1])
+    target.reset()
+    target.forward(OTHER, 1)
+    target.reset()
+    target.forward(SHARED + [7, 8, 9, 10, 11], 1)
+    assert target.reused_tokens == len(SHARED)
+
+
+def test_a_copy_sits_in_host_memory_at_its_own_size(qwen):
+    backend = TorchBackend(qwen, "t")
+    backend.forward(SHARED, 1)
+    backend.forward([1, 2, 3, 4], 4)
+    backend.truncate(len(SHARED))  # a cropped cache: its tensors are views of larger storage
+    snap = backend.snapshot()
+    assert snap.nbytes == len(SHARED) * backend.kv_bytes_per_token()
+    tensors = [t for layer in snap.data[0].layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+    assert tensors and all(t.device.type == "cpu" and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+                           for t in tensors)
 
 
 def test_a_stored_copy_is_its_owners_only(qwen):

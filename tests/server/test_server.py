@@ -210,9 +210,10 @@ def test_prefix_cache_reports_cached_tokens_and_keeps_the_text(server):
     kw = dict(model=client.models.list().data[0].id, temperature=0, max_tokens=12,
               extra_body={"speculation": {"drafter": "none"}})
     before = scrape(server.url)
+    text = f"{PROMPT} (asked once in this module)"  # no earlier test's stored copy holds it
     other = client.chat.completions.create(messages=[{"role": "user", "content": "Count to ten, please."}], **kw)
-    first = client.chat.completions.create(messages=[{"role": "user", "content": PROMPT}], **kw)
-    again = client.chat.completions.create(messages=[{"role": "user", "content": PROMPT}], **kw)
+    first = client.chat.completions.create(messages=[{"role": "user", "content": text}], **kw)
+    again = client.chat.completions.create(messages=[{"role": "user", "content": text}], **kw)
     shared = first.usage.prompt_tokens_details.cached_tokens  # the chat template's opening, shared with `other`
     assert 0 <= shared < first.usage.prompt_tokens - 1 and other.usage.prompt_tokens_details is not None
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1

@@ -220,12 +220,13 @@ class Backend(ABC):
                              f"{self.seq_len_of(src)}")
 
     def snapshot(self) -> CacheSnapshot:
-        """A copy of sequence 0's cache (keys and values of its ``seq_len`` positions; in host memory on the
-        llama.cpp runtimes, on the model's device on PyTorch); the cache itself is unchanged.
+        """A copy of sequence 0's cache (keys and values of its ``seq_len`` positions) in host memory; the cache
+        itself is unchanged.
 
         Raises:
             NotImplementedError: the backend cannot (``supports_snapshots`` is False).
-            ValueError: a token tree is pending (keep a path or truncate first).
+            ValueError: a token tree is pending, on a backend that tracks one (the GGUF runtimes; a PyTorch cache
+                holds a verified tree's nodes as positions until :meth:`keep_tree_path`, so copy only without one).
             RuntimeError: the runtime failed to copy it.
         """
         raise NotImplementedError(f"{self.name}: this backend cannot copy its cache out")

@@ -80,7 +80,7 @@ class PrefixCacheBackend(Backend):
         self.max_context = inner.max_context
         self._ids: list[int] = []
         self._fresh = False  # reset() was called: the next forward starts a new sequence
-        self._grown_from: int | None = None  # cached ids before a pending grown tree (grow_tree)
+        self._grown_from: int | None = None  # cached ids before a pending tree (forward_tree, grow_tree)
         self._store: list[_Stored] = []  # copies of earlier sequences, least recently used first
         self.reused_tokens = 0
         self.restored = False  # the last sequence started from a stored copy
@@ -138,7 +138,7 @@ class PrefixCacheBackend(Backend):
             (e for e in self._store if e.owner == self.owner), key=lambda e: _common(e.ids, ids, limit), default=None)
         n = _common(best.ids, ids, limit) if best is not None else 0
         if len(self._ids) > live:  # the cached sequence is about to be cut or replaced: keep a copy of it
-            self._stash()
+            self._stash(keep=best if n > live else None)
         if n > live or cold or self.owner != self._owner:
             self.inner.reset()
             self._ids = []
@@ -165,25 +165,33 @@ class PrefixCacheBackend(Backend):
         self.reused_tokens = n
         return ids[n:]
 
-    def _stash(self) -> None:
+    def _stash(self, keep: _Stored | None = None) -> None:
         """Keep a copy of the cached sequence in the store (within ``store_bytes``, least recently used copies
-        evicted first). A copy whose ids the sequence extends is replaced; a copy that already extends the sequence
-        makes this one unnecessary. A copy that fails is skipped: the store is an optimisation."""
+        evicted first, never ``keep``: the copy about to be put back). A copy whose ids the sequence extends is
+        replaced; a copy that already extends the sequence makes this one unnecessary. A copy that fails, or that
+        cannot fit beside ``keep``, is skipped: the store is an optimisation."""
         if not self.store_bytes or not self._ids or self._grown_from is not None:
             return
         mine = [e for e in self._store if e.owner == self._owner]
         if any(e.ids[:len(self._ids)] == self._ids for e in mine):
             return
+        room = self.store_bytes - (keep.snap.nbytes if keep is not None else 0)
+        try:
+            if len(self._ids) * self.inner.kv_bytes_per_token() > room:
+                return  # cannot fit: not worth copying
+        except NotImplementedError:
+            pass
         try:
             snap = self.inner.snapshot()
         except Exception:
             return
-        if snap.nbytes > self.store_bytes:
+        if snap.nbytes > room:
             return
-        self._store = [e for e in self._store if not (e.owner == self._owner and self._ids[:len(e.ids)] == e.ids)]
+        self._store = [e for e in self._store if e is keep or not (e.owner == self._owner
+                                                                    and self._ids[:len(e.ids)] == e.ids)]
         self._store.append(_Stored(self._owner, list(self._ids), snap))
         while self.stored_bytes > self.store_bytes:
-            self._store.pop(0)
+            self._store.remove(next(e for e in self._store if e is not keep))
 
     @property
     def supports_trees(self) -> bool:  # type: ignore[override]
@@ -200,6 +208,8 @@ class PrefixCacheBackend(Backend):
             raise ValueError("forward_tree after reset needs a prefill first")
         with self._cold_on_failure():
             logits = self.inner.forward_tree(input_ids, parents)
+        if self._grown_from is None:  # the nodes are not a sequence: a reset before keep_tree_path drops them
+            self._grown_from = len(self._ids)
         self._ids.extend(int(t) for t in input_ids)
         return logits
 

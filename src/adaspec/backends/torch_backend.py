@@ -20,6 +20,24 @@ from adaspec.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 
+@torch.inference_mode()  # the cache's tensors are inference tensors, and so are the copies
+def _copy_cache(cache: DynamicCache, device: torch.device) -> DynamicCache:
+    """A copy of ``cache`` whose tensors are copied to ``device`` at their own size (a deep copy of a cropped view
+    would copy the whole storage behind it)."""
+    tensors = {(i, name): t for i, layer in enumerate(cache.layers) for name, t in vars(layer).items()
+               if isinstance(t, torch.Tensor)}
+    for i, name in tensors:
+        setattr(cache.layers[i], name, None)
+    try:
+        copied = copy.deepcopy(cache)  # the structure and plain attributes only
+    finally:
+        for (i, name), t in tensors.items():
+            setattr(cache.layers[i], name, t)
+    for (i, name), t in tensors.items():
+        setattr(copied.layers[i], name, t.to(device, copy=True))
+    return copied
+
+
 class TorchBackend(Backend):
     """A transformers causal LM behind the :class:`Backend` interface (``max_sequences`` caches; batched rows run as
     one padded forward).
@@ -162,18 +180,23 @@ class TorchBackend(Backend):
         self._set_row_cache(dst, copied, end)
 
     def snapshot(self) -> CacheSnapshot:
-        """A deep copy of sequence 0's cache, on the model's device."""
+        """A copy of sequence 0's cache in host memory (each tensor copied at its own size; ``nbytes`` counts
+        them)."""
         self._use(0)
         self._check_not_growing()
-        return CacheSnapshot(self._len, self._len * self.kv_bytes_per_token(), (copy.deepcopy(self._cache), self._len))
+        cache = _copy_cache(self._cache, torch.device("cpu"))
+        nbytes = sum(t.numel() * t.element_size() for layer in cache.layers for t in vars(layer).values()
+                     if isinstance(t, torch.Tensor))
+        return CacheSnapshot(self._len, nbytes, (cache, self._len))
 
     def restore(self, snap: CacheSnapshot) -> None:
+        """Sequence 0's cache becomes a copy of ``snap`` on the model's device (``snap`` stays valid)."""
         self._use(0)
         self._check_not_growing()
         if self._len:
             raise ValueError(f"{self.name}: restore needs an empty sequence 0, which holds {self._len}")
         cache, length = snap.data
-        self._cache, self._len = copy.deepcopy(cache), length
+        self._cache, self._len = _copy_cache(cache, self.device), length
 
     def forward_batch(self, rows) -> list[torch.Tensor]:
         """Rows of at most ``pad_batch_max_tokens`` new tokens run as ONE padded forward (:meth:`_forward_padded`);
