@@ -307,7 +307,7 @@ class GgufBackend(Backend):
         got = self._state_seq("get_data", buf, size, 0)
         if got == 0 and self._seqs[0]:
             raise RuntimeError(f"{self.name}: {self.runtime} could not copy sequence 0's cache")
-        return CacheSnapshot(len(self._seqs[0]), got, (buf, got, list(self._seqs[0])))
+        return CacheSnapshot(len(self._seqs[0]), got, (buf, list(self._seqs[0])))
 
     def restore(self, snap: CacheSnapshot) -> None:
         """``llama_state_seq_set_data`` into sequence 0 (empty): the runtime places the copied cells again."""
@@ -315,10 +315,10 @@ class GgufBackend(Backend):
         self._check_no_tree()
         if self._seqs[0]:
             raise ValueError(f"{self.name}: restore needs an empty sequence 0, which holds {len(self._seqs[0])}")
-        buf, size, ids = snap.data
+        buf, ids = snap.data
         if not ids:
             return
-        if self._state_seq("set_data", buf, size, 0) == 0:
+        if self._state_seq("set_data", buf, snap.nbytes, 0) == 0:
             self._seq_rm(0, 0)
             raise RuntimeError(f"{self.name}: {self.runtime} refused a cache copy of {len(ids)} positions "
                                "(no room left in the KV cache?)")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from adaspec.backends.base import Backend, CacheSnapshot
+from adaspec.chunking import common_prefix
 
 
 @dataclass(frozen=True)
@@ -21,14 +22,6 @@ class _Stored:
     owner: str | None
     ids: list[int]
     snap: CacheSnapshot
-
-
-def _common(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
-    n, limit = 0, min(len(a), len(b), limit)
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
 
 
 class PrefixCacheBackend(Backend):
@@ -80,7 +73,7 @@ class PrefixCacheBackend(Backend):
         self.max_context = inner.max_context
         self._ids: list[int] = []
         self._fresh = False  # reset() was called: the next forward starts a new sequence
-        self._grown_from: int | None = None  # cached ids before a pending tree (forward_tree, grow_tree)
+        self._tree_from: int | None = None  # cached ids before a pending tree (forward_tree, grow_tree)
         self._store: list[_Stored] = []  # copies of earlier sequences, least recently used first
         self.reused_tokens = 0
         self.restored = False  # the last sequence started from a stored copy
@@ -133,10 +126,10 @@ class PrefixCacheBackend(Backend):
             self._ids = []
         cold = self.strict_cold and self.inner.batch_invariant
         limit = len(ids) - num_logits
-        live = 0 if cold or self.owner != self._owner else _common(self._ids, ids, limit)
-        best = None if cold else max(
-            (e for e in self._store if e.owner == self.owner), key=lambda e: _common(e.ids, ids, limit), default=None)
-        n = _common(best.ids, ids, limit) if best is not None else 0
+        live = 0 if cold or self.owner != self._owner else common_prefix(self._ids, ids, limit)
+        mine = [] if cold else [e for e in self._store if e.owner == self.owner]
+        best, n = max(((e, common_prefix(e.ids, ids, limit)) for e in mine), key=lambda pair: pair[1],
+                      default=(None, 0))
         if len(self._ids) > live:  # the cached sequence is about to be cut or replaced: keep a copy of it
             self._stash(keep=best if n > live else None)
         if n > live or cold or self.owner != self._owner:
@@ -170,7 +163,7 @@ class PrefixCacheBackend(Backend):
         evicted first, never ``keep``: the copy about to be put back). A copy whose ids the sequence extends is
         replaced; a copy that already extends the sequence makes this one unnecessary. A copy that fails, or that
         cannot fit beside ``keep``, is skipped: the store is an optimisation."""
-        if not self.store_bytes or not self._ids or self._grown_from is not None:
+        if not self.store_bytes or not self._ids or self._tree_from is not None:
             return
         mine = [e for e in self._store if e.owner == self._owner]
         if any(e.ids[:len(self._ids)] == self._ids for e in mine):
@@ -208,8 +201,8 @@ class PrefixCacheBackend(Backend):
             raise ValueError("forward_tree after reset needs a prefill first")
         with self._cold_on_failure():
             logits = self.inner.forward_tree(input_ids, parents)
-        if self._grown_from is None:  # the nodes are not a sequence: a reset before keep_tree_path drops them
-            self._grown_from = len(self._ids)
+        if self._tree_from is None:  # the nodes are not a sequence: a reset before keep_tree_path drops them
+            self._tree_from = len(self._ids)
         self._ids.extend(int(t) for t in input_ids)
         return logits
 
@@ -222,8 +215,8 @@ class PrefixCacheBackend(Backend):
         grown tree's nodes follow the ids it was grown after, in order, as :meth:`keep_tree_path` expects)."""
         if self._fresh:
             raise ValueError("grow_tree after reset needs a prefill first")
-        if self._grown_from is None:
-            self._grown_from = len(self._ids)
+        if self._tree_from is None:
+            self._tree_from = len(self._ids)
         with self._cold_on_failure():
             logits = self.inner.grow_tree(input_ids, parents)
         self._ids.extend(int(t) for t in input_ids)
@@ -232,7 +225,7 @@ class PrefixCacheBackend(Backend):
     def keep_tree_path(self, base: int, path: Sequence[int]) -> None:
         with self._cold_on_failure():
             self.inner.keep_tree_path(base, path)
-        self._grown_from = None
+        self._tree_from = None
         nodes = self._ids[base:]
         self._ids[base:] = [nodes[p] for p in path]
 
@@ -243,12 +236,12 @@ class PrefixCacheBackend(Backend):
             raise ValueError("truncate after reset needs a forward first")
         with self._cold_on_failure():
             self.inner.truncate(length)
-        self._grown_from = None
+        self._tree_from = None
         del self._ids[length:]
 
     def reset(self) -> None:
-        if self._grown_from is not None:  # a grown tree is pending (a draft forward failed): drop its nodes
-            self.truncate(self._grown_from)
+        if self._tree_from is not None:  # a tree is pending (a forward failed before keep_tree_path): drop its nodes
+            self.truncate(self._tree_from)
         self._fresh = True
 
     def drop(self) -> None:
@@ -269,7 +262,7 @@ class PrefixCacheBackend(Backend):
                 self.drop()
             except Exception:  # the inner backend is broken too: the seq_len check of the next prefill starts cold
                 self._ids, self._fresh = [], False
-            self._grown_from = None
+            self._tree_from = None
             raise
 
     def synchronize(self) -> None:
