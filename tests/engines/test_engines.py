@@ -82,7 +82,8 @@ def loop_settings(tmp_path, monkeypatch):
     configs = [EngineConfig.parse("vllm", t) for t in ("off", "ngram:2", "ngram:4", "draft:2")]
     return scaleout.Settings(out=tmp_path / "run", engines=["vllm"], configs={"vllm": configs}, vllm_setup=None,
                              llama_setup=None, workload=str(wl), derive_prompts=3, heldout_prompts=3, max_tokens=8,
-                             concurrency=[1, 2], rates=[50.0], live_profile=[], note="test run")
+                             concurrency=[1, 2], rates=[50.0], live_profile=[], note="test run",
+                             confirm_rounds=0)  # the fakes' rates are noise: test_a_trailing_advice_is_measured_again
 
 
 def test_scaleout_loop_reports_faults_resumes_and_checks_advice(loop_settings):
@@ -238,6 +239,56 @@ def test_rounds_and_settling_each_start(loop_settings):
         scaleout.parse_args(["--out", "x", "--engines", "llamacpp", "--llama-server", "x", "--rounds", "0"])
     with pytest.raises(ConfigError, match="--settle"):
         scaleout.parse_args(["--out", "x", "--engines", "llamacpp", "--llama-server", "x", "--settle", "-1"])
+
+
+def test_a_trailing_advice_is_measured_again_in_alternating_fresh_starts(loop_settings):
+    """Where the advice measured below 0.95 × the held-out best, both are started afresh and measured again,
+    alternating A B then B A, at that concurrency only; the target is then checked on those rounds; a rerun
+    measures nothing again. (ngram-k3 and ngram-k6: configurations the fixture starts without faults.)"""
+    from adaspec.engines.scaleout_report import heldout_check, markdown, to_confirm
+
+    loop_settings.confirm_rounds = 2
+    results = Results(loop_settings.out / "results.jsonl")
+    _, heldout_wl = scaleout.split_prompts(str(loop_settings.workload), 3, 3, loop_settings.out)
+    held = []  # a held-out pass where ngram-k6 beat the advised ngram-k3 at 2 clients (0.8), not at 1
+    for c, rates in ((1, {"off": 10.0, "ngram-k3": 15.0, "ngram-k6": 14.0}),
+                     (2, {"off": 18.0, "ngram-k3": 20.0, "ngram-k6": 25.0})):
+        for name, rate in rates.items():
+            method, k = ("off", 0) if name == "off" else ("ngram", int(name[-1]))
+            held.append(dict(_row("vllm", method, k, c, rate), phase="heldout"))
+    for r in held:
+        results.write(r)
+    advice = {"kind": "advice", "engine": "vllm", "label": "vllm/ngram-k3", "off_from": None,
+              "best_tried": {"1": {"label": "vllm/ngram-k3"}, "2": {"label": "vllm/ngram-k6"}}}
+    assert to_confirm(held, advice) == {2: ("vllm/ngram-k3", "vllm/ngram-k6")}
+    logs = []
+    scaleout.confirm(loop_settings, advice, heldout_wl, results, logs.append)
+    starts = [m.split(":")[0] for m in logs if ": starting (attempt" in m]
+    assert starts == ["vllm/ngram-k3", "vllm/ngram-k6", "vllm/ngram-k6", "vllm/ngram-k3"]
+    again = [r for r in results.rows("scaleout") if r["phase"] == "confirm"]
+    assert sorted((r["config"], r["concurrency"], r["round"]) for r in again) == [
+        ("vllm/ngram-k3", 2, 0), ("vllm/ngram-k3", 2, 1), ("vllm/ngram-k6", 2, 0), ("vllm/ngram-k6", 2, 1)]
+    logs.clear()
+    scaleout.confirm(loop_settings, advice, heldout_wl, results, logs.append)
+    assert not any(": starting (attempt" in m for m in logs)
+    # the check: advised / the better of the two, medians over the rounds measured again
+    rows = held + [dict(r, decode_tok_s=v) for r, v in zip(sorted(again, key=lambda r: (r["config"], r["round"])),
+                                                           (23.0, 25.0, 24.0, 26.0))]
+    h1, h2 = heldout_check(rows, advice)
+    assert (h1["ratio"], h1["confirmed"], h1["final"]) == (1.0, None, 1.0)
+    assert (h2["ratio"], h2["confirmed"], h2["confirm_rounds"], h2["final"]) == (0.8, round(24 / 25, 3), 2, 0.96)
+    rows[-1]["decode_tok_s"] = rows[-2]["decode_tok_s"] = 20.0  # measured again, the advised came out ahead
+    assert heldout_check(rows, advice)[1]["final"] == 1.0
+
+    class _Results:
+        def rows(self, kind):
+            return {"scaleout": rows, "advice": [advice | {"score": 1.2, "per_level": {}, "flags": "vllm ..."}]
+                    }.get(kind, [])
+    text = markdown(_Results(), {"engines": ["vllm"]})
+    assert "| 2 | 0.800 | vllm/ngram-k6 | vllm/ngram-k6 | 1.11× | 1.000 (2) | met |" in text
+    assert "## Measured again where the advice trailed" in text
+    with pytest.raises(ConfigError, match="--confirm-rounds"):
+        scaleout.parse_args(["--out", "x", "--engines", "llamacpp", "--llama-server", "x", "--confirm-rounds", "-1"])
 
 
 def test_a_level_cut_by_a_kill_is_measured_again(loop_settings):

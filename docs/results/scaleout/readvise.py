@@ -5,7 +5,8 @@ run's recorded held-out rows: what a rule change would have advised, measured by
 
 Per run and engine: the advice the run recorded (its own rule, at its commit) and today's
 (:func:`adaspec.engines.choose.choose`), each checked with :func:`adaspec.engines.scaleout_report.heldout_check`.
-A configuration the run never measured on its held-out prompts cannot be checked (``–``).
+A configuration the run never measured on its held-out prompts cannot be checked (``–``). Where the run measured
+the advised and the best configuration again in fresh rounds (``confirm`` rows), the target is checked on that.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def _cell(h: dict) -> str:
     if h["ratio"] is None:
         return "–"
     label = h["advised_label"].split("/", 1)[1]
-    return f"{h['ratio']:.3f} ({label})" + ("" if h["ratio"] >= TARGET_RATIO else " **not met**")
+    again = f", measured again {h['confirmed']:.3f}" if h["confirmed"] is not None else ""
+    return f"{h['ratio']:.3f} ({label}{again})" + ("" if h["final"] >= TARGET_RATIO else " **not met**")
 
 
 def main(out: Path, runs: list[Path]) -> None:

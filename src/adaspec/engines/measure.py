@@ -23,9 +23,10 @@ from adaspec.engines.results import Results, key
 
 @dataclass
 class Phase:
-    """What to send: ``name`` (``derive``, ``heldout``, ``profile``), a workload (a JSONL of prompts), its prompt
-    count, the endpoint settings (``api``, ``max_tokens``, greedy), the load levels and how many ``rounds`` of
-    them (every level once per round, on the same server)."""
+    """What to send: ``name`` (``derive``, ``heldout``, ``profile``, ``confirm``), a workload (a JSONL of prompts),
+    its prompt count, the endpoint settings (``api``, ``max_tokens``, greedy), the load levels and how many
+    ``rounds`` of them (every level once per round, on the same server), numbered from ``first_round`` (a phase
+    measured one round per server start gives each start its own round)."""
 
     name: str
     workload: str
@@ -36,11 +37,13 @@ class Phase:
     api: str = "chat"
     seed: int = 0
     rounds: int = 1
+    first_round: int = 0
 
     def levels(self) -> list[tuple[str, float, int]]:
         """(load, level, round) in the order they are measured."""
         loads = [("closed", c) for c in self.concurrency] + [("open", r) for r in self.rates]
-        return [(load, level, rnd) for rnd in range(self.rounds) for load, level in loads]
+        return [(load, level, rnd) for rnd in range(self.first_round, self.first_round + self.rounds)
+                for load, level in loads]
 
     def level_key(self, cfg: EngineConfig, load: str, level: float, rnd: int = 0) -> str:
         extra = {"round": rnd} if rnd else {}  # round 0 keeps the key of runs made before rounds existed

@@ -35,8 +35,14 @@ def _rate(rows: list[dict], phase: str, label: str, load: str, level) -> float |
 def heldout_check(rows: list[dict], advice: dict) -> list[dict]:
     """Per concurrency: decode rates on the held-out prompts of off, the advised configuration and the best of every
     configuration measured there (``best_tried``; ``best_derive`` is the one the derivation prompts ranked first), and
-    advised / best (None where one of them was not measured). From ``advice["off_from"]`` clients on the advice is to
-    serve without speculation, so ``off`` is the advised configuration there."""
+    advised / best (``ratio``; None where one of them was not measured). From ``advice["off_from"]`` clients on the
+    advice is to serve without speculation, so ``off`` is the advised configuration there.
+
+    The best of several configurations measured once each is partly the luckiest (it is picked by the measurement it
+    is then divided by). Where the loop re-measured the two in fresh alternating rounds (``confirm`` rows,
+    :func:`to_confirm`), ``confirmed`` is advised / the better of the two there (medians over the rounds) and
+    ``confirm_rounds`` their count; ``final`` is ``confirmed`` where it exists, else ``ratio`` (what the target is
+    checked on)."""
     engine = advice["engine"]
     out = []
     off_from = advice.get("off_from")
@@ -49,10 +55,25 @@ def heldout_check(rows: list[dict], advice: dict) -> list[dict]:
         best = max(rates, key=rates.get) if rates else derived["label"]
         b = rates.get(best)
         off = rates.get(f"{engine}/off")
+        ratio = round(adv / b, 3) if adv and b else None
+        again = {lb: _rate(rows, "confirm", lb, "closed", c) for lb in (label, best)}
+        confirmed = round(again[label] / max(again.values()), 3) if all(again.values()) else None
+        n = min(sum(1 for r in rows if r.get("phase") == "confirm" and r["config"] == lb and r["concurrency"] == c)
+                for lb in (label, best)) if confirmed is not None else 0
         out.append({"concurrency": c, "off": off, "advised": adv, "advised_label": label, "best_tried": best,
-                    "best_derive": derived["label"], "best": b, "ratio": round(adv / b, 3) if adv and b else None,
-                    "advised_speedup": round(adv / off, 3) if adv and off else None})
+                    "best_derive": derived["label"], "best": b, "ratio": ratio,
+                    "advised_speedup": round(adv / off, 3) if adv and off else None,
+                    "confirmed": confirmed, "confirm_rounds": n,
+                    "final": confirmed if confirmed is not None else ratio})
     return out
+
+
+def to_confirm(rows: list[dict], advice: dict) -> dict[int, tuple[str, str]]:
+    """Concurrency → (the advised configuration there, the best on the held-out prompts) wherever the advice measured
+    below ``TARGET_RATIO`` × that best in the held-out pass: the pairs to measure again in fresh rounds before the
+    check is believed (:func:`heldout_check`)."""
+    return {h["concurrency"]: (h["advised_label"], h["best_tried"]) for h in heldout_check(rows, advice)
+            if h["ratio"] is not None and h["ratio"] < TARGET_RATIO}
 
 
 def never_drafted(rows: list[dict], engine: str) -> list[str]:
@@ -106,7 +127,9 @@ def markdown(results: Results, meta: dict) -> str:
               "position | source |", "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
     for phase, title in (("derive", "Measured configurations (derivation prompts)"),
                          ("heldout", "Held-out prompts (re-measured)"),
-                         ("profile", "The advised configuration on the derivation prompts (for the profile)")):
+                         ("profile", "The advised configuration on the derivation prompts (for the profile)"),
+                         ("confirm", "Measured again where the advice trailed (held-out prompts, fresh alternating "
+                                     "starts; speedups only where off was measured again too)")):
         if not any(r["phase"] == phase for r in rows):
             continue
         lines += ["", f"## {title}", "", *header]
@@ -136,13 +159,21 @@ def markdown(results: Results, meta: dict) -> str:
                   f"    {adv['flags']}", ""] + ([f"The engine did not run {adv['fallback_from']}; the best single K "
                                             f"was measured instead.", ""] if adv.get("fallback_from") else []) + [
                   "| clients | advised / best tried (held-out) | best on the held-out prompts (of those re-measured) "
-                  "| first on the derivation prompts | advised speedup over off | target ≥ 0.95 |",
-                  "|---:|---:|---|---|---:|---|"]
+                  "| first on the derivation prompts | advised speedup over off | measured again: advised / best "
+                  "(rounds) | target ≥ 0.95 |",
+                  "|---:|---:|---|---|---:|---:|---|"]
         for h in heldout_check(rows, adv):
-            ok = "–" if h["ratio"] is None else ("met" if h["ratio"] >= TARGET_RATIO else "**not met**")
+            ok = "–" if h["final"] is None else ("met" if h["final"] >= TARGET_RATIO else "**not met**")
             lines.append(f"| {h['concurrency']} | {_f(h['ratio'], '.3f')}"
                          + (f" ({h['advised_label']})" if h["advised_label"] != adv["label"] else "")
-                         + f" | {h['best_tried']} | {h['best_derive']} | {_f(h['advised_speedup'])}× | {ok} |")
+                         + f" | {h['best_tried']} | {h['best_derive']} | {_f(h['advised_speedup'])}× | "
+                         + (f"{h['confirmed']:.3f} ({h['confirm_rounds']})" if h["confirmed"] is not None else "–")
+                         + f" | {ok} |")
+        if any(h["confirmed"] is not None for h in heldout_check(rows, adv)):
+            lines += ["", "Where the advice trailed the best by more than the target in the held-out pass, both were "
+                          "measured again in fresh starts, alternating (A B, then B A): the best of several "
+                          "configurations measured once is partly the luckiest, and the target is checked on the "
+                          "second measurement."]
         idle = never_drafted(rows, adv["engine"])
         if idle:
             lines += ["", "**Never drafted** (the engine's counters show no draft tokens at any level, so these ran "
