@@ -420,6 +420,36 @@ def test_choose_fits_each_configuration_and_gives_vllm_a_schedule():
     assert lc["per_level"][4] < 1.0 and lc["margins"] == {1: 1.03, 2: 1.03, 4: 1.03}
 
 
+def test_a_tried_k_counts_at_its_measured_speedup_and_untried_ks_between_the_fits():
+    """A (method, K) tried at a concurrency is predicted there by its own measurement, not by another K's fit
+    extrapolated to it (the 2026-12-07 seed-1 loop on the Zen 4: ngram-k3 measured 1.00× at 2 clients, ngram-k8's
+    fit put K = 3 at 1.21×, and K = 3 was advised there); a K between two tried ones is the two fits' predictions
+    weighted by distance; beyond them, the nearest fit."""
+    from adaspec.bench.advise import fit_level, predicted_speedup
+    from adaspec.engines.choose import choose, measured_levels, predict
+
+    k3 = {"mean_acceptance_length": 3.6, "mean_draft_length": 2.95, "acceptance_rate": 0.88}
+    k8 = {"mean_acceptance_length": 7.1, "mean_draft_length": 7.36, "acceptance_rate": 0.83}
+    rows = []
+    for c, off, s3, s8 in ((1, 27.0, 1.23, 1.17), (2, 16.0, 1.00, 1.16), (4, 9.3, 1.08, 1.25)):
+        rows += [_row("llamacpp", "off", 0, c, off), _row("llamacpp", "ngram", 3, c, off * s3, k3),
+                 _row("llamacpp", "ngram", 8, c, off * s8, k8)]
+    levels = measured_levels(rows, "llamacpp")
+    at2 = levels[("ngram", 2)]
+    assert [e["k_tried"] for e in at2] == [3, 8]
+    assert predict(at2, 3) == (pytest.approx(1.0, abs=1e-3), 1.03) and predict(at2, 0) == (1.0, 1.0)
+    (a3, c3), (a8, c8) = ((e["alpha"], e["cost"]) for e in at2)  # the fits (advise's, rounded)
+    assert (a8, c8) == pytest.approx(fit_level(1.16, 7.1, 7.36), abs=1e-4)
+    assert predicted_speedup(a8, c8, 3) > 1.15  # what the faster configuration's fit says of K = 3
+    assert predict(at2, 5)[0] == pytest.approx(0.6 * predicted_speedup(a3, c3, 5) + 0.4 * predicted_speedup(a8, c8, 5))
+    assert predict(at2, 10)[0] == pytest.approx(predicted_speedup(a8, c8, 10))
+    a = choose(rows, "llamacpp")
+    # K = 3 gains at 1 client only (served off from 2: 1.23, 1, 1); K = 8 gains everywhere (1.17, 1.16, 1.25)
+    assert a["label"] == "llamacpp/ngram-k8" and a["off_from"] is None
+    assert a["per_level"] == {1: pytest.approx(1.17, abs=2e-3), 2: pytest.approx(1.16, abs=2e-3),
+                              4: pytest.approx(1.25, abs=2e-3)}
+
+
 def _detail(ratio_spread, base=20.0):
     """requests_detail rows ([id, ok, tokens, ttft_ms, e2e_ms]) of 8 prompts for the baseline and a speculative arm
     whose per-prompt decode rate is ``base`` times each of ``ratio_spread``'s factors."""

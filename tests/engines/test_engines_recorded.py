@@ -191,8 +191,8 @@ def test_vllm_per_request_numbers_recorded_add_up_to_its_counters():
 def test_advice_from_a_recorded_live_vllm_run_is_reproduced():
     """The rows of a live scale-out run on vLLM (tests/data/engines/scaleout_vllm_smoke.jsonl, copied from
     docs/results/scaleout/smoke-while-busy: timings taken while other work ran, so only the mechanics count): the
-    advice computed again from its derivation rows is the one the run restarted vLLM with, and the held-out check
-    reads the re-measured rows."""
+    advice computed again from its derivation rows (today's rule, which differs from the run's where noted), and
+    the held-out check reads the re-measured rows."""
     from adaspec.engines.choose import choose
     from adaspec.engines.results import Results
     from adaspec.engines.scaleout_report import heldout_check, profile_error
@@ -201,8 +201,12 @@ def test_advice_from_a_recorded_live_vllm_run_is_reproduced():
     rows = results.rows("scaleout")
     recorded = results.rows("advice")[-1]
     again = choose([r for r in rows if r["phase"] == "derive"], "vllm")
-    assert again["label"] == recorded["label"] and again["flags"] == recorded["flags"]
-    assert again["score"] == pytest.approx(recorded["score"])
+    # the run's rule (at its commit) took K = 8 from the fit at both levels; today a K that was tried counts at its
+    # measured speedup: K = 3 measured 7.86× at 2 clients (over a baseline slowed by other work) and stays there
+    assert recorded["label"] == "vllm/ngram-k8" and recorded["per_level"]["1"] == again["per_level"][1]
+    assert again["label"] == "vllm/ngram-k8@1-1:8,2-2:3" and again["per_level"][2] == 7.857
+    assert again["flags"] == recorded["flags"].replace('"num_speculative_tokens": 8}', '"num_speculative_tokens": 8, '
+                                                       '"num_speculative_tokens_per_batch_size": [[1, 1, 8], [2, 2, 3]]}')
     # every derivation level of the speculative configuration had counters; τ and K̄ come from them
     fit = again["fits"]["ngram@1"]
     spec = next(r["spec"] for r in rows if r["phase"] == "derive" and r["config"] == "vllm/ngram-k3"

@@ -3,15 +3,16 @@
 Input: the derivation phase's ``scaleout`` rows of one engine (every tried configuration at every concurrency,
 ``off`` included). For each speculative configuration and concurrency, :func:`adaspec.bench.advise.advise`
 pairs it with ``off`` at that concurrency and fits Leviathan et al.'s model (α from τ and K̄, the cost c of a draft
-token from the measured speedup). Per method the fit of the configuration that measured fastest at that
-concurrency is used (the least extrapolation). A prediction counts as a gain at a concurrency only where it clears
-that fit's gain margin (:func:`adaspec.bench.advise.gain_margin`: 1.03×, or one standard error of the measured
-speedup over paired prompts). llama-server takes one ``--spec-draft-n-max`` for all load, so one (method, K) must
-serve every concurrency; where it is not a gain from some concurrency on (:func:`losing_from`), the advice is to
-serve that load without speculation. The single (method, K) is the one with the highest geometric mean of what the
-advice would deliver over the measured concurrencies (its prediction below that point, 1 from it on; a K > 0 must
-gain somewhere). vLLM 0.32 also takes a K per batch size (``num_speculative_tokens_per_batch_size``): per method,
-the best K at each measured concurrency (0 where nothing clears the margin) as ranges
+token from the measured speedup). The speedup of a (method, K) at a concurrency (:func:`predict`) is the measured
+one where that K was tried there; between two tried Ks, the two fits' predictions weighted by distance in K; beyond
+them, the nearest tried K's fit (the least extrapolation). A prediction counts as a gain only where it clears the
+gain margin of the measurements it rests on (:func:`adaspec.bench.advise.gain_margin`: 1.03×, or one standard error
+of the measured speedup over paired prompts). llama-server takes one ``--spec-draft-n-max`` for all load, so one
+(method, K) must serve every concurrency; where it is not a gain from some concurrency on (:func:`losing_from`), the
+advice is to serve that load without speculation. The single (method, K) is the one with the highest geometric mean
+of what the advice would deliver over the measured concurrencies (its prediction below that point, 1 from it on; a
+K > 0 must gain somewhere). vLLM 0.32 also takes a K per batch size (``num_speculative_tokens_per_batch_size``): per
+method, the best K at each measured concurrency (0 where nothing clears the margin) as ranges
 (:func:`adaspec.bench.advise.ranges`), chosen over the single K when its geometric mean is higher. A method without
 acceptance counters (no τ) is scored with the measured speedups of the Ks tried.
 """
@@ -35,32 +36,50 @@ def as_endpoint_rows(rows: list[dict], label: str, off_label: str) -> list[dict]
     return out
 
 
-def fits(rows: list[dict], engine: str, max_k: int = 8) -> dict[tuple[str, int], dict]:
-    """Per (method, concurrency): the advice entry of the fastest-measured configuration of that method, plus its
-    ``config`` (label) and ``k_tried``."""
+def measured_levels(rows: list[dict], engine: str, max_k: int = 8) -> dict[tuple[str, int], list[dict]]:
+    """Per (method, concurrency): the advice entry of every configuration of that method measured cleanly with
+    ``off`` there, each with its ``config`` (label) and ``k_tried``, in order of K."""
     off = EngineConfig(engine).label
     labels = sorted({(r["method"], r["k"], r["config"]) for r in rows if r.get("method") not in (None, "off")})
-    best: dict[tuple[str, int], dict] = {}
+    out: dict[tuple[str, int], list[dict]] = {}
     for method, k, label in labels:
         try:
             levels = advise(as_endpoint_rows(rows, label, off), max_k=max_k)["levels"]
         except AdaspecError:
             continue  # this configuration has no level measured cleanly with off
         for e in levels:
-            key = (method, e["concurrency"])
-            if key not in best or e["speedup"] > best[key]["speedup"]:
-                best[key] = {**e, "config": label, "k_tried": k}
-    return best
+            out.setdefault((method, e["concurrency"]), []).append({**e, "config": label, "k_tried": k})
+    return {key: sorted(es, key=lambda e: e["k_tried"]) for key, es in out.items()}
 
 
-def predicted(entry: dict, k: int, tried: dict[int, float]) -> float | None:
-    """Predicted speedup of K at one concurrency: the fitted model when the entry has one, else the measured
-    speedup of that K when it was tried (``tried`` maps K → speedup), else None."""
+def fits(rows: list[dict], engine: str, max_k: int = 8) -> dict[tuple[str, int], dict]:
+    """Per (method, concurrency): the entry of :func:`measured_levels` that measured fastest (the level's best
+    tried, as the report shows it)."""
+    return {key: max(es, key=lambda e: e["speedup"]) for key, es in measured_levels(rows, engine, max_k).items()}
+
+
+def predict(entries: list[dict], k: int) -> tuple[float, float] | None:
+    """(predicted speedup, gain margin) of K at one concurrency from that level's measured configurations of one
+    method (``entries``, from :func:`measured_levels`): K = 0 is (1, 1); a K that was tried, its measured speedup and
+    its own margin; a K between two tried ones, the two fits' predictions weighted by distance in K and the larger
+    of their margins; beyond the tried Ks, the nearest one's fit. None where nothing fitted is near (a method
+    without acceptance counters, at a K it did not try)."""
     if k == 0:
-        return 1.0
-    if entry.get("basis") == "fitted":
-        return predicted_speedup(entry["alpha"], entry["cost"], k)
-    return tried.get(k)
+        return 1.0, 1.0
+    exact = [e for e in entries if e["k_tried"] == k]
+    if exact:
+        return exact[0]["speedup"], gain_margin(exact[0])
+    fitted = [e for e in entries if e.get("basis") == "fitted"]
+    lo = max((e for e in fitted if e["k_tried"] < k), key=lambda e: e["k_tried"], default=None)
+    hi = min((e for e in fitted if e["k_tried"] > k), key=lambda e: e["k_tried"], default=None)
+    if lo is None and hi is None:
+        return None
+    if lo is None or hi is None:
+        e = lo or hi
+        return predicted_speedup(e["alpha"], e["cost"], k), gain_margin(e)
+    w = (k - lo["k_tried"]) / (hi["k_tried"] - lo["k_tried"])
+    return ((1 - w) * predicted_speedup(lo["alpha"], lo["cost"], k) + w * predicted_speedup(hi["alpha"], hi["cost"], k),
+            max(gain_margin(lo), gain_margin(hi)))
 
 
 def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
@@ -74,19 +93,22 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
     Raises:
         AdaspecError: no speculative configuration was measured cleanly against ``off``.
     """
-    f = fits(rows, engine, max_k)
-    if not f:
+    measured = measured_levels(rows, engine, max_k)
+    if not measured:
         raise AdaspecError(f"{engine}: no speculative configuration was measured without failures against off")
-    levels = sorted({c for _, c in f})
-    tried: dict[tuple[str, int], dict[int, float]] = {}  # measured speedups of every tried K (methods without a fit)
-    for method, k, label in sorted({(r["method"], r["k"], r["config"]) for r in rows if r.get("method") not in (None, "off")}):
-        for e in _level_speedups(rows, engine, label):
-            tried.setdefault((method, e["concurrency"]), {})[k] = e["speedup"]
-    def pred(method: str, k: int, c: int) -> float | None:
-        return 1.0 if method == "off" else predicted(f.get((method, c), {}), k, tried.get((method, c), {}))
+    f = {key: max(es, key=lambda e: e["speedup"]) for key, es in measured.items()}
+    levels = sorted({c for _, c in measured})
 
-    def margin(method: str, c: int) -> float:
-        return gain_margin(f[(method, c)]) if (method, c) in f else MARGIN
+    def pm(method: str, k: int, c: int) -> tuple[float, float] | None:
+        return (1.0, 1.0) if method == "off" else predict(measured.get((method, c), []), k)
+
+    def pred(method: str, k: int, c: int) -> float | None:
+        got = pm(method, k, c)
+        return None if got is None else got[0]
+
+    def margin(method: str, k: int, c: int) -> float:
+        got = pm(method, k, c)
+        return MARGIN if got is None or k == 0 else got[1]
 
     scored = []  # (score, method, K, schedule, per-level predictions, off_from)
     for method, k in [("off", 0)] + [(m, k) for m in sorted({m for m, _ in f}) for k in range(min_k(engine, m),
@@ -94,7 +116,7 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
         preds = {c: pred(method, k, c) for c in levels}
         if None in preds.values():
             continue
-        gains = {c: k > 0 and preds[c] >= margin(method, c) for c in levels}
+        gains = {c: k > 0 and preds[c] >= margin(method, k, c) for c in levels}
         if k > 0 and not any(gains.values()):
             continue
         # one K for every load: where it is no gain from some concurrency on, that load is served without speculation
@@ -111,7 +133,7 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
                 options = {k: pred(method, k, c) for k in range(max_k + 1)}
                 options = {k: p for k, p in options.items() if p is not None}
                 k_best = max(options, key=lambda k: (options[k], -k))
-                gain = options[k_best] >= margin(method, c)
+                gain = options[k_best] >= margin(method, k_best, c)
                 per[c] = (k_best, options[k_best]) if gain else (0, 1.0)
             k_max = max(k for k, _ in per.values())
             if k_max == 0 or len({k for k, _ in per.values()}) == 1:
@@ -137,7 +159,8 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
                              "on, serve without speculation (no gain predicted there beyond the measured noise)")
     return {"config": cfg, "label": cfg.label, "score": round(score, 4),
             "per_level": {c: round(p, 4) for c, p in preds.items()},
-            "margins": {c: round(margin(method, c), 4) for c in levels} if method != "off" else {},
+            "margins": {c: round(margin(method, _k_at(schedule, c) if schedule else k, c), 4) for c in levels}
+            if method != "off" else {},
             "single": EngineConfig(engine, single[1], single[2]).label,
             "fits": {f"{m}@{c}": e for (m, c), e in sorted(f.items())}, "best_tried": best_tried, "off_from": off_from,
             "flags": flags["command"]}
@@ -163,10 +186,3 @@ def _geomean(values) -> float:
 def _k_at(schedule: tuple, c: int) -> int:
     return next(k for a, b, k in schedule if a <= c <= b) if any(a <= c <= b for a, b, _ in schedule) else \
         schedule[-1][2]
-
-
-def _level_speedups(rows: list[dict], engine: str, label: str) -> list[dict]:
-    try:
-        return advise(as_endpoint_rows(rows, label, EngineConfig(engine).label))["levels"]
-    except AdaspecError:
-        return []
