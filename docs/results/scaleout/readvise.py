@@ -46,7 +46,7 @@ def main(out: Path, runs: list[Path]) -> None:
         for engine in sorted({r["engine"] for r in scale}):
             recorded = [a for a in rows if a.get("kind") == "advice" and a.get("engine") == engine]
             derive = [r for r in scale if r["engine"] == engine and r["phase"] == "derive"]
-            held = [r for r in scale if r["engine"] == engine and r["phase"] == "heldout"]
+            held = [r for r in scale if r["engine"] == engine and r["phase"] in ("heldout", "confirm")]
             new = {k: v for k, v in choose(derive, engine).items() if k != "config"}
             new["engine"] = engine
             for rule, adv in (("recorded", recorded[-1] if recorded else None), ("today", new)):

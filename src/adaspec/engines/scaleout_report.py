@@ -57,7 +57,7 @@ def heldout_check(rows: list[dict], advice: dict) -> list[dict]:
         off = rates.get(f"{engine}/off")
         ratio = round(adv / b, 3) if adv and b else None
         again = {lb: _rate(rows, "confirm", lb, "closed", c) for lb in (label, best)}
-        confirmed = round(again[label] / max(again.values()), 3) if all(again.values()) else None
+        confirmed = round(again[label] / max(again.values()), 3) if all(again.values()) and label != best else None
         n = min(sum(1 for r in rows if r.get("phase") == "confirm" and r["config"] == lb and r["concurrency"] == c)
                 for lb in (label, best)) if confirmed is not None else 0
         out.append({"concurrency": c, "off": off, "advised": adv, "advised_label": label, "best_tried": best,
