@@ -272,6 +272,13 @@ def test_a_trailing_advice_is_measured_again_in_alternating_fresh_starts(loop_se
     scaleout.confirm(loop_settings, advice, heldout_wl, results, logs.append)
     assert not any(": starting (attempt" in m for m in logs)
     # the check: advised / the better of the two, medians over the rounds measured again
+    assert {r["pair"] for r in again} == {"vllm/ngram-k3 vs vllm/ngram-k6"}
+    # a resumed run whose advice changed (off from 2 clients) measures its new pair afresh, both sides
+    logs.clear()
+    scaleout.confirm(loop_settings, dict(advice, off_from=2), heldout_wl, results, logs.append)
+    starts = [m.split(":")[0] for m in logs if ": starting (attempt" in m]
+    assert starts == ["vllm/ngram-k6", "vllm/off", "vllm/off", "vllm/ngram-k6"]
+    again = [r for r in results.rows("scaleout") if r["phase"] == "confirm" and "k3" in r["pair"]]
     rows = held + [dict(r, decode_tok_s=v) for r, v in zip(sorted(again, key=lambda r: (r["config"], r["round"])),
                                                            (23.0, 25.0, 24.0, 26.0))]
     h1, h2 = heldout_check(rows, advice)
@@ -289,6 +296,20 @@ def test_a_trailing_advice_is_measured_again_in_alternating_fresh_starts(loop_se
     assert "## Measured again where the advice trailed" in text
     with pytest.raises(ConfigError, match="--confirm-rounds"):
         scaleout.parse_args(["--out", "x", "--engines", "llamacpp", "--llama-server", "x", "--confirm-rounds", "-1"])
+
+
+def test_the_loop_measures_trailing_pairs_again_before_its_report(loop_settings, monkeypatch):
+    """run() calls confirm() after the held-out pass (the pair here is fixed: the fakes' rates are noise)."""
+    from adaspec.engines import scaleout_report
+
+    loop_settings.configs = {"vllm": [EngineConfig("vllm"), EngineConfig("vllm", "ngram", 3)]}
+    loop_settings.rates, loop_settings.confirm_rounds = [], 2
+    monkeypatch.setattr(scaleout_report, "to_confirm", lambda rows, advice: {2: ("vllm/ngram-k3", "vllm/off")})
+    scaleout.run(loop_settings, log=lambda m: None)
+    rows = Results(loop_settings.out / "results.jsonl").rows("scaleout")
+    again = sorted((r["config"], r["concurrency"], r["round"], r["pair"]) for r in rows if r["phase"] == "confirm")
+    assert again == [(c, 2, rnd, "vllm/ngram-k3 vs vllm/off") for c in ("vllm/ngram-k3", "vllm/off") for rnd in (0, 1)]
+    assert "## Measured again where the advice trailed" in (loop_settings.out / "report.md").read_text()
 
 
 def test_a_level_cut_by_a_kill_is_measured_again(loop_settings):
@@ -350,6 +371,11 @@ def test_llama_server_command_line(tmp_path):
 
 def test_engine_config_names_bad_input():
     assert EngineConfig.parse("vllm", "draft:3").label == "vllm/draft-k3"
+    for label in ("llamacpp/off", "vllm/ngram-k8", "vllm/ngram-k8@1-1:8,2-3:4,4-512:0"):  # labels read back
+        assert EngineConfig.from_label(label).label == label
+    assert EngineConfig.from_label("vllm/ngram-k8@1-1:8,2-3:4").schedule == ((1, 1, 8), (2, 3, 4))
+    with pytest.raises(ConfigError, match="not a configuration label"):
+        EngineConfig.from_label("vllm/ngram-k8@1-1")
     with pytest.raises(ConfigError, match="engine must be one of"):
         EngineConfig("sglang")
     with pytest.raises(ConfigError, match="k must be 1..16"):
@@ -398,6 +424,10 @@ def test_choose_fits_each_configuration_and_gives_vllm_a_schedule():
     assert cfg.method == "draft" and cfg.schedule[0][:2] == (1, 1) and cfg.schedule[0][2] == expect[1]
     assert cfg.schedule[-1] == (4, 512, 0) and cfg.k == max(expect.values())
     assert "num_speculative_tokens_per_batch_size" in v["flags"]
+    # an engine that refuses the schedule gets the best single K with its own advice: off from 4 clients
+    fb = v["fallback"]
+    assert fb["label"] == v["single"] != v["label"] and fb["off_from"] == 4 and "per_batch_size" not in fb["flags"]
+    assert "from 4 on, serve without speculation" in fb["flags"] and fb["per_level"][4] < 1.0
     assert v["best_tried"][4] == {"label": "vllm/off", "speedup": 1.0}
     assert v["best_tried"][1]["label"] == "vllm/draft-k4"
     # llama-server: one K for every load, the best geometric mean of what it delivers: its predictions, and 1 from
@@ -444,7 +474,8 @@ def test_a_tried_k_counts_at_its_measured_speedup_and_untried_ks_between_the_fit
     assert predict(at2, 5)[0] == pytest.approx(0.6 * predicted_speedup(a3, c3, 5) + 0.4 * predicted_speedup(a8, c8, 5))
     assert predict(at2, 10)[0] == pytest.approx(predicted_speedup(a8, c8, 10))
     a = choose(rows, "llamacpp")
-    # K = 3 gains at 1 client only (served off from 2: 1.23, 1, 1); K = 8 gains everywhere (1.17, 1.16, 1.25)
+    # K = 3 clears its margin at 1 and 4 clients, not between (1.23, 1.00, 1.08: geometric mean 1.10); K = 8
+    # everywhere (1.17, 1.16, 1.25: 1.19)
     assert a["label"] == "llamacpp/ngram-k8" and a["off_from"] is None
     assert a["per_level"] == {1: pytest.approx(1.17, abs=2e-3), 2: pytest.approx(1.16, abs=2e-3),
                               4: pytest.approx(1.25, abs=2e-3)}
@@ -490,6 +521,29 @@ def test_a_gain_within_the_measured_noise_is_not_advised():
         a = choose(r, "llamacpp")
         assert a["label"].startswith("llamacpp/ngram")
         assert a["off_from"] == (None if gains_at_2 else 2)
+
+
+def test_a_vllm_schedule_takes_at_each_level_the_best_k_that_clears_its_own_margin():
+    """Margins differ per K (each rests on its own measurement or fit): at 2 clients K = 1 measured 1.06× over
+    tight paired prompts (margin 1.03) while K = 4's 1.10× scattered (margin 1.16), so the schedule keeps K = 1
+    there rather than turning speculation off."""
+    from adaspec.engines.choose import choose, measured_levels, predict
+
+    s1 = {"mean_acceptance_length": 1.7, "mean_draft_length": 1.0, "acceptance_rate": 0.7}
+    s4 = {"mean_acceptance_length": 2.4, "mean_draft_length": 4.0, "acceptance_rate": 0.5}
+    rows = []
+    for c, x1, x4, spread1, spread4 in ((1, 1.5, 1.3, [1.5] * 8, [1.3] * 8),
+                                         (2, 1.06, 1.10, [1.06] * 8, [0.7, 1.6, 0.75, 1.55] * 2)):
+        base, d1 = _detail(spread1)
+        _, d4 = _detail(spread4)
+        rows += [{**_row("vllm", "off", 0, c, 20.0), "requests_detail": base},
+                 {**_row("vllm", "ngram", 1, c, 20 * x1, s1), "requests_detail": d1},
+                 {**_row("vllm", "ngram", 4, c, 20 * x4, s4), "requests_detail": d4}]
+    at2 = measured_levels(rows, "vllm")[("ngram", 2)]
+    assert predict(at2, 1)[0] >= predict(at2, 1)[1] == 1.03 and predict(at2, 4)[0] < predict(at2, 4)[1]
+    a = choose(rows, "vllm")
+    assert a["config"].schedule[-1] == (2, 2, 1) and a["per_level"][2] == pytest.approx(1.06, abs=0.01)
+    assert a["margins"][2] == 1.03
 
 
 def test_choose_without_acceptance_counters_uses_the_measured_ks():

@@ -32,6 +32,13 @@ def _cell(h: dict) -> str:
     return f"{h['ratio']:.3f} ({label}{again})" + ("" if h["final"] >= TARGET_RATIO else " **not met**")
 
 
+def as_run(advice_rows: list[dict]) -> dict | None:
+    """The advice a run was measured with: its first advice row, or the first fallback (an engine that refused the
+    advice). A run resumed at a later commit writes that commit's advice after it."""
+    fallbacks = [a for a in advice_rows if a.get("fallback_from")]
+    return fallbacks[0] if fallbacks else advice_rows[0] if advice_rows else None
+
+
 def main(out: Path, runs: list[Path]) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [f"# The advice re-derived from recorded runs (today's rule at `{commit}`)", "",
@@ -49,7 +56,7 @@ def main(out: Path, runs: list[Path]) -> None:
             held = [r for r in scale if r["engine"] == engine and r["phase"] in ("heldout", "confirm")]
             new = {k: v for k, v in choose(derive, engine).items() if k != "config"}
             new["engine"] = engine
-            for rule, adv in (("recorded", recorded[-1] if recorded else None), ("today", new)):
+            for rule, adv in (("recorded", as_run(recorded)), ("today", new)):
                 if adv is None:
                     continue
                 checks = heldout_check(held, adv)

@@ -86,9 +86,12 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
     """The advised configuration for ``engine`` (see the module docstring). Returns ``config`` (an
     :class:`EngineConfig`), ``label``, ``score`` (geometric mean of the predicted speedup the advice delivers),
     ``per_level`` (concurrency → predicted speedup of the configuration), ``margins`` (concurrency → the gain margin
-    its prediction had to clear), ``off_from`` (the concurrency from which the advice is to serve without
-    speculation, or None), ``fits`` (the entries used), ``best_tried`` (concurrency → the fastest measured label and
-    its speedup) and ``flags`` (the engine's command line from :func:`adaspec.bench.advise.engine_config`).
+    its prediction had to clear, where it speculates), ``off_from`` (the concurrency from which the advice is to
+    serve without speculation, or None), ``flags`` (the engine's command line from
+    :func:`adaspec.bench.advise.engine_config`), ``single`` (the best single K's label) and ``fallback`` (that
+    single K's own label, score, per_level, margins, off_from and flags where the advice is a vLLM schedule, for an
+    engine that refuses it; else None), ``fits`` (per method and concurrency, the fastest measured entry) and
+    ``best_tried`` (concurrency → the fastest measured label and its speedup).
 
     Raises:
         AdaspecError: no speculative configuration was measured cleanly against ``off``.
@@ -129,12 +132,11 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
     if engine == "vllm":  # vLLM 0.32 takes a K per batch size: the best K at each measured concurrency
         for method in sorted({m for m, _ in f}):
             per = {}
-            for c in levels:
-                options = {k: pred(method, k, c) for k in range(max_k + 1)}
-                options = {k: p for k, p in options.items() if p is not None}
-                k_best = max(options, key=lambda k: (options[k], -k))
-                gain = options[k_best] >= margin(method, k_best, c)
-                per[c] = (k_best, options[k_best]) if gain else (0, 1.0)
+            for c in levels:  # the best of the Ks that clear their own margin there, else 0
+                options = {k: pm(method, k, c) for k in range(min_k(engine, method), max_k + 1)}
+                gaining = {k: got[0] for k, got in options.items() if got is not None and got[0] >= got[1]}
+                k_best = max(gaining, key=lambda k: (gaining[k], -k)) if gaining else 0
+                per[c] = (k_best, gaining[k_best]) if gaining else (0, 1.0)
             k_max = max(k for k, _ in per.values())
             if k_max == 0 or len({k for k, _ in per.values()}) == 1:
                 continue  # off everywhere, or one K everywhere (already a single-K candidate)
@@ -143,27 +145,31 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
             cand = (_geomean(preds.values()), method, k_max, tuple(tuple(r) for r in table), preds, None)
             if cand[0] > best[0]:
                 best = cand
-    score, method, k, schedule, preds, off_from = best
-    cfg = EngineConfig(engine, method, k, schedule)
+
+    def summary(cand: tuple) -> dict:
+        score, method, k, schedule, preds, off_from = cand
+        cfg = EngineConfig(engine, method, k, schedule)
+        k_at = {c: (_k_at(schedule, c) if schedule else k) for c in levels}
+        advice = {"levels": [{"concurrency": c, "k": k_at[c], "k_measured": float(k or 1)} for c in levels]}
+        flags = engine_config(engine, advice, model="MODEL", method="draft" if method == "draft" else "ngram",
+                              draft="DRAFT")["command"]
+        if off_from is not None:
+            flags += (f"  # up to {levels[levels.index(off_from) - 1]} concurrent requests; from {off_from} on, "
+                      "serve without speculation (no gain predicted there beyond the measured noise)")
+        return {"config": cfg, "label": cfg.label, "score": round(score, 4),
+                "per_level": {c: round(p, 4) for c, p in preds.items()},
+                "margins": {c: round(margin(method, k_at[c], c), 4) for c in levels if k_at[c] > 0},
+                "off_from": off_from, "flags": flags}
+
     best_tried = {}
     for c in levels:
         b = max((e for (m, cc), e in f.items() if cc == c), key=lambda e: e["speedup"])
         best_tried[c] = {"label": b["config"], "speedup": b["speedup"]} if b["speedup"] > 1 else {
             "label": EngineConfig(engine).label, "speedup": 1.0}
-    advice = {"levels": [{"concurrency": c, "k": (_k_at(schedule, c) if schedule else k), "k_measured": float(k or 1)}
-                         for c in levels]}
-    flags = engine_config(engine, advice, model="MODEL", method="draft" if method == "draft" else "ngram",
-                          draft="DRAFT")
-    if off_from is not None:
-        flags["command"] += (f"  # up to {levels[levels.index(off_from) - 1]} concurrent requests; from {off_from} "
-                             "on, serve without speculation (no gain predicted there beyond the measured noise)")
-    return {"config": cfg, "label": cfg.label, "score": round(score, 4),
-            "per_level": {c: round(p, 4) for c, p in preds.items()},
-            "margins": {c: round(margin(method, _k_at(schedule, c) if schedule else k, c), 4) for c in levels}
-            if method != "off" else {},
-            "single": EngineConfig(engine, single[1], single[2]).label,
-            "fits": {f"{m}@{c}": e for (m, c), e in sorted(f.items())}, "best_tried": best_tried, "off_from": off_from,
-            "flags": flags["command"]}
+    fallback = {k: v for k, v in summary(single).items() if k != "config"} if best is not single else None
+    return {**summary(best), "single": fallback["label"] if fallback else summary(single)["label"],
+            "fallback": fallback, "fits": {f"{m}@{c}": e for (m, c), e in sorted(f.items())},
+            "best_tried": best_tried}
 
 
 def losing_from(levels: list[int], gains: dict[int, bool]) -> int | None:

@@ -10,6 +10,7 @@ speculative decoding"; each K at most ``k``, 0 = no speculation at that batch si
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from adaspec.errors import ConfigError
@@ -61,3 +62,17 @@ class EngineConfig:
         if not k.strip().isdigit():
             raise ConfigError(f"a configuration is off, ngram:K or draft:K, not {text!r}")
         return cls(engine, method, int(k))
+
+    @classmethod
+    def from_label(cls, label: str) -> EngineConfig:
+        """The configuration a :attr:`label` names (``llamacpp/off``, ``vllm/ngram-k8``, ``vllm/ngram-k8@1-1:8,2-4:3``).
+        Raises ConfigError naming the label."""
+        m = re.fullmatch(r"(\w+)/(?:off|(\w+)-k(\d+)(?:@((?:\d+-\d+:\d+,?)+))?)", label.strip())
+        if not m:
+            raise ConfigError(f"not a configuration label (ENGINE/off, ENGINE/METHOD-kK[@FIRST-LAST:K,...]): {label!r}")
+        engine, method, k, sched = m.groups()
+        if method is None:
+            return cls(engine)
+        schedule = tuple(tuple(int(x) for x in re.split(r"[-:]", part)) for part in sched.split(",") if part) \
+            if sched else ()
+        return cls(engine, method, int(k), schedule)

@@ -26,7 +26,9 @@ class Phase:
     """What to send: ``name`` (``derive``, ``heldout``, ``profile``, ``confirm``), a workload (a JSONL of prompts),
     its prompt count, the endpoint settings (``api``, ``max_tokens``, greedy), the load levels and how many
     ``rounds`` of them (every level once per round, on the same server), numbered from ``first_round`` (a phase
-    measured one round per server start gives each start its own round)."""
+    measured one round per server start gives each start its own round). ``pair`` names the comparison a
+    ``confirm`` phase belongs to (:func:`adaspec.engines.scaleout_report.pair_tag`); it is part of each level's key
+    and row."""
 
     name: str
     workload: str
@@ -38,6 +40,7 @@ class Phase:
     seed: int = 0
     rounds: int = 1
     first_round: int = 0
+    pair: str = ""
 
     def levels(self) -> list[tuple[str, float, int]]:
         """(load, level, round) in the order they are measured."""
@@ -47,6 +50,7 @@ class Phase:
 
     def level_key(self, cfg: EngineConfig, load: str, level: float, rnd: int = 0) -> str:
         extra = {"round": rnd} if rnd else {}  # round 0 keeps the key of runs made before rounds existed
+        extra.update({"pair": self.pair} if self.pair else {})
         return key(phase=self.name, config=cfg.label, load=load, level=level, workload=self.workload,
                    prompts=self.prompts, max_tokens=self.max_tokens, api=self.api, seed=self.seed, **extra)
 
@@ -124,7 +128,8 @@ def measure_levels(proc: EngineProcess, cfg: EngineConfig, phase: Phase, results
                            "arm": "baseline" if cfg.method == "off" else "speculative", "load": load,
                            "concurrency": int(level) if load == "closed" else None,
                            "rate": level if load == "open" else None, "round": rnd, "workload": phase.workload,
-                           "prompts": len(prompts), "requests": n, "max_tokens": phase.max_tokens, "model": model, **row})
+                           "prompts": len(prompts), "requests": n, "max_tokens": phase.max_tokens, "model": model,
+                           **({"pair": phase.pair} if phase.pair else {}), **row})
             alpha = row["spec"].get("acceptance_rate")
             log(f"  {phase.name} {cfg.label} {load} {level:g}" + (f" round {rnd}" if rnd else "") + f": {row['completed']} ok, "
                 f"{row['throughput_tok_s'] or 0:.2f} tok/s, decode {row['decode_tok_s'] or 0:.2f} tok/s"

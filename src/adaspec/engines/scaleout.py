@@ -227,15 +227,16 @@ def run(s: Settings, log: Callable[[str], None] = print) -> dict:
                                   not _derived(rows, advised) else [])
             if not run_config(s, cfg, phases, results, log) and cfg == advised and advised.schedule:
                 # the engine refused the per-batch-size schedule: fall back to the best single K, and say so
-                advised = EngineConfig.parse(engine, _spec(advice["single"]))
+                advised = EngineConfig.from_label(advice["single"])
                 results.write({"kind": "advice", "engine": engine, **{k: v for k, v in advice.items() if k != "config"},
-                               "label": advised.label, "fallback_from": cfg.label})
+                               **advice["fallback"], "fallback_from": cfg.label})
                 log(f"{engine}: {cfg.label} did not run; falling back to {advised.label}")
                 run_config(s, advised, [heldout] + ([] if _derived(rows, advised) else [profile]), results, log)
-        confirm(s, [a for a in results.rows("advice") if a["engine"] == engine][-1], heldout_wl, results, log)
+        last = [a for a in results.rows("advice") if a["engine"] == engine][-1]  # the fallback, where there was one
+        confirm(s, last, heldout_wl, results, log)
         if engine in s.live_profile and advised.method != "off":
             _live_profile(s, advised, {"derive": derive_wl, "heldout": heldout_wl}, results, log)
-        summary[engine] = {"advised": advised.label, "flags": advice["flags"]}
+        summary[engine] = {"advised": advised.label, "flags": last["flags"]}
     from adaspec.engines.scaleout_report import write_report
 
     summary["report"] = str(write_report(s.out, results))
@@ -245,23 +246,23 @@ def run(s: Settings, log: Callable[[str], None] = print) -> dict:
 def confirm(s: Settings, advice: dict, heldout_wl: Path, results: Results, log: Callable[[str], None]) -> None:
     """Measure again, on the held-out prompts, each pair (advised, best) that
     :func:`adaspec.engines.scaleout_report.to_confirm` names: ``s.confirm_rounds`` rounds, each configuration
-    started afresh (and settled) in every round, in alternating order (A B, B A, ...), one ``confirm`` row per
-    level and round. A resumed run measures only the rounds still missing."""
-    from adaspec.engines.scaleout_report import to_confirm
+    started afresh in every round (and settled, with ``--settle``), in alternating order (A B, B A, ...), one
+    ``confirm`` row per level, round and pair. A resumed run measures only the rounds still missing."""
+    from adaspec.engines.scaleout_report import pair_tag, to_confirm
 
     rows = [r for r in results.rows("scaleout") if r["engine"] == advice["engine"]]
-    levels: dict[str, list[int]] = {}  # configuration → the concurrencies it is measured again at
+    needs: dict[str, dict[str, list[int]]] = {}  # configuration → pair → the concurrencies it is measured again at
     for c, pair in sorted(to_confirm(rows, advice).items()):
         for label in pair:
-            levels.setdefault(label, []).append(c)
-    if levels and s.confirm_rounds:
-        log(f"{advice['engine']}: measuring again where the advice trailed: " + ", ".join(
-            f"{label} at {levels[label]}" for label in sorted(levels)))
-    for rnd in range(s.confirm_rounds if levels else 0):
-        for label in sorted(levels, reverse=rnd % 2 == 1):
-            phase = Phase("confirm", str(heldout_wl), s.heldout_prompts, s.max_tokens, levels[label], [], s.api,
-                          first_round=rnd)
-            run_config(s, EngineConfig.parse(advice["engine"], _spec(label)), [phase], results, log)
+            needs.setdefault(label, {}).setdefault(pair_tag(*pair), []).append(c)
+    if needs and s.confirm_rounds:
+        log(f"{advice['engine']}: measuring again where the advice trailed: " + "; ".join(
+            f"{tag} at {cs}" for tag, cs in dict(p for label in sorted(needs) for p in needs[label].items()).items()))
+    for rnd in range(s.confirm_rounds if needs else 0):
+        for label in sorted(needs, reverse=rnd % 2 == 1):
+            phases = [Phase("confirm", str(heldout_wl), s.heldout_prompts, s.max_tokens, cs, [], s.api,
+                            first_round=rnd, pair=tag) for tag, cs in needs[label].items()]
+            run_config(s, EngineConfig.from_label(label), phases, results, log)
 
 
 def _write_meta(s: Settings) -> None:
@@ -283,12 +284,6 @@ def _write_meta(s: Settings) -> None:
     if s.command and s.command not in meta["command"]:
         meta["command"] += f"; then {s.command}"
     path.write_text(json.dumps(meta, indent=2))
-
-
-def _spec(label: str) -> str:
-    """``vllm/ngram-k4`` → ``ngram:4``."""
-    tail = label.split("/", 1)[1]
-    return "off" if tail == "off" else tail.replace("-k", ":")
 
 
 def _derived(rows: list[dict], cfg: EngineConfig) -> bool:

@@ -39,8 +39,8 @@ def heldout_check(rows: list[dict], advice: dict) -> list[dict]:
     advice is to serve without speculation, so ``off`` is the advised configuration there.
 
     The best of several configurations measured once each is partly the luckiest (it is picked by the measurement it
-    is then divided by). Where the loop re-measured the two in fresh alternating rounds (``confirm`` rows,
-    :func:`to_confirm`), ``confirmed`` is advised / the better of the two there (medians over the rounds) and
+    is then divided by). Where the loop re-measured the two in fresh alternating rounds (``confirm`` rows of their
+    :func:`pair_tag`, :func:`to_confirm`), ``confirmed`` is advised / the better of the two there (medians over the rounds) and
     ``confirm_rounds`` their count; ``final`` is ``confirmed`` where it exists, else ``ratio`` (what the target is
     checked on)."""
     engine = advice["engine"]
@@ -56,9 +56,12 @@ def heldout_check(rows: list[dict], advice: dict) -> list[dict]:
         b = rates.get(best)
         off = rates.get(f"{engine}/off")
         ratio = round(adv / b, 3) if adv and b else None
-        again = {lb: _rate(rows, "confirm", lb, "closed", c) for lb in (label, best)}
+        tag = pair_tag(label, best)
+        # rows written before pairs were tagged (two runs of 2026-12-07, each pair measured once) count for any pair
+        mine = [r for r in rows if r.get("phase") == "confirm" and r.get("pair", tag) == tag]
+        again = {lb: _rate(mine, "confirm", lb, "closed", c) for lb in (label, best)}
         confirmed = round(again[label] / max(again.values()), 3) if all(again.values()) and label != best else None
-        n = min(sum(1 for r in rows if r.get("phase") == "confirm" and r["config"] == lb and r["concurrency"] == c)
+        n = min(sum(1 for r in mine if r["config"] == lb and r["concurrency"] == c and r.get("decode_tok_s"))
                 for lb in (label, best)) if confirmed is not None else 0
         out.append({"concurrency": c, "off": off, "advised": adv, "advised_label": label, "best_tried": best,
                     "best_derive": derived["label"], "best": b, "ratio": ratio,
@@ -66,6 +69,12 @@ def heldout_check(rows: list[dict], advice: dict) -> list[dict]:
                     "confirmed": confirmed, "confirm_rounds": n,
                     "final": confirmed if confirmed is not None else ratio})
     return out
+
+
+def pair_tag(advised: str, best: str) -> str:
+    """The name of one comparison measured again (``confirm`` rows carry it as ``pair``): a row counts only for the
+    pair it was measured in, so that a resumed run whose advice changed measures its new pair afresh."""
+    return f"{advised} vs {best}"
 
 
 def to_confirm(rows: list[dict], advice: dict) -> dict[int, tuple[str, str]]:
