@@ -40,9 +40,9 @@ def heldout_check(rows: list[dict], advice: dict) -> list[dict]:
 
     The best of several configurations measured once each is partly the luckiest (it is picked by the measurement it
     is then divided by). Where the loop re-measured the two in fresh alternating rounds (``confirm`` rows of their
-    :func:`pair_tag`, :func:`to_confirm`), ``confirmed`` is advised / the better of the two there (medians over the rounds) and
-    ``confirm_rounds`` their count; ``final`` is ``confirmed`` where it exists, else ``ratio`` (what the target is
-    checked on)."""
+    :func:`pair_tag`, :func:`to_confirm`), ``confirmed`` is advised / the better of the two there (medians over the
+    rounds) and ``confirm_rounds`` their count; ``final`` is ``confirmed`` where it exists, else ``ratio`` (what the
+    target is checked on)."""
     engine = advice["engine"]
     out = []
     off_from = advice.get("off_from")
