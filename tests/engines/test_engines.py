@@ -86,7 +86,7 @@ def loop_settings(tmp_path, monkeypatch):
                              confirm_rounds=0)  # the fakes' rates are noise: test_a_trailing_advice_is_measured_again
 
 
-def test_scaleout_loop_reports_faults_resumes_and_checks_advice(loop_settings):
+def test_scaleout_loop_reports_faults_resumes_and_checks_advice(loop_settings, monkeypatch):
     logs = []
     summary = scaleout.run(loop_settings, log=logs.append)
     results = Results(loop_settings.out / "results.jsonl")
@@ -129,6 +129,11 @@ def test_scaleout_loop_reports_faults_resumes_and_checks_advice(loop_settings):
     # a rerun measures nothing again and starts no engine
     before = len(results.rows("scaleout"))
     logs.clear()
+    scaleout.run(loop_settings, log=logs.append)
+    assert len(results.rows("scaleout")) == before and not any("starting" in m for m in logs)
+    # nor does one whose --out is spelt otherwise (relative here, absolute before)
+    monkeypatch.chdir(loop_settings.out.parent)
+    loop_settings.out = Path(loop_settings.out.name)
     scaleout.run(loop_settings, log=logs.append)
     assert len(results.rows("scaleout")) == before and not any("starting" in m for m in logs)
 

@@ -189,6 +189,7 @@ def run(s: Settings, log: Callable[[str], None] = print) -> dict:
     _write_meta(s)
     derive_wl, heldout_wl = split_prompts(s.workload, s.derive_prompts, s.heldout_prompts, s.out, s.split,
                                           s.split_seed)
+    derive_wl, heldout_wl = (as_recorded(p, results) for p in (derive_wl, heldout_wl))
     derive = Phase("derive", str(derive_wl), s.derive_prompts, s.max_tokens, s.concurrency, s.rates, s.api,
                    rounds=s.rounds)
     heldout = Phase("heldout", str(heldout_wl), s.heldout_prompts, s.max_tokens, s.concurrency, s.rates, s.api,
@@ -241,6 +242,16 @@ def run(s: Settings, log: Callable[[str], None] = print) -> dict:
 
     summary["report"] = str(write_report(s.out, results))
     return summary
+
+
+def as_recorded(path: Path, results: Results) -> Path:
+    """``path`` as this folder's rows spell it, where they name the same file: the levels' keys hold the prompt
+    files' paths as given, so that a run resumed with ``--out`` spelt otherwise (absolute instead of relative, or
+    the reverse) finds its levels instead of measuring them all again."""
+    for w in sorted({r["workload"] for r in results.rows("scaleout") if r.get("workload")}):
+        if Path(w).resolve() == path.resolve():
+            return Path(w)
+    return path
 
 
 def confirm(s: Settings, advice: dict, heldout_wl: Path, results: Results, log: Callable[[str], None]) -> None:
