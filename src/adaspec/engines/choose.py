@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from adaspec.bench.advise import MARGIN, advise, engine_config, gain_margin, min_k, predicted_speedup, ranges
+from adaspec.bench.advise import advise, engine_config, gain_margin, min_k, predicted_speedup, ranges
 from adaspec.engines.config import EngineConfig
 from adaspec.errors import AdaspecError
 
@@ -50,12 +50,6 @@ def measured_levels(rows: list[dict], engine: str, max_k: int = 8) -> dict[tuple
         for e in levels:
             out.setdefault((method, e["concurrency"]), []).append({**e, "config": label, "k_tried": k})
     return {key: sorted(es, key=lambda e: e["k_tried"]) for key, es in out.items()}
-
-
-def fits(rows: list[dict], engine: str, max_k: int = 8) -> dict[tuple[str, int], dict]:
-    """Per (method, concurrency): the entry of :func:`measured_levels` that measured fastest (the level's best
-    tried, as the report shows it)."""
-    return {key: max(es, key=lambda e: e["speedup"]) for key, es in measured_levels(rows, engine, max_k).items()}
 
 
 def predict(entries: list[dict], k: int) -> tuple[float, float] | None:
@@ -102,24 +96,17 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
     f = {key: max(es, key=lambda e: e["speedup"]) for key, es in measured.items()}
     levels = sorted({c for _, c in measured})
 
-    def pm(method: str, k: int, c: int) -> tuple[float, float] | None:
+    def at(method: str, k: int, c: int) -> tuple[float, float] | None:  # (predicted speedup, gain margin)
         return (1.0, 1.0) if method == "off" else predict(measured.get((method, c), []), k)
-
-    def pred(method: str, k: int, c: int) -> float | None:
-        got = pm(method, k, c)
-        return None if got is None else got[0]
-
-    def margin(method: str, k: int, c: int) -> float:
-        got = pm(method, k, c)
-        return MARGIN if got is None or k == 0 else got[1]
 
     scored = []  # (score, method, K, schedule, per-level predictions, off_from)
     for method, k in [("off", 0)] + [(m, k) for m in sorted({m for m, _ in f}) for k in range(min_k(engine, m),
                                                                                            max_k + 1)]:
-        preds = {c: pred(method, k, c) for c in levels}
-        if None in preds.values():
+        got = {c: at(method, k, c) for c in levels}
+        if None in got.values():
             continue
-        gains = {c: k > 0 and preds[c] >= margin(method, k, c) for c in levels}
+        preds = {c: p for c, (p, _) in got.items()}
+        gains = {c: k > 0 and p >= m for c, (p, m) in got.items()}
         if k > 0 and not any(gains.values()):
             continue
         # one K for every load: where it is no gain from some concurrency on, that load is served without speculation
@@ -133,10 +120,9 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
         for method in sorted({m for m, _ in f}):
             per = {}
             for c in levels:  # the best of the Ks that clear their own margin there, else 0
-                options = {k: pm(method, k, c) for k in range(min_k(engine, method), max_k + 1)}
-                gaining = {k: got[0] for k, got in options.items() if got is not None and got[0] >= got[1]}
-                k_best = max(gaining, key=lambda k: (gaining[k], -k)) if gaining else 0
-                per[c] = (k_best, gaining[k_best]) if gaining else (0, 1.0)
+                options = {k: at(method, k, c) for k in range(min_k(engine, method), max_k + 1)}
+                gaining = [(k, got[0]) for k, got in options.items() if got is not None and got[0] >= got[1]]
+                per[c] = max(gaining, key=lambda kp: (kp[1], -kp[0]), default=(0, 1.0))
             k_max = max(k for k, _ in per.values())
             if k_max == 0 or len({k for k, _ in per.values()}) == 1:
                 continue  # off everywhere, or one K everywhere (already a single-K candidate)
@@ -158,7 +144,7 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
                       "serve without speculation (no gain predicted there beyond the measured noise)")
         return {"config": cfg, "label": cfg.label, "score": round(score, 4),
                 "per_level": {c: round(p, 4) for c, p in preds.items()},
-                "margins": {c: round(margin(method, k_at[c], c), 4) for c in levels if k_at[c] > 0},
+                "margins": {c: round(at(method, k_at[c], c)[1], 4) for c in levels if k_at[c] > 0},
                 "off_from": off_from, "flags": flags}
 
     best_tried = {}
@@ -167,7 +153,7 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
         best_tried[c] = {"label": b["config"], "speedup": b["speedup"]} if b["speedup"] > 1 else {
             "label": EngineConfig(engine).label, "speedup": 1.0}
     fallback = {k: v for k, v in summary(single).items() if k != "config"} if best is not single else None
-    return {**summary(best), "single": fallback["label"] if fallback else summary(single)["label"],
+    return {**summary(best), "single": EngineConfig(engine, single[1], single[2]).label,
             "fallback": fallback, "fits": {f"{m}@{c}": e for (m, c), e in sorted(f.items())},
             "best_tried": best_tried}
 

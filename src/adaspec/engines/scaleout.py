@@ -261,15 +261,17 @@ def confirm(s: Settings, advice: dict, heldout_wl: Path, results: Results, log: 
     ``confirm`` row per level, round and pair. A resumed run measures only the rounds still missing."""
     from adaspec.engines.scaleout_report import pair_tag, to_confirm
 
-    rows = [r for r in results.rows("scaleout") if r["engine"] == advice["engine"]]
+    pairs = sorted(to_confirm([r for r in results.rows("scaleout") if r["engine"] == advice["engine"]],
+                              advice).items())
+    if not pairs or not s.confirm_rounds:
+        return
+    log(f"{advice['engine']}: measuring again where the advice trailed: "
+        + "; ".join(f"{pair_tag(*pair)} at {c}" for c, pair in pairs))
     needs: dict[str, dict[str, list[int]]] = {}  # configuration → pair → the concurrencies it is measured again at
-    for c, pair in sorted(to_confirm(rows, advice).items()):
+    for c, pair in pairs:
         for label in pair:
             needs.setdefault(label, {}).setdefault(pair_tag(*pair), []).append(c)
-    if needs and s.confirm_rounds:
-        log(f"{advice['engine']}: measuring again where the advice trailed: " + "; ".join(
-            f"{tag} at {cs}" for tag, cs in dict(p for label in sorted(needs) for p in needs[label].items()).items()))
-    for rnd in range(s.confirm_rounds if needs else 0):
+    for rnd in range(s.confirm_rounds):
         for label in sorted(needs, reverse=rnd % 2 == 1):
             phases = [Phase("confirm", str(heldout_wl), s.heldout_prompts, s.max_tokens, cs, [], s.api,
                             first_round=rnd, pair=tag) for tag, cs in needs[label].items()]
