@@ -87,7 +87,6 @@ def test_adaspec_serve_on_vs_off_with_exact_counters(served, workload, tmp_path)
             assert spec["draft_tokens"] > 0 and spec["accepted"] == spec["draft_tokens"]
             assert spec["acceptance_rate"] == 1.0
             assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["mean_draft_length"])
-            assert 1 < spec["mean_draft_length"] <= 4
             # fixed K = 4, 12 tokens per answer: the prefill's token, two steps of 4 drafts + 1, one plain step
             assert spec["mean_draft_length"] == 4.0 and spec["drafts"] == 2 * r["completed"]
             assert sum(spec["acceptance_per_pos"]) * spec["drafts"] == pytest.approx(spec["accepted"])

@@ -554,9 +554,7 @@ def test_behind_forced_tokens_the_depth_probe_reads_the_acceptance_the_plan_was_
 def test_cheap_verification_reaches_long_drafts_and_expensive_stays_short():
     cheap = seeded(CHEAP, 0.95, 0.0).next_k()
     expensive = seeded(EXPENSIVE, 0.95, 0.0).next_k()
-    assert 5 <= cheap <= 7
-    assert 1 <= expensive < cheap
-    # exactly the brute-force optimum on each curve (6 and 3 with these seeds)
+    # long drafts where verifying is cheap, short ones where it is not: exactly the brute-force optimum on each curve
     assert (cheap, expensive) == (brute_force_k(CHEAP, 0.95, 0.0, overhead=3.0),
                                   brute_force_k(EXPENSIVE, 0.95, 0.0, overhead=3.0)) == (6, 3)
     assert seeded(EXPENSIVE, 0.9, 10.0).next_k() < seeded(CHEAP, 0.9, 10.0).next_k()

@@ -141,10 +141,7 @@ def test_model_drafter_cache_is_consistent_after_rejections(models, temperature,
         fresh.prefill(prompt)
         ref = fresh.propose(ids, k, sp, torch.Generator().manual_seed(round_), use_stop)
         assert draft.tokens.tolist() == ref.tokens.tolist()
-        assert 1 <= len(draft) <= k
         assert len(draft) == (min(k, 2) if use_stop is not None else k)  # a model drafter stops only when told
-        if use_stop is not None:
-            assert len(draft) == min(k, 2)
         if temperature > 0:
             torch.testing.assert_close(draft.probs, ref.probs, atol=1e-5, rtol=0)
             assert draft.probs.shape == (len(draft), VOCAB)
