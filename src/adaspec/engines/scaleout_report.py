@@ -171,14 +171,15 @@ def markdown(results: Results, meta: dict) -> str:
                   "| first on the derivation prompts | advised speedup over off | measured again: advised / best "
                   "(rounds) | target ≥ 0.95 |",
                   "|---:|---:|---|---|---:|---:|---|"]
-        for h in heldout_check(rows, adv):
+        checks = heldout_check(rows, adv)
+        for h in checks:
             ok = "–" if h["final"] is None else ("met" if h["final"] >= TARGET_RATIO else "**not met**")
             lines.append(f"| {h['concurrency']} | {_f(h['ratio'], '.3f')}"
                          + (f" ({h['advised_label']})" if h["advised_label"] != adv["label"] else "")
                          + f" | {h['best_tried']} | {h['best_derive']} | {_f(h['advised_speedup'])}× | "
                          + (f"{h['confirmed']:.3f} ({h['confirm_rounds']})" if h["confirmed"] is not None else "–")
                          + f" | {ok} |")
-        if any(h["confirmed"] is not None for h in heldout_check(rows, adv)):
+        if any(h["confirmed"] is not None for h in checks):
             lines += ["", "Where the advice trailed the best by more than the target in the held-out pass, both were "
                           "measured again in fresh starts, alternating (A B, then B A): the best of several "
                           "configurations measured once is partly the luckiest, and the target is checked on the "
