@@ -19,35 +19,46 @@ ARMS = {"mg1.00": 1.0, "mg1.05": 1.05, "mg1.10": 1.10}
 DEMO = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring and type hints."
 
 
-def run(out_path: str) -> None:
+WORKLOADS = (("specbench:coding", -3), ("specbench:writing", -3), ("gsm8k", 2), ("code-edit", 2))
+
+
+def run(out_path: str, arms: dict[str, dict] | None = None, workloads=WORKLOADS, forget: bool = False) -> None:
+    """The A/B: ``arms`` maps an arm's name to its GoodputController keyword arguments (default: ``min_gain`` per
+    :data:`ARMS`); ``workloads`` lists (workload, take) with take < 0 for the last prompts, > 0 for the first;
+    ``forget`` empties every draft model's cache before each request (no arm finds the prompt fed by another)."""
     from adaspec.api import SpeculativeLM, load_model, make_drafter, set_threads
     from adaspec.controllers import GoodputController
     from adaspec.defaults import DEFAULT_DRAFTER
+    from adaspec.drafters.multi import model_drafters
     from adaspec.engine import GenerationConfig, SpeculativeEngine
     from adaspec.workloads import load_workload
 
+    arms = arms if arms is not None else {arm: {"min_gain": g} for arm, g in ARMS.items()}
     set_threads(2)
     target = load_model("qwen2.5-coder-1.5b-instruct", backend="ik")
     lm = SpeculativeLM(target, None, None)
     drafter = make_drafter(DEFAULT_DRAFTER, target, backend="ik")
-    engines = {arm: SpeculativeEngine(target.backend, drafter, GoodputController(min_gain=g), tokenizer=target.tokenizer)
-               for arm, g in ARMS.items()}
+    engines = {arm: SpeculativeEngine(target.backend, drafter, GoodputController(**kw), tokenizer=target.tokenizer)
+               for arm, kw in arms.items()}
     engines["plain"] = SpeculativeEngine(target.backend, None, None, tokenizer=target.tokenizer)
     for engine in engines.values():
         engine.warmup()
     prompts = [("demo", [{"role": "user", "content": DEMO}])]
-    for workload, take in (("specbench:coding", -3), ("specbench:writing", -3), ("gsm8k", 2), ("code-edit", 2)):
+    for workload, take in workloads:
         chosen = load_workload(workload)
         chosen = chosen[take:] if take < 0 else chosen[:take]
         prompts += [(workload, list(p.messages) if p.messages else [{"role": "user", "content": p.text}])
                     for p in chosen]
-    spec = list(ARMS)
+    spec = list(arms)
     with open(out_path, "a") as out:
         for rnd in range(2):
             for i, (family, messages) in enumerate(prompts):
                 ids = lm.encode(messages, chat=True)
                 shift = (i + rnd) % len(spec)
                 for arm in ["plain", *spec[shift:], *spec[:shift]]:
+                    if forget:
+                        for d in model_drafters(drafter).values():
+                            d.forget()
                     r = engines[arm].generate(ids, GenerationConfig(max_new_tokens=128,
                                                                     cache_partition=f"{arm}-{rnd}-{i}"))
                     s = r.stats

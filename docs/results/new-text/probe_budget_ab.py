@@ -12,84 +12,17 @@ request, so no arm finds the prompt already fed by another.
 
 from __future__ import annotations
 
-import collections
-import json
-import statistics
 import sys
+from pathlib import Path
 
-ARMS = {"pb8": 8.0, "pb32": 32.0}
-DEMO = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring and type hints."
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from min_gain_ab import run, summary  # noqa: E402  (the same A/B with other arms)
 
-
-def run(out_path: str) -> None:
-    from adaspec.api import SpeculativeLM, load_model, make_drafter, set_threads
-    from adaspec.controllers import GoodputController
-    from adaspec.defaults import DEFAULT_DRAFTER
-    from adaspec.drafters.multi import model_drafters
-    from adaspec.engine import GenerationConfig, SpeculativeEngine
-    from adaspec.workloads import load_workload
-
-    set_threads(2)
-    target = load_model("qwen2.5-coder-1.5b-instruct", backend="ik")
-    lm = SpeculativeLM(target, None, None)
-    drafter = make_drafter(DEFAULT_DRAFTER, target, backend="ik")
-    engines = {arm: SpeculativeEngine(target.backend, drafter, GoodputController(probe_budget=g), tokenizer=target.tokenizer)
-               for arm, g in ARMS.items()}
-    engines["plain"] = SpeculativeEngine(target.backend, None, None, tokenizer=target.tokenizer)
-    for engine in engines.values():
-        engine.warmup()
-    prompts = [("demo", [{"role": "user", "content": DEMO}])]
-    for workload, take in (("specbench:coding", -3), ("specbench:writing", -3), ("gsm8k", 3), ("humaneval", 2), ("code-edit", 2)):
-        chosen = load_workload(workload)
-        chosen = chosen[take:] if take < 0 else chosen[:take]
-        prompts += [(workload, list(p.messages) if p.messages else [{"role": "user", "content": p.text}])
-                    for p in chosen]
-    spec = list(ARMS)
-    with open(out_path, "a") as out:
-        for rnd in range(2):
-            for i, (family, messages) in enumerate(prompts):
-                ids = lm.encode(messages, chat=True)
-                shift = (i + rnd) % len(spec)
-                for arm in ["plain", *spec[shift:], *spec[:shift]]:
-                    for d in model_drafters(drafter).values():
-                        d.forget()
-                    r = engines[arm].generate(ids, GenerationConfig(max_new_tokens=128,
-                                                                    cache_partition=f"{arm}-{rnd}-{i}"))
-                    s = r.stats
-                    row = dict(rnd=rnd, i=i, family=family, arm=arm, new_tokens=s.new_tokens,
-                               decode_tps=(s.new_tokens - 1) / (s.total_ms - s.prefill_ms) * 1e3,
-                               drafted_steps=sum(1 for st in s.steps if st.drafted), steps=len(s.steps),
-                               tokens=r.token_ids)
-                    out.write(json.dumps(row) + "\n")
-                    out.flush()
-                    print({k: v for k, v in row.items() if k != "tokens"}, flush=True)
-
-
-def summary(path: str) -> None:
-    """Per family and arm: the geometric mean over prompts and passes of decode tokens/s ÷ plain's on the same prompt
-    and pass, drafted steps, and whether the tokens equal plain's."""
-    rows = [json.loads(line) for line in open(path)]
-    plain = {(r["rnd"], r["i"]): r for r in rows if r["arm"] == "plain"}
-    ratios: dict[tuple, list] = collections.defaultdict(list)
-    drafted: dict[tuple, list] = collections.defaultdict(list)
-    same: collections.Counter = collections.Counter()
-    for r in rows:
-        p = plain.get((r["rnd"], r["i"]))
-        if r["arm"] == "plain" or p is None:
-            continue
-        for key in ((r["family"], r["arm"]), ("all", r["arm"])):
-            ratios[key].append(r["decode_tps"] / p["decode_tps"])
-            drafted[key].append(r["drafted_steps"] / r["steps"])
-            same[key] += r["tokens"] == p["tokens"]
-    print("| family | arm | requests | decode ÷ plain (geo. mean) | range | drafted steps | identical to plain |")
-    print("|---|---|---:|---:|---|---:|---:|")
-    for (family, arm), xs in sorted(ratios.items(), key=lambda kv: (kv[0][0] == "all", kv[0])):
-        print(f"| {family} | {arm} | {len(xs)} | {statistics.geometric_mean(xs):.3f} | {min(xs):.2f}–{max(xs):.2f} | "
-              f"{statistics.mean(drafted[(family, arm)]):.0%} | {same[(family, arm)]}/{len(xs)} |")
-
+ARMS = {"pb8": {"probe_budget": 8.0}, "pb32": {"probe_budget": 32.0}}
+WORKLOADS = (("specbench:coding", -3), ("specbench:writing", -3), ("gsm8k", 3), ("humaneval", 2), ("code-edit", 2))
 
 if __name__ == "__main__":
     if sys.argv[1] == "--summary":
         summary(sys.argv[2])
     else:
-        run(sys.argv[1])
+        run(sys.argv[1], ARMS, WORKLOADS, forget=True)
