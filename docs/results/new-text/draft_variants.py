@@ -1,44 +1,38 @@
 """Cheaper draft variants of the zoo's 0.5B (requantised with ik_llama.cpp's llama-quantize): cost per drafted token
 against greedy agreement with the target, and the speedup the i.i.d. model of Leviathan et al. (2023) predicts.
 
-For each variant: one-token forward time on ik_llama.cpp (2 threads, median of 40 after a warm-up, at the
-context of the first new-code prompt and its answer, at most 300 tokens); teacher-forced greedy agreement with the
-target on the target's own greedy answers (the draft's argmax at each answer position, given the target's tokens
-before it: for greedy decoding, the probability that a drafted token is accepted given the ones before it were). The
-target's verification curve t_v(n) is measured in the same process. Predicted speedup of a draft-model step at the
-best fixed K: E(K) / (K t_d + t_v(K + 1)) × t_v(1), with E(K) = (1 − α^(K+1)) / (1 − α).
+For each variant: one-token forward time on ik_llama.cpp (2 threads, median of 40, measured as the goodput
+controller calibrates verification, at the context of the first new-code prompt and its answer, at most 300
+tokens); teacher-forced greedy agreement with the target on the target's own greedy answers (the draft's argmax
+at each answer position, given the target's tokens before it: for greedy decoding, the probability that a drafted
+token is accepted given the ones before it were). The target's verification curve t_v(n) is measured in the same
+process. Predicted speedup of a draft-model step at the best fixed K: E(K) / (K t_d + t_v(K + 1)) × t_v(1), with
+E(K) = (1 − α^(K+1)) / (1 − α).
 
     PYTHONPATH=src python docs/results/new-text/draft_variants.py OUTDIR [--prompts N] [--types Q3_K_S,IQ4_KSS,...]
 
-Appends to OUTDIR/variants.jsonl (one row per variant and family; use a fresh OUTDIR per run) and prints a markdown table. Builds the variants in
-OUTDIR/gguf (deleted afterwards unless --keep). Run on an otherwise idle machine.
+Appends to OUTDIR/variants.jsonl (one row per variant and family; use a fresh OUTDIR per run) and prints a markdown
+table. Builds the variants in OUTDIR/gguf (deleted afterwards unless --keep). Run on an otherwise idle machine.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import statistics
 import subprocess
-import time
 from pathlib import Path
 
 FAMILIES = {"new code": "specbench:coding", "chat": "specbench:writing", "GSM8K": "gsm8k"}
 
 
-def timed_forward(backend, ids: list[int], n: int, reps: int) -> float:
-    """Median ms of forward(n tokens) appended to ``ids`` (cache cut back after each)."""
+def curve(backend, ids: list[int], widths, repeats: int) -> dict[int, float]:
+    """{n: median ms} of forwards of n tokens after ``ids`` (:func:`~adaspec.backends.costcurve.measure_verify_curve`,
+    the goodput controller's own calibration)."""
+    from adaspec.backends.costcurve import measure_verify_curve
+
     backend.truncate(0)
     backend.forward(ids)
-    out = []
-    for i in range(reps + 2):
-        t = time.perf_counter()
-        backend.forward([1000 + (i * 7 + j) % 5000 for j in range(n)], num_logits=n)
-        dt = (time.perf_counter() - t) * 1e3
-        backend.truncate(len(ids))
-        if i >= 2:
-            out.append(dt)
-    return statistics.median(out)
+    return measure_verify_curve(backend, widths, repeats=repeats)
 
 
 def agreement(backend, prompt: list[int], answer: list[int]) -> tuple[int, int]:
@@ -114,13 +108,13 @@ def main() -> None:
                 logits = tb.forward([tok])
             answers[fam].append(ans)
     ctx = prompts["new code"][0] + answers["new code"][0]
-    t_v = {n: timed_forward(tb, ctx[:300], n, 8) for n in range(1, 10)}
+    t_v = curve(tb, ctx[:300], range(1, 10), 8)
     print("target t_v(n) ms:", {n: round(v, 1) for n, v in t_v.items()})
     rows = []
     with open(out / "variants.jsonl", "a") as f:
         for label, path in files.items():
             b = IkLlamaBackend(path, threads=2)
-            t_d = timed_forward(b, ctx[:300], 1, 40)
+            t_d = curve(b, ctx[:300], (1,), 40)[1]
             for fam in FAMILIES:
                 hit = n = 0
                 for ids, ans in zip(prompts[fam], answers[fam]):
