@@ -43,7 +43,7 @@ from adaspec.drafters import Drafter, ModelDrafter, NgramDrafter, NgramTreeDraft
 from adaspec.drafters.multi import MultiDrafter
 from adaspec.drafters.suffix import is_suffix_spec, suffix_from_spec
 from adaspec.engine import SpeculativeEngine
-from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFTER
+from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFT_CATCH_UP, DEFAULT_DRAFTER
 from adaspec.errors import ConfigError
 from adaspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_tokenizers_compatible, resolve
 from adaspec.models.requantize import runnable_spec
@@ -167,16 +167,19 @@ def _load_synthetic(spec: str, *, backend: str, dtype: str | None, device: str, 
 
 def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = None, device: str = "auto",
                  progress: bool = True, reuse: dict[str, Drafter] | None = None,
-                 backend: str = "torch", max_sequences: int = 1) -> Drafter | None:
+                 backend: str = "torch", max_sequences: int = 1,
+                 catch_up: int | None = DEFAULT_DRAFT_CATCH_UP) -> Drafter | None:
     """Build the drafter named by ``spec`` for ``target`` (see the module docstring for the forms).
 
     ``reuse`` maps specs to drafters already built; the parts of an ``A+B`` spec found there are shared. A draft
     model loads on ``backend`` unless its spec ends in ``@backend`` (see :func:`load_model`), with caches for
-    ``max_sequences`` sequences (batched rows draft on their own: :meth:`Drafter.for_sequence`).
+    ``max_sequences`` sequences (batched rows draft on their own: :meth:`Drafter.for_sequence`). A draft model
+    feeds at most ``catch_up`` tokens at once (:class:`~adaspec.drafters.model.ModelDrafter`; None: no bound).
 
     Raises:
         TokenizerMismatchError: a draft model whose tokenizer disagrees with the target's.
-        ConfigError: a malformed ``layerskip:N``, or ``layerskip`` for a target that is not on PyTorch.
+        ConfigError: a malformed ``layerskip:N``, or ``layerskip`` for a target that is not on PyTorch;
+            ``catch_up`` < 2.
     """
     if spec is None or spec.lower() == "none":
         return None
@@ -186,7 +189,7 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
         for part in spec.split("+"):
             d = (NgramDrafter(max_ngram=4, min_ngram=2) if part.lower() == "ngram" else (reuse or {}).get(part)
                  or make_drafter(part, target, dtype=dtype, device=device, progress=progress, backend=backend,
-                                 max_sequences=max_sequences))
+                                 max_sequences=max_sequences, catch_up=catch_up))
             if d is None:
                 raise ConfigError(f"drafter {spec!r}: {part!r} is not a drafter")
             parts[d.name] = d
@@ -204,11 +207,11 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
                               "(use --backend torch, or a target spec ending in @torch)")
         backend = TorchBackend(truncated_layers(target.backend.model, n), f"{target.name}[:{n} layers]",
                                max_sequences=max_sequences)
-        return ModelDrafter(backend)
+        return ModelDrafter(backend, catch_up=catch_up)
     draft = load_model(spec, backend=backend, dtype=dtype, device=device, progress=progress,
                        max_sequences=max_sequences)
     check_tokenizers_compatible(target.tokenizer, draft.tokenizer, target_name=target.name, draft_name=draft.name)
-    return ModelDrafter(draft.backend)
+    return ModelDrafter(draft.backend, catch_up=catch_up)
 
 
 class SpeculativeLM:
@@ -277,7 +280,8 @@ def _config(config: GenerationConfig | None, kwargs: dict) -> GenerationConfig:
 
 def load(target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFTER, *, controller: str = DEFAULT_CONTROLLER,
          k: int | None = None, backend: str = "auto", device: str = "auto", dtype: str | None = None,
-         threads: int | None = None, progress: bool = True) -> SpeculativeLM:
+         threads: int | None = None, progress: bool = True,
+         draft_catch_up: int | None = DEFAULT_DRAFT_CATCH_UP) -> SpeculativeLM:
     """Load a target and a drafter and return a ready :class:`SpeculativeLM`.
 
     Args:
@@ -289,6 +293,7 @@ def load(target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFTER, *, c
         dtype: PyTorch dtype, ``"bfloat16"`` or ``"float32"``; giving one makes ``auto`` choose PyTorch (GGUF
             runtimes run the file's own quantisation). Default: bfloat16 on PyTorch.
         threads: PyTorch intra-op threads and GGUF-runtime threads (default: all cores).
+        draft_catch_up: the most tokens a draft model feeds at once to catch up (see :func:`make_drafter`).
 
     Raises:
         ConfigError: unknown controller, backend or device; see also :func:`load_model` and :func:`make_drafter`.
@@ -297,7 +302,8 @@ def load(target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFTER, *, c
     setting = validate(draft, controller, k)  # before loading anything heavy
     ctrl = make_controller(setting.controller, setting.k)
     tgt = load_model(target, backend=backend, dtype=dtype, device=device, progress=progress)
-    drafter = make_drafter(draft, tgt, dtype=dtype, device=device, progress=progress, backend=backend)
+    drafter = make_drafter(draft, tgt, dtype=dtype, device=device, progress=progress, backend=backend,
+                           catch_up=draft_catch_up)
     if drafter is None:
         ctrl = make_controller("fixed", 0)
     return SpeculativeLM(tgt, drafter, ctrl)

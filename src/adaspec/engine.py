@@ -21,7 +21,7 @@ from adaspec.controllers.tree_choice import AlwaysTrees, TreeChoice
 from adaspec.constrained import RequestGrammar
 from adaspec.drafters.base import Draft, Drafter, empty_draft
 from adaspec.drafters.forced import ForcedDrafter, forced_first, request_drafter, unwrapped, without_forced
-from adaspec.drafters.multi import cached_prefixes, measure_drafters
+from adaspec.drafters.multi import cached_prefixes, catch_up_limits, measure_drafters
 from adaspec.errors import ConfigError
 from adaspec.logprobs import score_rows, token_logprobs
 from adaspec.request import (  # noqa: F401 (re-exported: adaspec.engine is where users import the request types)
@@ -148,7 +148,8 @@ class SpeculativeEngine:
             drafter.set_controls(req.controls, len(req.prompt))
             stats.prefill_ms += (time.perf_counter() - t) * 1e3
             # a draft cache kept from a request before
-            self.controller.set_synced(cached_prefixes(unwrapped(drafter), req.ids))
+            self.controller.set_synced(cached_prefixes(unwrapped(drafter), req.ids),
+                                       catch_up_limits(unwrapped(drafter)))
 
         ids = req.ids
         while finish is None:

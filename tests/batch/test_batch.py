@@ -500,3 +500,25 @@ def test_a_goodput_rows_plan_carries_its_draft_and_catch_up_costs():
     assert ctrl.planned == (10.0, pytest.approx(2.0 * (41 - 2)))  # the draft model lacks 41 tokens, 2 come anyway
     ctrl.reset()
     assert ctrl.next_k() == 0 and ctrl.planned == (0.0, 0.0)  # a plain step plans nothing
+
+
+def test_batched_rows_with_a_bounded_draft_catch_up_equal_each_request_alone():
+    """Draft models that feed at most 8 tokens at once (``catch_up``), with draft catch-up spread over steps in
+    chunks of 4 (prompts of 30 tokens lag the draft by more than the bound): every row's output is its request's
+    alone (fp32 greedy), and no draft forward of a row ever fed more than the bound."""
+    torch.set_num_threads(2)
+    model = tiny_model("qwen", seed=0)
+    draft = TorchBackend(tiny_model("qwen", seed=0, layers=2), "d", max_sequences=3)
+    widest: list[int] = []
+    forward_batch = draft.forward_batch
+    draft.forward_batch = lambda rows: (widest.extend(len(r.input_ids) for r in rows), forward_batch(rows))[1]
+    prompts = [[p % 64 for p in prompt] for prompt in PROMPTS]
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    engine = BatchEngine(TorchBackend(model, "t", max_sequences=3),
+                         lambda seq: ModelDrafter(draft.sequence(seq), catch_up=8),
+                         lambda: make_controller("fixed", 3), max_batch=3, prefill_chunk=4)
+    results = engine.generate(prompts, cfg)
+    want = _alone(TorchBackend(model, "t"), ModelDrafter(TorchBackend(draft.model, "d")), 3, prompts, cfg)
+    assert [r.token_ids for r in results] == want
+    assert sum(r.stats.draft_tokens for r in results) > 0
+    assert widest and max(widest) <= 8

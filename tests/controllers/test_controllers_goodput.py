@@ -786,7 +786,7 @@ def test_engine_tells_the_controller_what_the_draft_model_holds():
     assert held >= len(p1) + len(out1) - 3
     told: list[dict] = []
     set_synced = ctrl.set_synced
-    ctrl.set_synced = lambda synced: (told.append(dict(synced)), set_synced(synced))
+    ctrl.set_synced = lambda synced, catch_up=None: (told.append(dict(synced)), set_synced(synced, catch_up))
     behinds.clear()
     spy.fed.clear()
     engine.generate(p2, cfg)
@@ -1103,3 +1103,30 @@ def test_draft_time_is_fitted_per_step_and_per_token_once_two_lengths_are_seen()
     for n, ms in ((1, 2.0), (1, 2.0), (4, 23.0), (4, 23.0)):
         odd.observe(rec(n, n, draft_ms=ms), behind=0)
     assert "d" not in odd.draft_fit and odd.draft_step_ms(2, 0, "d") == 2 * odd.draft_ms("d", 0)
+
+
+# A bounded catch-up ------------------------------------------------------------------------------------------------
+def test_a_bounded_catch_up_is_priced_at_its_bound_and_lets_a_long_prompt_be_probed():
+    """A 2000-token prompt costs the draft model 4 s to feed at 2 ms a token: spread over the horizon that is more
+    than the draft could save, and more than any probe may spend (8 plain steps at most), so it is never drafted.
+    Told that the drafter feeds at most 64 tokens at once (it restarts from the sequence's last 64 beyond that), the
+    controller prices its catch-up at the 62 tokens past the steady two: a cheap draft (10 ms a token) pays at once
+    under the prior; a dear one (40 ms, no gain under the prior) is probed as soon as a quarter of the request's time
+    covers the 124 ms."""
+    def session(draft_ms, catch_up):
+        ctrl = model_ctrl()
+        ctrl.seed_draft_costs({"model": (draft_ms, 2.0)})
+        ctrl.set_synced({"model": 0}, catch_up)
+        ctrl.update(rec(0, 0, ctx=2000))
+        for step in range(1, 41):
+            name = ctrl.choose_drafter({"model": None})
+            k = ctrl.next_k()
+            if name and k:
+                return step, ctrl.planned[1], ctrl._lag("model", ctrl.context_len), ctrl.probing is not None
+            ctrl.update(rec(0, 0, ctx=2000 + step))
+        return None, None, ctrl._lag("model", ctrl.context_len), False
+
+    for draft_ms in (10.0, 40.0):
+        assert session(draft_ms, None) == (None, None, 2041, False)
+    assert session(10.0, {"model": 64}) == (1, pytest.approx(2.0 * (64 - 2)), 64, False)
+    assert session(40.0, {"model": 64}) == (5, pytest.approx(2.0 * (64 - 2)), 64, True)  # 4 plain steps + the first

@@ -222,3 +222,80 @@ def test_engine_feeds_the_draft_model_only_what_a_new_request_adds():
     p4 = p3[:6] + [(t + 2) % 16 for t in p3[6:]]  # shares 6 tokens with the sequence before
     held, _, fed = run(p4)
     assert held == 6 and fed[0] == len(p4) + 1 - 6
+
+
+# A bounded catch-up (ModelDrafter(catch_up=N)) --------------------------------------------------------------------
+# MarkovBackend's next token depends on the last two tokens only, so a draft model that sees a window of at least two
+# tokens proposes exactly what one that sees the whole sequence proposes: what changes is only what it feeds.
+def test_a_bounded_catch_up_feeds_only_the_last_tokens_and_keeps_its_window_in_step():
+    table = markov_table(16, seed=8, scale=3.0)
+    spy = Spy(MarkovBackend(table, "draft"))
+    bounded = ModelDrafter(spy, catch_up=8)
+    rng = random.Random(9)
+
+    def propose(ids, k=4):
+        spy.fed.clear()
+        got = bounded.propose(ids, k, GREEDY).tokens.tolist()
+        assert got == ModelDrafter(MarkovBackend(table, "full")).propose(ids, k, GREEDY).tokens.tolist()
+        return got, spy.fed[0]
+
+    ids = [rng.randrange(16) for _ in range(40)]
+    bounded.prefill(ids[:-1])
+    draft, fed = propose(ids)
+    assert fed == 8 and spy.seq_len == 8 + 3  # the last 8 tokens, then the drafts but the last
+    assert bounded.cached_prefix(ids) == 40  # nothing of ids left to feed: its first 32 are never fed
+    ids += draft[:2] + [(draft[2] + 1) % 16]  # two accepted, a correction
+    assert propose(ids)[1] == 1  # steady: only the correction (the accepted drafts are cached)
+    ids += [rng.randrange(16) for _ in range(20)]  # a long plain run: more than 8 to catch up
+    _, fed = propose(ids)
+    assert fed == 8 and bounded.cached_prefix(ids) == len(ids)
+    turn = ids + [1, 2, 3]  # the next turn of a conversation: it shares the window
+    bounded.prefill(turn[:-1])
+    assert propose(turn)[1] == 3
+    other = [5, 6, 7, 8, 9]  # a new, short sequence: fed from its first token
+    bounded.prefill(other[:-1])
+    assert bounded.cached_prefix(other) == 0
+    assert propose(other)[1] == 5
+    with pytest.raises(ConfigError, match="catch_up"):
+        ModelDrafter(spy, catch_up=1)
+
+
+def test_a_bounded_catch_up_keeps_drafting_past_a_short_draft_window_and_stays_lossless():
+    """A draft model whose own context window (24) is shorter than the sequence: unbounded, it drafts nothing past
+    its window; with catch_up=8 it restarts from the last 8 tokens and drafts on. Output = plain decoding."""
+    table = markov_table(16, seed=3, scale=3.0)
+    draft_table = table + 0.5 * torch.randn(table.shape, generator=torch.Generator().manual_seed(4))
+    plain = SpeculativeEngine(MarkovBackend(table, "target"))
+    cfg = GenerationConfig(max_new_tokens=60, ignore_eos=True)
+    prompt = [random.Random(2).randrange(16) for _ in range(10)]
+    expected = plain.generate(prompt, cfg).token_ids
+    for catch_up in (None, 8):
+        spy = Spy(MarkovBackend(draft_table, "draft", max_context=24))
+        engine = SpeculativeEngine(MarkovBackend(table, "target"), ModelDrafter(spy, catch_up=catch_up),
+                                   FixedController(3))
+        result = engine.generate(prompt, cfg)
+        assert result.token_ids == expected
+        late = [s for s in result.stats.steps if s.context_len > 30 and s.drafted]
+        assert bool(late) == (catch_up is not None)
+        assert max(spy.fed) <= (catch_up or 24)
+
+
+def test_a_bounded_catch_up_spread_over_feeds_starts_at_its_window():
+    """``feed(ids, limit)`` (the batch engine's draft prefill by chunks) restarts a lagging cache at the window's
+    first token and feeds the window in order; ``lag`` counts what the next proposal would feed."""
+    table = markov_table(16, seed=8, scale=3.0)
+    spy = Spy(MarkovBackend(table, "draft"))
+    drafter = ModelDrafter(spy, catch_up=8)
+    ids = [random.Random(4).randrange(16) for _ in range(30)]
+    assert drafter.lag(ids) == 8
+    for fed, lag in ((3, 5), (3, 2), (1, 1)):
+        spy.fed.clear()
+        drafter.feed(ids, 3)
+        assert spy.fed == [fed] and drafter.lag(ids) == lag
+    assert spy.inner.ids == ids[22:29]  # the window but its last token, which the proposal feeds
+    spy.fed.clear()
+    drafter.propose(ids, 2, GREEDY)
+    assert spy.fed[0] == 1
+    unbounded = ModelDrafter(Spy(MarkovBackend(table, "d2")))
+    unbounded.feed(ids, 10)
+    assert unbounded.lag(ids) == 20 and unbounded.backend.inner.ids == ids[:10]

@@ -659,6 +659,14 @@ def test_serve_cli_flags(capsys):
     assert "--max-queue must be >= 0" in capsys.readouterr().err
     assert _is_loopback("127.0.0.1") and _is_loopback("::1") and _is_loopback("localhost")
     assert not _is_loopback("0.0.0.0") and not _is_loopback("example.org")
+    assert args.draft_catch_up is None  # the default: the draft model sees the whole sequence
+    for command in ("serve", "generate", "compare"):
+        extra = ["hello"] if command == "generate" else []
+        assert build_parser().parse_args([command, *extra, "--draft-catch-up", "64"]).draft_catch_up == 64
+        assert build_parser().parse_args([command, *extra, "--draft-catch-up", "0"]).draft_catch_up is None
+    with pytest.raises(SystemExit):  # refused by the parser, before any model is loaded
+        cli_main(["generate", "hi", "--draft-catch-up", "1"])
+    assert "--draft-catch-up: 0 (no bound) or at least 2 tokens, got 1" in capsys.readouterr().err
 
 
 def test_request_schema_offers_every_controller():
@@ -910,9 +918,9 @@ def test_observed_controller_is_the_inner_controller_to_the_engine():
         calls["decide"] += 1
         return decide(options)
 
-    def counted_set_synced(synced):
+    def counted_set_synced(synced, catch_up=None):
         calls["set_synced"] += 1
-        set_synced(synced)
+        set_synced(synced, catch_up)
     inner.decide, inner.set_synced = counted_decide, counted_set_synced
     decisions: list[int] = []
     next_k = inner.next_k

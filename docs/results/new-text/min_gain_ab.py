@@ -22,10 +22,14 @@ DEMO = "Write a Python function that returns the n-th Fibonacci number iterative
 WORKLOADS = (("specbench:coding", -3), ("specbench:writing", -3), ("gsm8k", 2), ("code-edit", 2))
 
 
-def run(out_path: str, arms: dict[str, dict] | None = None, workloads=WORKLOADS, forget: bool = False) -> None:
+def run(out_path: str, arms: dict[str, dict] | None = None, workloads=WORKLOADS, forget: bool = False,
+        demo: bool = True) -> None:
     """The A/B: ``arms`` maps an arm's name to its GoodputController keyword arguments (default: ``min_gain`` per
-    :data:`ARMS`); ``workloads`` lists (workload, take) with take < 0 for the last prompts, > 0 for the first;
-    ``forget`` empties every draft model's cache before each request (no arm finds the prompt fed by another)."""
+    :data:`ARMS`), and optionally ``catch_up``: the draft models' bounded catch-up in that arm
+    (``ModelDrafter.catch_up``, default None); ``workloads`` lists (workload, take) with take < 0 for the last prompts, > 0 for the first, a
+    (start, stop) pair for a slice;
+    ``forget`` empties every draft model's cache before each request (no arm finds the prompt fed by another);
+    ``demo``: make demo's prompt first."""
     from adaspec.api import SpeculativeLM, load_model, make_drafter, set_threads
     from adaspec.controllers import GoodputController
     from adaspec.defaults import DEFAULT_DRAFTER
@@ -34,6 +38,8 @@ def run(out_path: str, arms: dict[str, dict] | None = None, workloads=WORKLOADS,
     from adaspec.workloads import load_workload
 
     arms = arms if arms is not None else {arm: {"min_gain": g} for arm, g in ARMS.items()}
+    catch_up = {arm: kw.get("catch_up") for arm, kw in arms.items()}
+    arms = {arm: {k: v for k, v in kw.items() if k != "catch_up"} for arm, kw in arms.items()}
     set_threads(2)
     target = load_model("qwen2.5-coder-1.5b-instruct", backend="ik")
     lm = SpeculativeLM(target, None, None)
@@ -43,10 +49,10 @@ def run(out_path: str, arms: dict[str, dict] | None = None, workloads=WORKLOADS,
     engines["plain"] = SpeculativeEngine(target.backend, None, None, tokenizer=target.tokenizer)
     for engine in engines.values():
         engine.warmup()
-    prompts = [("demo", [{"role": "user", "content": DEMO}])]
+    prompts = [("demo", [{"role": "user", "content": DEMO}])] if demo else []
     for workload, take in workloads:
         chosen = load_workload(workload)
-        chosen = chosen[take:] if take < 0 else chosen[:take]
+        chosen = chosen[slice(*take)] if isinstance(take, tuple) else chosen[take:] if take < 0 else chosen[:take]
         prompts += [(workload, list(p.messages) if p.messages else [{"role": "user", "content": p.text}])
                     for p in chosen]
     spec = list(arms)
@@ -56,13 +62,14 @@ def run(out_path: str, arms: dict[str, dict] | None = None, workloads=WORKLOADS,
                 ids = lm.encode(messages, chat=True)
                 shift = (i + rnd) % len(spec)
                 for arm in ["plain", *spec[shift:], *spec[:shift]]:
-                    if forget:
-                        for d in model_drafters(drafter).values():
+                    for d in model_drafters(drafter).values():
+                        d.catch_up = catch_up.get(arm)
+                        if forget:
                             d.forget()
                     r = engines[arm].generate(ids, GenerationConfig(max_new_tokens=128,
                                                                     cache_partition=f"{arm}-{rnd}-{i}"))
                     s = r.stats
-                    row = dict(rnd=rnd, i=i, family=family, arm=arm, new_tokens=s.new_tokens,
+                    row = dict(rnd=rnd, i=i, family=family, arm=arm, prompt_len=len(ids), new_tokens=s.new_tokens,
                                decode_tps=(s.new_tokens - 1) / (s.total_ms - s.prefill_ms) * 1e3,
                                drafted_steps=sum(1 for st in s.steps if st.drafted), steps=len(s.steps),
                                tokens=r.token_ids)

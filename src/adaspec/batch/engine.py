@@ -18,7 +18,7 @@ from adaspec.constrained import RequestGrammar
 from adaspec.controllers.fixed import FixedController
 from adaspec.drafters.base import Draft, Drafter
 from adaspec.drafters.forced import forced_first, request_drafter, unwrapped, without_forced
-from adaspec.drafters.multi import cached_prefixes, measure_drafters, model_drafters
+from adaspec.drafters.multi import cached_prefixes, catch_up_limits, measure_drafters, model_drafters
 from adaspec.logprobs import score_rows
 from adaspec.request_state import RequestState
 from adaspec.request import GenerationConfig, GenerationResult, StreamChunk, TokenLogprob, default_eos_ids
@@ -343,7 +343,8 @@ class BatchEngine:
                 drafter.set_partition(row.cfg.cache_partition)
             drafter.prefill(row.prompt)
             drafter.set_controls(row.req.controls, len(row.prompt))
-            row.controller.set_synced(cached_prefixes(drafter, row.ids))  # a draft cache kept from a request before
+            # a draft cache kept from a request before
+            row.controller.set_synced(cached_prefixes(drafter, row.ids), catch_up_limits(drafter))
         chunk = self._chunk(row, new, finish, lp)
         chunk.prompt_logprobs = row.req.prompt_logprobs
         return chunk

@@ -147,18 +147,17 @@ class ChunkedPrefill:
                 continue
             try:
                 for name, d in model_drafters(row.drafter).items():
-                    if not hasattr(d, "feed"):
+                    if not hasattr(d, "lag"):
                         continue
                     chunk = self.chunk
                     if self.step_ms is not None and step_start is not None:
                         left = self.step_ms - (time.perf_counter() - step_start) * 1e3
                         prior = draft_costs.get(name, (0.0, None))[1]
                         chunk = self.bounded(self.costs.feed_tokens_within(name, left, prior))
-                    have = d.cached_prefix(row.ids)
-                    if len(row.ids) - have > chunk:
+                    if d.lag(row.ids) > chunk:  # a bounded catch-up lags at most its bound
                         t = time.perf_counter()
-                        d.feed(row.ids[:have + chunk + 1])
-                        self.costs.fed(name, chunk + 1, (time.perf_counter() - t) * 1e3)
+                        d.feed(row.ids, chunk)
+                        self.costs.fed(name, chunk, (time.perf_counter() - t) * 1e3)
                         ks[row.rid] = 0
             except Exception as e:
                 fail(row, e)

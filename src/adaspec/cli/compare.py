@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from adaspec.cli.options import add_model_args, add_strict_arg
+from adaspec.cli.options import add_catch_up_arg, add_model_args, add_strict_arg
 from adaspec.models import DEFAULT_DRAFT
 
 
@@ -40,6 +40,7 @@ def add_compare_parser(sub) -> None:
                      help="every method prefills the prompt itself (default: one untimed prefill per prompt, "
                           "shared by all methods, so rows time decoding)")
     add_strict_arg(cmp)
+    add_catch_up_arg(cmp)
     cmp.add_argument("--default-method", default=None,
                      help="the method the target check is about (default: adaspec's default configuration)")
     cmp.set_defaults(func=cmd_compare)
@@ -63,7 +64,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                       out=Path(args.out), dtype=args.dtype, threads=args.threads, seed=args.seed,
                       backend=args.backend, device=args.device,
                       time_limit_s=args.time_limit * 60 if args.time_limit else None, prompt_cache=args.prompt_cache,
-                      strict=args.strict)
+                      strict=args.strict, draft_catch_up=args.draft_catch_up)
     report = markdown_report(read_results(out), args.default_method or DEFAULT_METHOD)
     print(report)
     if args.report:

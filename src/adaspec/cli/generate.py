@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from adaspec.cli.options import (add_model_args, add_sampling_args, add_structured_args, sampling_kwargs,
+from adaspec.cli.options import (add_catch_up_arg, add_model_args, add_sampling_args, add_structured_args, sampling_kwargs,
                                  structured_kwargs)
 from adaspec.errors import AdaspecError
 from adaspec.stats import compress_trace
@@ -17,6 +17,7 @@ def add_generate_parser(sub) -> None:
     gen.add_argument("prompt", nargs="?", help="the prompt (or use --prompt-file)")
     gen.add_argument("--prompt-file", help="read the prompt from this file ('-' = stdin)")
     add_model_args(gen)
+    add_catch_up_arg(gen)
     add_sampling_args(gen)
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                      help="apply the model's chat template (default: on when the model has one)")
@@ -60,7 +61,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = GenerationConfig(**sampling_kwargs(args), logprobs=args.logprobs, tree_budget=args.tree_budget,
                               tree_choice=args.tree_choice, tree_expand=args.tree_expand, **structured_kwargs(args))
     lm = load(args.target, args.draft, controller=args.controller, k=args.k, backend=args.backend,
-              device=args.device, dtype=args.dtype, threads=args.threads)
+              device=args.device, dtype=args.dtype, threads=args.threads, draft_catch_up=args.draft_catch_up)
     if lm.target.runtime_reason:
         print(f"target runtime: {lm.target.runtime_reason}", file=sys.stderr)
     prompt_ids = lm.encode(prompt, args.chat)

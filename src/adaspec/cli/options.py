@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from adaspec.defaults import BACKEND_CHOICES, DEFAULT_CONTROLLER, DEFAULT_DRAFTER, DEVICE_CHOICES
+from adaspec.defaults import BACKEND_CHOICES, DEFAULT_CONTROLLER, DEFAULT_DRAFT_CATCH_UP, DEFAULT_DRAFTER, DEVICE_CHOICES
 from adaspec.errors import AdaspecError
 from adaspec.models import DEFAULT_TARGET
 
@@ -95,6 +95,22 @@ def structured_kwargs(args: argparse.Namespace) -> dict:
     return dict(json_schema=read(args.json_schema) if args.json_schema else None,
                 response_format="json_object" if args.json_object else None, regex=args.regex,
                 grammar=read(args.grammar) if args.grammar else None, forced_drafts=not args.no_forced_drafts)
+
+
+def add_catch_up_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-catch-up", type=_catch_up, default=DEFAULT_DRAFT_CATCH_UP, metavar="N",
+                   help="a draft model feeds at most N tokens at once to catch up with the sequence; lagging further, "
+                        "it restarts from the last N (0 = always the whole sequence) (default: %(default)s)")
+
+
+def _catch_up(text: str) -> int | None:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens, got {text!r}") from None
+    if n != 0 and n < 2:
+        raise argparse.ArgumentTypeError(f"0 (no bound) or at least 2 tokens, got {n}")
+    return n or None
 
 
 def add_strict_arg(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from adaspec.cli.options import add_model_args, add_strict_arg
+from adaspec.cli.options import add_catch_up_arg, add_model_args, add_strict_arg
 from adaspec.server.main import serve
 
 
@@ -64,6 +64,7 @@ def add_serve_parser(sub) -> None:
     srv.add_argument("--metrics-namespace", default="adaspec", help="metric name prefix ('vllm' for vLLM dashboards)")
     srv.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation at start")
     add_strict_arg(srv)
+    add_catch_up_arg(srv)
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     srv.set_defaults(func=cmd_serve)
 

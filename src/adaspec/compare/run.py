@@ -28,6 +28,7 @@ from adaspec.compare.methods import STRUCTURED, WARMUP_PROMPT_TOKENS, WARMUP_TOK
 from adaspec.compare.peer_runners import peer_runners
 from adaspec.compare.results import read_results, result_key
 from adaspec.controllers import make_controller
+from adaspec.defaults import DEFAULT_DRAFT_CATCH_UP
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.errors import ConfigError
 from adaspec.peers import PEER_LIBRARIES
@@ -39,7 +40,8 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                 max_new_tokens: int, temperatures: list[float], out: Path, dtype: str | None = None,
                 threads: int | None = None, seed: int = 0, progress: bool = True,
                 time_limit_s: float | None = None, prompt_cache: bool = True, backend: str = "auto",
-                device: str = "auto", strict: bool = False, record_margins: bool = False) -> Path:
+                device: str = "auto", strict: bool = False, record_margins: bool = False,
+                draft_catch_up: int | None = DEFAULT_DRAFT_CATCH_UP) -> Path:
     """Run the comparison and append rows to ``out`` (JSONL); returns ``out``. See the module docstring.
 
     Prompts are taken round-robin across categories (prompt 1 of every category, then prompt 2, ...), so a run
@@ -102,7 +104,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
     specs = {m.drafter for m in parsed if m.drafter and m.controller not in PEER_LIBRARIES}
     for spec in sorted(specs, key=lambda x: "+" in x):  # single drafters first: composites share them
         drafters[spec] = make_drafter(spec, tgt, dtype=dtype, device=device, progress=progress, reuse=drafters,
-                                      backend=backend)
+                                      backend=backend, catch_up=draft_catch_up)
     lm = SpeculativeLM(tgt, None, make_controller("fixed", 0))
 
     def engine(m: SpecSetting) -> SpeculativeEngine:

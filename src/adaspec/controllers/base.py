@@ -40,9 +40,11 @@ class Controller(ABC):
     def reset(self) -> None:
         """Forget per-request state (called at the start of each request)."""
 
-    def set_synced(self, synced: Mapping[str, int]) -> None:
+    def set_synced(self, synced: Mapping[str, int], catch_up: Mapping[str, int] | None = None) -> None:
         """After ``reset`` and the drafter's prefill: per drafter name, how many leading tokens of the sequence it
-        already holds (see :func:`~adaspec.drafters.multi.cached_prefixes`). Default: ignored."""
+        already holds (see :func:`~adaspec.drafters.multi.cached_prefixes`), and for a drafter whose catch-up is
+        bounded, the most tokens it feeds at once (:func:`~adaspec.drafters.multi.catch_up_limits`). Default:
+        ignored."""
 
     def set_forced(self, n: int) -> None:
         """Before a step (before :meth:`choose_drafter` and :meth:`next_k`): the request's grammar forces the next

@@ -191,6 +191,7 @@ class GoodputController(Controller):
         self._plan: tuple[str | None, int] | None = None
         self.forced = 0  # the engine tells it before each step (set_forced)
         self.synced: dict[str, int] = {}  # per drafter: tokens of this request's sequence it has seen
+        self.catch_up: dict[str, int] = {}  # per drafter with a bounded catch-up: the most tokens it feeds at once
         self.fresh = True  # no step of this request seen yet: the context length is unknown
         self.plain_run = 0  # steps since the last speculative step
         self.request_ms = 0.0  # time of this request's steps so far
@@ -199,10 +200,13 @@ class GoodputController(Controller):
         # on a probe: the probed drafter, the rate it must beat (ms per token) and the gaps a win resets
         self.probing: tuple[str, float, dict[str, int]] | None = None
 
-    def set_synced(self, synced: Mapping[str, int]) -> None:
+    def set_synced(self, synced: Mapping[str, int], catch_up: Mapping[str, int] | None = None) -> None:
         """At a request's start: per drafter, the leading tokens of the sequence it already holds (a draft model
-        keeps its cache across requests that share a prefix), so its catch-up counts only the tokens it lacks."""
+        keeps its cache across requests that share a prefix), so its catch-up counts only the tokens it lacks; and
+        per drafter whose catch-up is bounded, the most tokens it feeds at once (it restarts from the sequence's
+        last tokens beyond that)."""
         self.synced.update(synced)
+        self.catch_up.update(catch_up or {})
 
     def set_forced(self, n: int) -> None:
         """The grammar forces the next step's first ``n`` tokens: the step emits them (α = 1) and verifies them
@@ -283,7 +287,7 @@ class GoodputController(Controller):
             per_token = self.costs.draft_ms(name, b)
             if per_token is None:  # never measured without catch-up: try it (the try after a first one is steady)
                 return name, min(c.k_init, k_top)
-            behind = self.context_len - self.synced.get(name, 0)
+            behind = self._lag(name, self.context_len)
             catch_up = self.costs.feed_ms(name, b) * max(behind - MeasuredCosts.STEADY, 0)
             alphas = self._behind(name, f).rates()
             for k in range(1, k_top + 1):
@@ -333,6 +337,13 @@ class GoodputController(Controller):
                 self.planned = (self.costs.draft_ms(name, b) or 0.0, catch_up)
                 return self._probe(name, k, base_ms, b, options[name])
         return None, 0
+
+    def _lag(self, name: str, length: int) -> int:
+        """Tokens ``name`` feeds before drafting after a sequence of ``length``: those it has not seen, at most its
+        bounded catch-up."""
+        lag = length - self.synced.get(name, 0)
+        cap = self.catch_up.get(name)
+        return lag if cap is None else min(lag, cap)
 
     def _probe_gap(self, name: str) -> int:
         """Steps ``name`` must sit out before it is probed: its probe gap, or none for a drafter never observed (no
@@ -476,7 +487,7 @@ class GoodputController(Controller):
         if not self.config.price_forced:
             step = dataclasses.replace(step, forced=0)  # as before the forced tokens were priced: width unknown
         # a drafter behind forced tokens fed them first (a catch-up the plan prices per step)
-        behind = step.context_len + step.forced - self.synced.get(step.drafter, 0) if step.drafted else 0
+        behind = self._lag(step.drafter, step.context_len + step.forced) if step.drafted else 0
         self.costs.observe(step, behind)
         if step.drafted and self.probing is not None and self.probing[0] == step.drafter:
             self._judge_probe(step, *self.probing)

@@ -75,6 +75,10 @@ class Drafter(ABC):
     free_trees: bool = False
     #: runs no model and needs no feeding (prompt lookup, suffix decoding): it is in step with any sequence.
     lookup: bool = False
+    #: The most tokens one proposal feeds to catch up with the sequence (a draft model that restarts its cache from
+    #: the sequence's last ``catch_up`` tokens when it lags further: :class:`~adaspec.drafters.model.ModelDrafter`);
+    #: None: no bound.
+    catch_up: int | None = None
     #: the draft model's backend (drafters that run a model); None for the others.
     backend: Backend | None = None
 

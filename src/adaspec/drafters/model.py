@@ -28,10 +28,15 @@ class ModelDrafter(Drafter):
     sequence (a multi-turn chat repeats the earlier prompt and answer) and feeds only the rest. The cache is
     trusted while the backend holds as many tokens as this drafter fed it; when someone else reset or fed the
     backend in between, the drafter starts from an empty cache.
+
+    **Bounded catch-up** (``catch_up``): a proposal that would feed more than ``catch_up`` tokens (the prompt of a
+    lazily prefilled request, the text of a long plain run) instead restarts the cache from the sequence's last
+    ``catch_up`` tokens: the draft model then sees a window of the text (from that token on, at positions counted
+    from 0) that grows as drafting goes on. Which tokens are proposed changes, never what the target emits.
     """
 
     def __init__(self, backend: Backend, *, follow_controls: bool = True, tree_expand: int = 4,
-                 tree_top_k: int = 8) -> None:
+                 tree_top_k: int = 8, catch_up: int | None = None) -> None:
         """Args:
             backend: the draft model (any :class:`Backend`); it may hold several sequences for batched rows.
             follow_controls: propose from logits after the request's penalties and logit bias
@@ -42,24 +47,30 @@ class ModelDrafter(Drafter):
                 (``supports_tree_growth``); 0, or a backend that cannot, drafts one-level trees (the chain plus
                 sibling leaves).
             tree_top_k: children considered per expanded node.
+            catch_up: the most tokens a proposal feeds to catch up (at least 2: the last draft and the
+                correction); None: no bound, the draft model always sees the whole sequence.
 
         Raises:
-            ConfigError: ``tree_expand`` < 0 or ``tree_top_k`` < 1."""
+            ConfigError: ``tree_expand`` < 0, ``tree_top_k`` < 1 or ``catch_up`` < 2."""
         if tree_expand < 0 or tree_top_k < 1:
             raise ConfigError(f"tree_expand must be >= 0 and tree_top_k >= 1, got {tree_expand} and {tree_top_k}")
+        if catch_up is not None and catch_up < 2:
+            raise ConfigError(f"catch_up must be >= 2 tokens (or None), got {catch_up}")
         self.backend = backend
         self.follow_controls = follow_controls
         self.tree_expand = tree_expand
         self.tree_top_k = tree_top_k
+        self.catch_up = catch_up
         self.name = backend.name
-        self._cached: list[int] = []  # token ids whose KV is in the backend's cache
-        self._stable = 0  # prefix length of _cached known to equal the engine's sequence
+        self._cached: list[int] = []  # token ids whose KV is in the backend's cache: ids[_offset:_offset + len]
+        self._offset = 0  # where the cache starts in the sequence (> 0 after a bounded catch-up's restart)
+        self._stable = 0  # sequence length known to equal the engine's sequence (cached tokens from _offset on)
         self._controls: LogitsControls | None = None  # the request's penalties / logit bias (set_controls)
         self._prompt_len = 0
 
     def for_sequence(self, seq: int) -> ModelDrafter:
         return ModelDrafter(self.backend.sequence(seq), follow_controls=self.follow_controls,
-                            tree_expand=self.tree_expand, tree_top_k=self.tree_top_k)
+                            tree_expand=self.tree_expand, tree_top_k=self.tree_top_k, catch_up=self.catch_up)
 
     def prefill(self, prompt_ids: list[int]) -> None:
         # Lazy: the first proposal feeds the prompt (chunked) through _sync, so a request that never speculates
@@ -75,41 +86,66 @@ class ModelDrafter(Drafter):
         self._prompt_len = prompt_len
 
     def cached_prefix(self, ids: list[int]) -> int:
-        """Leading tokens of ``ids`` whose KV is in the draft cache (the common prefix with what it was fed)."""
+        """Leading tokens of ``ids`` a proposal would not feed: the common prefix with what the cache was fed
+        (after a bounded catch-up's restart, counted from the window's start, the tokens before it included)."""
         if self.backend.seq_len != len(self._cached):
             return 0
-        n, limit = 0, min(len(self._cached), len(ids))
-        while n < limit and self._cached[n] == ids[n]:
+        n = self._common(ids, len(self._cached))
+        return self._offset + n if n else 0
+
+    def _common(self, ids: list[int], limit: int, known: int = 0) -> int:
+        """Leading cached tokens (at most ``limit``) equal to ``ids`` from the cache's offset on; the first
+        ``known`` of them are taken as equal unchecked."""
+        view = ids[self._offset:]
+        limit = min(limit, len(view))
+        n = max(min(known, limit), 0)
+        while n < limit and self._cached[n] == view[n]:
             n += 1
         return n
 
-    def feed(self, ids: list[int]) -> None:
+    def feed(self, ids: list[int], limit: int | None = None) -> None:
         """Bring the cache to hold all of ``ids`` but its last token, as the first proposal after ``ids`` would
-        (e.g. to take a draft prefill out of a timed run); nothing beyond the draft model's window. Like
-        :meth:`prefill`, it starts a new sequence."""
+        (e.g. to take a draft prefill out of a timed run; a bounded catch-up restarts at the last ``catch_up``
+        tokens first); nothing beyond the draft model's window. ``limit``: feed at most that many of the tokens
+        it lacks, the first ones (a later call goes on: a draft prefill spread over steps). Like :meth:`prefill`,
+        it starts a new sequence."""
         self._stable = 0
-        if len(ids) <= self.backend.max_context:
-            pending = self._sync(ids)[:-1]
-            if pending:
-                self._feed(pending)
+        pending = self._sync(ids)[:-1][:limit]
+        if pending and self._room(ids) >= 0:
+            self._feed(pending)
+
+    def lag(self, ids: list[int]) -> int:
+        """Tokens the next proposal after ``ids`` would feed (at most ``catch_up``; at least 1)."""
+        lag = len(ids) - self.cached_prefix(ids)
+        return lag if self.catch_up is None else min(lag, self.catch_up)
 
     def _sync(self, ids: list[int]) -> list[int]:
-        """Roll the cache back to the prefix shared with ``ids``; return the tokens still to feed (never empty)."""
+        """Roll the cache back to the prefix shared with ``ids``; return the tokens still to feed (never empty).
+        More than ``catch_up`` of them: the cache restarts at the last ``catch_up`` tokens of ``ids``."""
         if self.backend.seq_len != len(self._cached):  # the backend was reset or fed behind this drafter's back
             self.backend.reset()
-            self._cached, self._stable = [], 0
-        limit = min(len(self._cached), len(ids) - 1)  # always feed at least one token to get logits
-        n = min(self._stable, limit)
-        while n < limit and self._cached[n] == ids[n]:
-            n += 1
-        if n < len(self._cached):
+            self._cached, self._stable, self._offset = [], 0, 0
+        # always feed at least one token to get logits
+        n = self._common(ids, min(len(self._cached), len(ids) - 1 - self._offset), self._stable - self._offset)
+        if n == 0 and self._offset:  # nothing shared with the window: a new sequence starts from its first token
+            self._offset = 0
+        start = self._offset + n
+        if self.catch_up is not None and len(ids) - start > self.catch_up:
+            self.backend.reset()
+            keep = min(self.catch_up, self.backend.max_context)
+            self._cached, self._offset, n = [], len(ids) - keep, 0
+        elif n < len(self._cached):
             self.backend.truncate(n)
-            del self._cached[n:]
-        return ids[n:]
+        del self._cached[n:]
+        return ids[self._offset + n:]
+
+    def _room(self, ids: list[int]) -> int:
+        """Positions left in the draft model's window after ``ids`` as the cache holds it (from its offset)."""
+        return self.backend.max_context - (len(ids) - self._offset)
 
     def forget(self) -> None:
         """Empty the draft cache: the next proposal feeds the whole sequence, as a first request's would."""
-        self._cached, self._stable = [], 0
+        self._cached, self._stable, self._offset = [], 0, 0
         self.backend.reset()
 
     def _feed(self, tokens: list[int]) -> torch.Tensor:
@@ -192,13 +228,13 @@ class ModelDrafter(Drafter):
         The draft cache keeps the main path's expanded nodes, as a chain draft keeps its drafted tokens. A forward
         that fails empties the draft cache (as :meth:`_fed` does) before the error propagates.
         """
-        depth = min(depth, self.backend.max_context - len(ids) + 1)
+        pending = self._sync(ids)
+        depth = min(depth, self._room(ids) + 1)
         if depth <= 1:
             return None
-        base = len(ids)
-        pending = self._sync(ids)
         logits = self._feed(pending)
-        self._stable = base
+        self._stable = len(ids)
+        base = self.backend.seq_len  # the cache before the tree: ids from the cache's offset on
         # grown entries that fit the draft cache, and the backend's tree capacity (GGUF: a sequence per node at most),
         # shared out between the levels before any draw
         room = min(self.backend.max_context - self.backend.seq_len, self.backend.max_tree_nodes)
@@ -276,10 +312,10 @@ class ModelDrafter(Drafter):
         return draft
 
     def _tree_proposal(self, ids: list[int], depth: int, budget: int, sampling: SamplingParams) -> Proposal:
-        depth = min(depth, self.backend.max_context - len(ids) + 1)
+        pending = self._sync(ids)
+        depth = min(depth, self._room(ids) + 1)
         if depth <= 0:
             return empty_draft()
-        pending = self._sync(ids)
         logits = yield from self._fed(pending)
         self._stable = len(ids)
         chain: list[int] = []
@@ -311,10 +347,12 @@ class ModelDrafter(Drafter):
 
     def proposal(self, ids: list[int], k: int, sampling: SamplingParams, generator: torch.Generator | None = None,
                  stop: DraftStop | None = None) -> Proposal:
-        k = min(k, self.backend.max_context - len(ids) + 1)  # the draft model's window may be shorter than the target's
         if k <= 0:
             return empty_draft()
         pending = self._sync(ids)
+        k = min(k, self._room(ids) + 1)  # the draft model's window may be shorter than the target's
+        if k <= 0:
+            return empty_draft()
         logits = yield from self._fed(pending)
         self._stable = len(ids)  # the engine never rewrites ids, so this prefix stays valid
         tokens: list[torch.Tensor] = []

@@ -143,6 +143,13 @@ def cached_prefixes(drafter: Drafter, ids: list[int]) -> dict[str, int]:
     return {name: len(ids) if d.lookup else d.cached_prefix(ids) for name, d in parts.items()}
 
 
+def catch_up_limits(drafter: Drafter) -> dict[str, int]:
+    """``{name: the most tokens it feeds to catch up}`` for the parts of ``drafter`` (named as
+    :func:`cached_prefixes` names them) whose catch-up is bounded (:attr:`Drafter.catch_up`)."""
+    parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
+    return {name: d.catch_up for name, d in parts.items() if d.catch_up is not None}
+
+
 def model_drafters(drafter: Drafter) -> dict[str, Drafter]:
     """``{name: drafter}`` of the draft models in ``drafter`` (each sub-drafter of a :class:`MultiDrafter`, named
     as :func:`cached_prefixes` names them) that have a backend to run: lookup drafters left out."""

@@ -25,7 +25,7 @@ from adaspec.backends.prefix_cache import PrefixCacheBackend
 from adaspec.backends.select import resolve_device
 from adaspec.batch import BatchEngine
 from adaspec.controllers import FixedController, make_controller
-from adaspec.defaults import DEFAULT_CONTROLLER
+from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFT_CATCH_UP
 from adaspec.drafters import Drafter
 from adaspec.drafters.suffix import is_suffix_spec
 from adaspec.engine import GenerationConfig, SpeculativeEngine
@@ -117,6 +117,7 @@ class ModelHost:
         self.plain_ms: float | None = None  # EMA of a plain decoding step's wall time
         self.service_s: float | None = None  # EMA of a request's generation time (for Retry-After)
         self.backend = "torch"  # where a draft model a client names is loaded (load() sets the host's)
+        self.draft_catch_up = DEFAULT_DRAFT_CATCH_UP  # such a draft model's bounded catch-up (load() sets the host's)
         self.current: Job | None = None
         self.requested_name = self.name  # the target as the user named it (load() sets it; served by the CLI)
 
@@ -127,10 +128,13 @@ class ModelHost:
              max_batch: int = 1, strict: bool = False, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
              prefill_step_ms: float | None = DEFAULT_PREFILL_STEP_MS, served_as: str | None = None,
              suffix_tokens: int | None = None, prefix_cache: bool = True,
-             prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> ModelHost:
+             prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+             draft_catch_up: int | None = DEFAULT_DRAFT_CATCH_UP) -> ModelHost:
         """Load the target and every model drafter clients may choose (the default one plus ``extra_drafters``) on
         ``backend``/``device`` (see :func:`adaspec.api.load`; ``adaspec serve`` passes ``auto``), each holding
         ``max_batch`` sequences. With ``max_batch`` > 1 the batch runs in ``strict`` mode or not for every request.
+        A draft model, loaded now or on a request's demand, feeds at most ``draft_catch_up`` tokens at once
+        (:func:`adaspec.api.make_drafter`).
 
         Raises:
             ConfigError: ``max_batch`` < 1; ``strict`` batching on a runtime whose rows mix (ik_llama.cpp).
@@ -158,13 +162,14 @@ class ModelHost:
             if builtin_drafter(spec) or spec.lower() in model_drafters:
                 continue
             drafter = make_drafter(spec, tgt, dtype=dtype, device=device, progress=progress, backend=backend,
-                                   max_sequences=max_batch)
+                                   max_sequences=max_batch, catch_up=draft_catch_up)
             model_drafters[spec.lower()] = drafter
             model_drafters.setdefault(drafter.name.lower(), drafter)
         host = cls(tgt, SpecSetting(draft, controller, k), model_drafters, max_batch=max_batch,
                    prefill_chunk=prefill_chunk, prefill_step_ms=prefill_step_ms, suffix_tokens=suffix_tokens,
                    prefix_cache=prefix_cache, prefix_cache_bytes=prefix_cache_bytes)
         host.backend = backend  # where a draft model a client names later is loaded
+        host.draft_catch_up = draft_catch_up
         host.requested_name = served_as or target
         return host
 
@@ -219,7 +224,8 @@ class ModelHost:
         if spec in self._dynamic:
             self._dynamic.move_to_end(spec)
             return self._dynamic[spec]
-        drafter = make_drafter(spec, self.loaded, progress=False, backend=self.backend, max_sequences=self.max_batch)
+        drafter = make_drafter(spec, self.loaded, progress=False, backend=self.backend, max_sequences=self.max_batch,
+                               catch_up=self.draft_catch_up)
         self.suffix.adopt(drafter)
         if spec == self.default.drafter:  # the server's default drafter is never evicted
             self._drafters[spec] = drafter

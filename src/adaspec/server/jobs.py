@@ -69,8 +69,8 @@ class ObservedController(Controller):
     def reset(self) -> None:
         self.inner.reset()
 
-    def set_synced(self, synced) -> None:
-        self.inner.set_synced(synced)
+    def set_synced(self, synced, catch_up=None) -> None:
+        self.inner.set_synced(synced, catch_up)
 
     def set_forced(self, n: int) -> None:
         self.inner.set_forced(n)

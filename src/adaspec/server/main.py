@@ -77,7 +77,7 @@ def serve(args: argparse.Namespace) -> int:
                            strict=args.strict, prefill_chunk=prefill_chunk, prefill_step_ms=prefill_step_ms,
                            served_as=names[0], suffix_tokens=args.suffix_cache_tokens,
                            prefix_cache=not args.no_prefix_cache,
-                           prefix_cache_bytes=prefix_cache_mib << 20).result()
+                           prefix_cache_bytes=prefix_cache_mib << 20, draft_catch_up=args.draft_catch_up).result()
     if not args.no_warmup:  # on the generation thread, like every forward (ModelHost.on_generation_thread)
         host.on_generation_thread(host.warmup)
         curve = host.engine_for(host.default).engine.verify_curve
