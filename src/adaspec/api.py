@@ -40,6 +40,7 @@ from adaspec.backends.torch_backend import TorchBackend, load_causal_lm, resolve
 from adaspec.controllers import make_controller
 from adaspec.controllers.base import Controller
 from adaspec.drafters import Drafter, ModelDrafter, NgramDrafter, NgramTreeDrafter
+from adaspec.drafters.model import check_catch_up
 from adaspec.drafters.multi import MultiDrafter
 from adaspec.drafters.suffix import is_suffix_spec, suffix_from_spec
 from adaspec.engine import SpeculativeEngine
@@ -181,6 +182,7 @@ def make_drafter(spec: str | None, target: LoadedModel, *, dtype: str | None = N
         ConfigError: a malformed ``layerskip:N``, or ``layerskip`` for a target that is not on PyTorch;
             ``catch_up`` < 2.
     """
+    check_catch_up(catch_up)
     if spec is None or spec.lower() == "none":
         return None
     spec = expand_drafter(spec, DEFAULT_DRAFT)
@@ -300,6 +302,7 @@ def load(target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFTER, *, c
     """
     set_threads(threads)
     setting = validate(draft, controller, k)  # before loading anything heavy
+    check_catch_up(draft_catch_up)
     ctrl = make_controller(setting.controller, setting.k)
     tgt = load_model(target, backend=backend, dtype=dtype, device=device, progress=progress)
     drafter = make_drafter(draft, tgt, dtype=dtype, device=device, progress=progress, backend=backend,

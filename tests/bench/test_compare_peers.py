@@ -151,3 +151,12 @@ def test_run_compare_end_to_end_on_tiny_models(tmp_path, monkeypatch, qwen, qwen
     assert all(r["prefill_ms"] is not None for r in rows if r["controller"] != "hf")
     report = markdown_report(rows, "hybrid/goodput")
     assert "## Target check" in report and "### a, temperature 0" in report and "### b, temperature 1" in report
+    # a bounded draft catch-up: recorded in each row; a file holds rows of one bound only
+    with pytest.raises(ConfigError, match="--draft-catch-up 0, this run uses 4"):
+        run_compare(**kw, draft_catch_up=4)
+    bounded = tmp_path / "bounded.jsonl"
+    run_compare(**{**kw, "out": bounded, "methods": ["plain", "goodput"], "temperatures": [0.0]}, draft_catch_up=4)
+    rows = read_results(bounded)
+    assert {r["draft_catch_up"] for r in rows} == {4} and len(rows) == 3 * 2
+    for pid in ("0", "1", "2"):  # still plain decoding's output
+        assert len({tuple(r["token_ids"]) for r in rows if r["prompt_id"] == pid}) == 1

@@ -63,6 +63,9 @@ def summary(path: str) -> None:
             plain = (statistics.median(x["total_ms"] for x in steps), tps)
             continue
         full = [x for x in steps[1:] if x["drafted"] == K]  # after the first draft step (its prompt catch-up)
+        if plain is None or not full:
+            print(f"| {r['workload']} ({r['prompt_len']} tokens) | no plain row before it, or no step of K = {K} |")
+            continue
         reached, accepted = [0] * K, [0] * K
         for x in full:
             for i in range(min(x["accepted"] + 1, K)):
@@ -71,7 +74,7 @@ def summary(path: str) -> None:
         alphas = " ".join(f"{a / max(n, 1):.2f}" for a, n in zip(accepted, reached))
         e = statistics.mean(x["accepted"] + 1 for x in full)
         d, v, t = (statistics.mean(x[key] for x in full) for key in ("draft_ms", "verify_ms", "total_ms"))
-        first = next(x for x in steps if x["drafted"])
+        first = next(x for x in steps if x["drafted"])  # there is one: full is not empty
         print(f"| {r['workload']} ({r['prompt_len']} tokens) | {plain[0]:.1f} | {alphas} | {e:.2f} | {d:.1f} | "
               f"{v:.1f} | {t - d - v:.1f} | {first['draft_ms']:.0f} | {e / t * plain[0]:.2f}× | {tps / plain[1]:.2f}× |")
 

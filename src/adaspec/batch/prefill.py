@@ -156,8 +156,9 @@ class ChunkedPrefill:
                         chunk = self.bounded(self.costs.feed_tokens_within(name, left, prior))
                     if d.lag(row.ids) > chunk:  # a bounded catch-up lags at most its bound
                         t = time.perf_counter()
-                        d.feed(row.ids, chunk)
-                        self.costs.fed(name, chunk, (time.perf_counter() - t) * 1e3)
+                        fed = d.feed(row.ids, chunk)
+                        if fed:
+                            self.costs.fed(name, fed, (time.perf_counter() - t) * 1e3)
                         ks[row.rid] = 0
             except Exception as e:
                 fail(row, e)

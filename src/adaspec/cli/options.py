@@ -100,7 +100,8 @@ def structured_kwargs(args: argparse.Namespace) -> dict:
 def add_catch_up_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-catch-up", type=_catch_up, default=DEFAULT_DRAFT_CATCH_UP, metavar="N",
                    help="a draft model feeds at most N tokens at once to catch up with the sequence; lagging further, "
-                        "it restarts from the last N (0 = always the whole sequence) (default: %(default)s)")
+                        f"it restarts from the last N (0 = always the whole sequence) (default: "
+                        f"{DEFAULT_DRAFT_CATCH_UP or 0})")
 
 
 def _catch_up(text: str) -> int | None:

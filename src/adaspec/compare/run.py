@@ -58,7 +58,11 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
 
     ``strict``: every adaspec method runs in strict mode (as if each had ``+strict``; labels unchanged).
     ``record_margins``: rows also carry the target's top-1/top-2 logit margin per generated token (``margins``), for
-    divergence analysis (``adaspec eval``).
+    divergence analysis (``adaspec eval``). ``draft_catch_up``: every draft model's bounded catch-up
+    (:func:`~adaspec.api.make_drafter`'s ``catch_up``), recorded in each row when set.
+
+    Raises:
+        ConfigError: ``out`` holds rows of another ``draft_catch_up`` or another target (one file, one setting).
     """
     from tqdm import tqdm
 
@@ -81,7 +85,12 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                                                                 else load_workload(w, limit))])
     set_threads(threads)
     cpu = cpu_label()
-    done = {result_key(r) for r in read_results(out) if not r.get("error")}  # a failed peer is tried again
+    previous = read_results(out)
+    other = {r.get("draft_catch_up") for r in previous} - {draft_catch_up}
+    if other:
+        raise ConfigError(f"{out} holds rows run with --draft-catch-up {other.pop() or 0}, this run uses "
+                          f"{draft_catch_up or 0}: write to another --out (a report would mix them)")
+    done = {result_key(r) for r in previous if not r.get("error")}  # a failed peer is tried again
     todo = [(w, p, t) for w, p in prompts for t in temperatures
             if any((w, p.id, m.label, t, m.strict) not in done for m in parsed)]
     if not todo:
@@ -185,6 +194,7 @@ def run_compare(*, target: str, draft: str, methods: list[str], workloads: list[
                        "reference": m.reference,
                        "dtype": "gguf" if isinstance(tgt.backend, GgufBackend) else dtype or "bfloat16",
                        "prompt_cache": prompt_cache, "cpu": cpu,
+                       **({"draft_catch_up": draft_catch_up} if draft_catch_up is not None else {}),
                        **({"runtime_simd": tgt.backend.simd} if getattr(tgt.backend, "simd", "") else {}),
                        "prompt_prefill_ms": round(prompt_prefill_ms, 2) if prompt_cache else None, **result}
                 f.write(json.dumps(row) + "\n")

@@ -48,25 +48,40 @@ class ModelDrafter(Drafter):
                 sibling leaves).
             tree_top_k: children considered per expanded node.
             catch_up: the most tokens a proposal feeds to catch up (at least 2: the last draft and the
-                correction); None: no bound, the draft model always sees the whole sequence.
+                correction; at most half the draft model's context window, which a restart must leave room to
+                draft in); None: no bound, the draft model always sees the whole sequence.
 
         Raises:
             ConfigError: ``tree_expand`` < 0, ``tree_top_k`` < 1 or ``catch_up`` < 2."""
         if tree_expand < 0 or tree_top_k < 1:
             raise ConfigError(f"tree_expand must be >= 0 and tree_top_k >= 1, got {tree_expand} and {tree_top_k}")
-        if catch_up is not None and catch_up < 2:
-            raise ConfigError(f"catch_up must be >= 2 tokens (or None), got {catch_up}")
         self.backend = backend
         self.follow_controls = follow_controls
         self.tree_expand = tree_expand
         self.tree_top_k = tree_top_k
-        self.catch_up = catch_up
         self.name = backend.name
         self._cached: list[int] = []  # token ids whose KV is in the backend's cache: ids[_offset:_offset + len]
         self._offset = 0  # where the cache starts in the sequence (> 0 after a bounded catch-up's restart)
         self._stable = 0  # sequence length known to equal the engine's sequence (cached tokens from _offset on)
+        self.catch_up = catch_up
         self._controls: LogitsControls | None = None  # the request's penalties / logit bias (set_controls)
         self._prompt_len = 0
+
+    @property
+    def catch_up(self) -> int | None:
+        """The bounded catch-up in effect (the setting, at most half the draft model's window); None: no bound.
+        Setting it empties the cache of a drafter holding a window (the next proposal feeds as the new bound says).
+
+        Raises:
+            ConfigError: set below 2."""
+        return self._catch_up
+
+    @catch_up.setter
+    def catch_up(self, n: int | None) -> None:
+        n = check_catch_up(n)
+        self._catch_up = None if n is None else min(n, max(self.backend.max_context // 2, 2))
+        if self._offset:
+            self.forget()
 
     def for_sequence(self, seq: int) -> ModelDrafter:
         return ModelDrafter(self.backend.sequence(seq), follow_controls=self.follow_controls,
@@ -103,25 +118,29 @@ class ModelDrafter(Drafter):
             n += 1
         return n
 
-    def feed(self, ids: list[int], limit: int | None = None) -> None:
+    def feed(self, ids: list[int], limit: int | None = None) -> int:
         """Bring the cache to hold all of ``ids`` but its last token, as the first proposal after ``ids`` would
         (e.g. to take a draft prefill out of a timed run; a bounded catch-up restarts at the last ``catch_up``
         tokens first); nothing beyond the draft model's window. ``limit``: feed at most that many of the tokens
         it lacks, the first ones (a later call goes on: a draft prefill spread over steps). Like :meth:`prefill`,
-        it starts a new sequence."""
+        it starts a new sequence. Returns the number of tokens fed."""
         self._stable = 0
         pending = self._sync(ids)[:-1][:limit]
-        if pending and self._room(ids) >= 0:
-            self._feed(pending)
+        if not pending or self._room(ids) < 0:
+            return 0
+        self._feed(pending)
+        return len(pending)
 
     def lag(self, ids: list[int]) -> int:
-        """Tokens the next proposal after ``ids`` would feed (at most ``catch_up``; at least 1)."""
+        """Tokens of ``ids`` the cache lacks, at most ``catch_up``: about what the next proposal after ``ids`` feeds
+        (0 when the cache holds them all; the proposal then feeds the last one again)."""
         lag = len(ids) - self.cached_prefix(ids)
         return lag if self.catch_up is None else min(lag, self.catch_up)
 
     def _sync(self, ids: list[int]) -> list[int]:
         """Roll the cache back to the prefix shared with ``ids``; return the tokens still to feed (never empty).
-        More than ``catch_up`` of them: the cache restarts at the last ``catch_up`` tokens of ``ids``."""
+        With a ``catch_up`` bound, more than ``catch_up`` of them, or more of ``ids`` from the cache's offset on than
+        the draft model's window holds: the cache restarts at the last ``catch_up`` tokens of ``ids``."""
         if self.backend.seq_len != len(self._cached):  # the backend was reset or fed behind this drafter's back
             self.backend.reset()
             self._cached, self._stable, self._offset = [], 0, 0
@@ -130,10 +149,10 @@ class ModelDrafter(Drafter):
         if n == 0 and self._offset:  # nothing shared with the window: a new sequence starts from its first token
             self._offset = 0
         start = self._offset + n
-        if self.catch_up is not None and len(ids) - start > self.catch_up:
-            self.backend.reset()
-            keep = min(self.catch_up, self.backend.max_context)
-            self._cached, self._offset, n = [], len(ids) - keep, 0
+        bound = self.catch_up
+        if bound is not None and (len(ids) - start > bound or len(ids) - self._offset > self.backend.max_context):
+            self.backend.reset()  # lagging by more than the bound, or the window is full: the last `bound` tokens
+            self._cached, self._offset, n = [], len(ids) - bound, 0
         elif n < len(self._cached):
             self.backend.truncate(n)
         del self._cached[n:]
@@ -377,6 +396,16 @@ class ModelDrafter(Drafter):
                 history.append(token_id)
             logits = yield from self._fed([token_id])
         return Draft(torch.stack(tokens), torch.stack(probs) if probs else None)
+
+
+def check_catch_up(n: int | None) -> int | None:
+    """``n`` as a bounded catch-up (None: no bound).
+
+    Raises:
+        ConfigError: ``n`` below 2 (a proposal always feeds the last draft and the correction)."""
+    if n is not None and n < 2:
+        raise ConfigError(f"a draft model's catch-up bound must be >= 2 tokens (or None for no bound), got {n}")
+    return n
 
 
 def _top_tokens(q: torch.Tensor, k: int) -> list[tuple[float, int]]:

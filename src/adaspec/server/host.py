@@ -27,6 +27,7 @@ from adaspec.batch import BatchEngine
 from adaspec.controllers import FixedController, make_controller
 from adaspec.defaults import DEFAULT_CONTROLLER, DEFAULT_DRAFT_CATCH_UP
 from adaspec.drafters import Drafter
+from adaspec.drafters.model import check_catch_up
 from adaspec.drafters.suffix import is_suffix_spec
 from adaspec.engine import GenerationConfig, SpeculativeEngine
 from adaspec.request import check_logit_bias
@@ -141,6 +142,7 @@ class ModelHost:
         """
         set_threads(threads)
         validate(draft, controller, k)  # before loading anything heavy
+        check_catch_up(draft_catch_up)
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
         device = resolve_device(device)
