@@ -111,10 +111,10 @@ class ModelDrafter(Drafter):
     def _common(self, ids: list[int], limit: int, known: int = 0) -> int:
         """Leading cached tokens (at most ``limit``) equal to ``ids`` from the cache's offset on; the first
         ``known`` of them are taken as equal unchecked."""
-        view = ids[self._offset:]
-        limit = min(limit, len(view))
+        offset, cached = self._offset, self._cached
+        limit = min(limit, len(ids) - offset)
         n = max(min(known, limit), 0)
-        while n < limit and self._cached[n] == view[n]:
+        while n < limit and cached[n] == ids[offset + n]:  # indexed, not sliced: no copy of the sequence per step
             n += 1
         return n
 

@@ -134,26 +134,32 @@ def route(drafter: Drafter | None, controller, ids: list[int]) -> None:
         drafter.select(controller.choose_drafter(drafter.options(ids)))
 
 
+def drafter_parts(drafter: Drafter) -> dict[str, Drafter]:
+    """``{name: drafter}``: each sub-drafter of a :class:`MultiDrafter`, or ``drafter`` alone under its name, named
+    as :attr:`StepRecord.drafter <adaspec.stats.StepRecord>` names them."""
+    return drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
+
+
 def cached_prefixes(drafter: Drafter, ids: list[int]) -> dict[str, int]:
     """``{name: leading tokens of ids it already holds}`` for ``drafter`` (per sub-drafter of a
     :class:`MultiDrafter`), named as :attr:`StepRecord.drafter <adaspec.stats.StepRecord>` names them. A lookup
     drafter (:attr:`Drafter.lookup`: n-gram lookup, suffix decoding) needs no feeding: all of
     ``ids``; any other: :meth:`Drafter.cached_prefix`."""
-    parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
+    parts = drafter_parts(drafter)
     return {name: len(ids) if d.lookup else d.cached_prefix(ids) for name, d in parts.items()}
 
 
 def catch_up_limits(drafter: Drafter) -> dict[str, int]:
     """``{name: the most tokens it feeds to catch up}`` for the parts of ``drafter`` (named as
     :func:`cached_prefixes` names them) whose catch-up is bounded (:attr:`Drafter.catch_up`)."""
-    parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
+    parts = drafter_parts(drafter)
     return {name: d.catch_up for name, d in parts.items() if d.catch_up is not None}
 
 
 def model_drafters(drafter: Drafter) -> dict[str, Drafter]:
     """``{name: drafter}`` of the draft models in ``drafter`` (each sub-drafter of a :class:`MultiDrafter`, named
     as :func:`cached_prefixes` names them) that have a backend to run: lookup drafters left out."""
-    parts = drafter.drafters if isinstance(drafter, MultiDrafter) else {drafter.name: drafter}
+    parts = drafter_parts(drafter)
     return {name: d for name, d in parts.items() if not d.lookup and d.backend is not None}
 
 
