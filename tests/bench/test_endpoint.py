@@ -107,8 +107,13 @@ def test_adaspec_serve_on_vs_off_with_exact_counters(served, workload, tmp_path)
     advice = advise_files([out], "vllm")
     assert [lv["concurrency"] for lv in advice["levels"]] == [1, 2]
     assert all(lv["alpha"] == 1.0 for lv in advice["levels"])
-    conf = json.loads(advice["config"]["command"].split("--speculative-config ", 1)[1].strip("'"))
-    assert conf["method"] == "ngram"
+    # whether speculation is advised depends on the speeds measured (a busy machine may say off): the command says
+    # what the levels say either way
+    command = advice["config"]["command"]
+    speculate = any(lv["k"] != 0 for lv in advice["levels"])
+    assert ("--speculative-config" in command) == speculate, (advice["levels"], command)
+    if speculate:
+        assert json.loads(command.split("--speculative-config ", 1)[1].strip("'"))["method"] == "ngram"
 
 
 def test_cli_bench_endpoint_then_map_and_advise(served, workload, tmp_path, capsys):

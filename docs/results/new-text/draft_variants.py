@@ -10,6 +10,7 @@ process. Predicted speedup of a draft-model step at the best fixed K: E(K) / (K 
 E(K) = (1 − α^(K+1)) / (1 − α).
 
     PYTHONPATH=src python docs/results/new-text/draft_variants.py OUTDIR [--prompts N] [--types Q3_K_S,IQ4_KSS,...]
+        [--vocab 16384,32768]
 
 Appends to OUTDIR/variants.jsonl (one row per variant and family; use a fresh OUTDIR per run) and prints a markdown
 table. Builds the variants in OUTDIR/gguf (deleted afterwards unless --keep). Run on an otherwise idle machine.
@@ -60,6 +61,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--types", default="IQ4_KSS,IQ3_K,IQ3_KS,Q3_K_S,IQ2_K,Q2_K")
     ap.add_argument("--output-type", default="q4_0", help="llama-quantize --output-tensor-type for every variant")
+    ap.add_argument("--vocab", default="", help="also the Q4_0 variant with its vocabulary cut to the first N token "
+                    "ids plus the special tokens (adaspec.models.prune_vocab; FR-Spec), for each N, e.g. 16384,32768")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
 
@@ -86,6 +89,13 @@ def main() -> None:
         files[f"{typ} (output {args.output_type})"] = path
 
     target = load_model("qwen2.5-coder-1.5b-instruct", backend="ik")
+    for keep in [int(v) for v in args.vocab.split(",") if v]:
+        from adaspec.models.prune_vocab import chat_template_ids, prune_vocab
+
+        path = out / "gguf" / f"draft-q4_0-v{keep}.gguf"
+        if not path.is_file():
+            prune_vocab(files["Q4_0 (zoo variant, default)"], path, keep, extra=chat_template_ids(target.tokenizer))
+        files[f"Q4_0, vocabulary cut to {keep} + specials + chat template"] = path
     lm = SpeculativeLM(target, None, None)
     prompts = {}
     for fam, wl in FAMILIES.items():

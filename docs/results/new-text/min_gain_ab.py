@@ -14,6 +14,7 @@ import collections
 import json
 import statistics
 import sys
+from pathlib import Path
 
 ARMS = {"mg1.00": 1.0, "mg1.05": 1.05, "mg1.10": 1.10}
 DEMO = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring and type hints."
@@ -26,7 +27,8 @@ def run(out_path: str, arms: dict[str, dict] | None = None, workloads=WORKLOADS,
         demo: bool = True) -> None:
     """The A/B: ``arms`` maps an arm's name to its GoodputController keyword arguments (default: ``min_gain`` per
     :data:`ARMS`), and optionally ``catch_up``: the draft models' bounded catch-up in that arm
-    (``ModelDrafter.catch_up``, default None); ``workloads`` lists (workload, take) with take < 0 for the last prompts, > 0 for the first, a
+    (``ModelDrafter.catch_up``, default None), and ``draft``: another GGUF file for that arm's draft model (its own
+    drafter of the default kind around it; default: the default draft); ``workloads`` lists (workload, take) with take < 0 for the last prompts, > 0 for the first, a
     (start, stop) pair for a slice;
     ``forget`` empties every draft model's cache before each request (no arm finds the prompt fed by another);
     ``demo``: make demo's prompt first."""
@@ -39,13 +41,26 @@ def run(out_path: str, arms: dict[str, dict] | None = None, workloads=WORKLOADS,
 
     arms = arms if arms is not None else {arm: {"min_gain": g} for arm, g in ARMS.items()}
     catch_up = {arm: kw.get("catch_up") for arm, kw in arms.items()}
-    arms = {arm: {k: v for k, v in kw.items() if k != "catch_up"} for arm, kw in arms.items()}
+    draft_files = {arm: kw.get("draft") for arm, kw in arms.items()}
+    arms = {arm: {k: v for k, v in kw.items() if k not in ("catch_up", "draft")} for arm, kw in arms.items()}
     set_threads(2)
     target = load_model("qwen2.5-coder-1.5b-instruct", backend="ik")
     lm = SpeculativeLM(target, None, None)
     drafter = make_drafter(DEFAULT_DRAFTER, target, backend="ik")
-    engines = {arm: SpeculativeEngine(target.backend, drafter, GoodputController(**kw), tokenizer=target.tokenizer)
-               for arm, kw in arms.items()}
+
+    def arm_drafter(arm: str):
+        if draft_files.get(arm) is None:
+            return drafter
+        from adaspec.backends.select import make_gguf_backend
+        from adaspec.drafters import ModelDrafter
+        from adaspec.models.registry import DEFAULT_DRAFT
+
+        model = ModelDrafter(make_gguf_backend("ik", Path(draft_files[arm]), threads=2))
+        return make_drafter(DEFAULT_DRAFTER, target, backend="ik", reuse={DEFAULT_DRAFT: model})
+
+    drafters = {arm: arm_drafter(arm) for arm in arms}
+    engines = {arm: SpeculativeEngine(target.backend, drafters[arm], GoodputController(**kw),
+                                      tokenizer=target.tokenizer) for arm, kw in arms.items()}
     engines["plain"] = SpeculativeEngine(target.backend, None, None, tokenizer=target.tokenizer)
     for engine in engines.values():
         engine.warmup()
@@ -62,7 +77,7 @@ def run(out_path: str, arms: dict[str, dict] | None = None, workloads=WORKLOADS,
                 ids = lm.encode(messages, chat=True)
                 shift = (i + rnd) % len(spec)
                 for arm in ["plain", *spec[shift:], *spec[:shift]]:
-                    for d in model_drafters(drafter).values():
+                    for d in model_drafters(drafters.get(arm, drafter)).values():
                         d.catch_up = catch_up.get(arm)
                         if forget:
                             d.forget()

@@ -40,9 +40,10 @@ for c in cats:
     for m in methods:
         same = sum(r["token_ids"] == plain_ids[r["prompt_id"]] for r in rows
                    if r["method"] == m and r["prompt_id"] in ids)
+        vs_default = [rate[p][m] / rate[p]["hybrid/goodput"] for p in late if "hybrid/goodput" in rate[p]]
         print(f"| {c} | {m} | {mean([rate[p][m] / rate[p]['plain'] for p in ids]):.2f}× | "
               f"{mean([rate[p][m] / rate[p]['plain'] for p in late]):.2f}× | "
-              f"{mean([rate[p][m] / rate[p]['hybrid/goodput'] for p in late]):.2f}× | {same}/{len(ids)} |")
+              f"{f'{mean(vs_default):.2f}×' if vs_default else '–'} | {same}/{len(ids)} |")
 print("\n| method | " + " | ".join(f"step {s}" for s in sorted(set(step.values()))) + " |")
 print("|---|" + "---:|" * len(set(step.values())))
 for m in methods:

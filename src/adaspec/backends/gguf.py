@@ -65,6 +65,7 @@ class GgufBackend(Backend):
     supports_batch_invariance = True
     supports_snapshots = True  # llama_state_seq_get_data / llama_state_seq_set_data
     _invariant = False
+    vocab_map = None  # a cut draft vocabulary (adaspec.models.prune_vocab): original ids in, logits over V out
     tree_sequences = 0  # sequence ids after the rows' own held for tree leaves (0: no trees on this runtime)
     simd = ""  # the widest x86 vector extension the runtime's build uses (:func:`simd_of`); "" where unknown
     _tree: PendingTree | None = None  # between forward_tree and keep_tree_path
@@ -86,6 +87,11 @@ class GgufBackend(Backend):
         really has them)."""
         self.name = name or path.stem
         self.path = path
+        self.vocab_map = self._read_vocab_map(path)
+        self._n_out = self.vocab_size  # logits the runtime returns per position
+        if self.vocab_map is not None:  # original ids in, logits over the original vocabulary out
+            self._stand_in = self.vocab_map.stand_in.tolist()
+            self.vocab_size = self.vocab_map.original_size
         info = getattr(self._lib, "llama_print_system_info", None)
         self.simd = simd_of((info() or b"").decode(errors="replace")) if info is not None else ""
         self.n_batch = n_batch
@@ -96,6 +102,23 @@ class GgufBackend(Backend):
         self.batch_invariant = batch_invariant
         # token ids in each sequence's cache (batch-invariant mode re-runs a sequence's last one)
         self._seqs: list[list[int]] = [[] for _ in range(max_sequences)]
+
+    def _read_vocab_map(self, path: Path):
+        """The :class:`~adaspec.models.prune_vocab.VocabMap` of a draft whose vocabulary was cut
+        (:func:`~adaspec.models.prune_vocab.prune_vocab`), or None (asked of the runtime first, so that other
+        models pay nothing)."""
+        from adaspec.models.prune_vocab import KEY_SIZE, read_vocab_map
+
+        buf = ctypes.create_string_buffer(32)
+        if self._lib.llama_model_meta_val_str(self._model, KEY_SIZE.encode(), buf, len(buf)) < 0:
+            return None
+        try:
+            vmap = read_vocab_map(path)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if vmap is None or len(vmap.kept) != self.vocab_size:
+            raise ConfigError(f"{path}: its vocabulary map does not match the model's {self.vocab_size} tokens")
+        return vmap
 
     @staticmethod
     def _check_args(path: Path, runtime: str, n_batch: int, batch_invariant: bool, max_sequences: int = 1) -> None:
@@ -194,12 +217,19 @@ class GgufBackend(Backend):
         starts = list(range(0, total, self.n_batch))
         if self.batch_invariant and total > 1 and total % self.n_batch == 1:
             starts[-1] -= 1
-        out = np.empty((num_logits, self.vocab_size), dtype=np.float32)
+        out = np.empty((num_logits, self._n_out), dtype=np.float32)
         row = 0
+        stand_in = self._stand_in if self.vocab_map is not None else None
         for start, end in zip(starts, starts[1:] + [total]):
             batch.n_tokens = end - start
             wanted = []
             for j, (seqs, pos, token, logit) in enumerate(items[start:end]):
+                if stand_in is not None:  # a pruned vocabulary: the kept token that stands for it
+                    if not 0 <= token < len(stand_in):
+                        undo()
+                        raise RuntimeError(f"{self.name}: token id {token} out of range (vocabulary of "
+                                           f"{len(stand_in)})")
+                    token = stand_in[token]
                 batch.token[j] = token
                 batch.pos[j] = pos
                 batch.n_seq_id[j] = len(seqs)
@@ -216,12 +246,16 @@ class GgufBackend(Backend):
                 raise RuntimeError(f"{self.name}: llama_decode returned {rc} ({why}) at batch token {start}")
             for j in wanted:  # copied straight into the result: the runtime reuses its buffer on the next decode
                 out[row if rows is None else rows[row]] = np.ctypeslib.as_array(
-                    lib.llama_get_logits_ith(self._ctx, j), shape=(self.vocab_size,))
+                    lib.llama_get_logits_ith(self._ctx, j), shape=(self._n_out,))
                 row += 1
         if num_logits and not np.isfinite(out).all():  # never sampled from, never left in the cells for others
             undo()
             raise RuntimeError(f"{self.name}: {self.runtime} returned non-finite logits (NaN or inf) for this batch; "
                                "its tokens were taken back out of the cache")
+        if self.vocab_map is not None:  # tokens outside the kept set are never proposed
+            full = np.full((num_logits, self.vocab_size), -np.inf, dtype=np.float32)
+            full[:, self.vocab_map.kept] = out
+            return full
         return out
 
     # Token trees ----------------------------------------------------------------------------------------------
