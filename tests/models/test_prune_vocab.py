@@ -130,26 +130,13 @@ def test_a_load_refuses_a_map_that_does_not_fit(files, tmp_path):
     full_path, cut_path, vmap = files
     import gguf
 
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
     reader = gguf.GGUFReader(str(cut_path))
     bad = tmp_path / "bad.gguf"
-    writer = gguf.GGUFWriter(str(bad), reader.get_field("general.architecture").contents())
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        value = field.contents()
-        if field.name == "adaspec.vocab.kept":
-            value = value[:-1]
-        writer.add_key_value(field.name, value, vtype, sub_type=sub)
-    for t in reader.tensors:
-        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for t in reader.tensors:
-        writer.write_tensor_data(t.data)
-    writer.close()
+    short = MetadataDetails(gguf.GGUFValueType.ARRAY, vmap.kept.tolist()[:-1], sub_type=gguf.GGUFValueType.INT32)
+    copy_with_new_metadata(reader, gguf.GGUFWriter(str(bad), reader.get_field("general.architecture").contents()),
+                           {"adaspec.vocab.kept": short}, [])
     runtime = "ik" if HAVE_IK else "llamacpp"
     with pytest.raises(ConfigError, match="vocabulary map"):
         _backend(runtime, bad)

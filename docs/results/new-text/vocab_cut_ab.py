@@ -24,14 +24,16 @@ WORKLOADS = (("specbench:coding", -3), ("specbench:writing", -3), ("gsm8k", 3), 
 
 
 def main(out: Path) -> None:
-    from adaspec.api import load_model
+    from transformers import AutoTokenizer
+
     from adaspec.models import fetch_variant
+    from adaspec.models.resolve import resolve_gguf
     from adaspec.models.prune_vocab import chat_template_ids, prune_vocab
     from adaspec.models.registry import DEFAULT_DRAFT
 
     out.mkdir(parents=True, exist_ok=True)
     arms: dict[str, dict] = {"q4_0": {}}
-    extra = chat_template_ids(load_model(DEFAULT_DRAFT, backend="ik").tokenizer)
+    extra = chat_template_ids(AutoTokenizer.from_pretrained(str(resolve_gguf(DEFAULT_DRAFT)[2])))
     for keep in KEEP:
         path = out / "gguf" / f"draft-q4_0-v{keep}.gguf"
         if not path.is_file():

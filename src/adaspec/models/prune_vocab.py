@@ -117,82 +117,101 @@ def prune_vocab(src: str | Path, dst: str | Path, keep: int, extra: Iterable[int
     dst = Path(dst)
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.partial")
     writer = gguf.GGUFWriter(str(tmp), arch)
-    try:
-        _write(reader, writer, src, tmp, dst, size, keep, named, kept, kept_set, stand_in, index)
+    try:  # into tmp, renamed to dst when complete
+        # the map first: read_vocab_map reads the file's first keys only, not its 150k-entry token arrays
+        writer.add_key_value(KEY_SIZE, size, gguf.GGUFValueType.UINT32)
+        writer.add_key_value(KEY_KEPT, kept, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
+        writer.add_key_value(KEY_STAND_IN, stand_in.tolist(), gguf.GGUFValueType.ARRAY,
+                             sub_type=gguf.GGUFValueType.INT32)
+        for field in reader.fields.values():
+            name = field.name
+            if name.startswith("GGUF.") or name == "general.architecture":
+                continue
+            vtype = field.types[0]
+            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            value = field.contents()
+            if name == "tokenizer.ggml.merges":  # only merges whose parts and result are all kept
+                value = [m for m in value if (p := m.split(" ", 1)) and len(p) == 2 and p[0] in kept_set
+                         and p[1] in kept_set and p[0] + p[1] in kept_set]
+                if not value:
+                    raise ValueError(f"no merge of {src}'s vocabulary survives a cut to {keep} ids: keep more")
+            elif name.startswith("tokenizer.ggml.") and sub is not None and len(value) == size:  # one entry per token
+                value = [value[i] for i in kept]
+            elif name == f"{arch}.vocab_size":  # some converters record it; the loader checks it against the tokens
+                value = len(kept)
+            elif name in named:
+                value = int(stand_in[named[name]])  # itself: named tokens are kept
+            elif name == "general.alignment":
+                writer.data_alignment = int(value)  # the writer pads to it, as the file says
+            writer.add_key_value(name, value, vtype, sub_type=sub)
+        data = {}
+        for t in reader.tensors:
+            arr = t.data
+            if t.name in _VOCAB_TENSORS:
+                if arr.shape[0] != size:
+                    raise ValueError(f"{src}: {t.name} has {arr.shape[0]} rows, not one per token ({size})")
+                arr = np.ascontiguousarray(arr[index])
+            data[t.name] = arr
+            writer.add_tensor_info(t.name, arr.shape, arr.dtype, arr.nbytes, t.tensor_type)
+        if not any(name in data for name in _VOCAB_TENSORS):
+            raise ValueError(f"{src}: no token_embd.weight or output.weight to prune")
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for t in reader.tensors:
+            writer.write_tensor_data(data[t.name])
+        writer.close()
+        os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
     return VocabMap(size, index.astype(np.int64), stand_in)
 
 
-def _write(reader, writer, src, tmp: Path, dst: Path, size: int, keep: int, named: dict, kept: list[int],
-           kept_set: set, stand_in: np.ndarray, index: np.ndarray) -> None:
-    """:func:`prune_vocab`'s copy: metadata with the vocabulary cut, then the tensors, into ``tmp``, renamed to
-    ``dst`` when complete."""
-    import gguf
+def _leading_keys(path: str | Path, want: int = 4) -> dict:
+    """The first ``want`` metadata keys of a GGUF file whose values are strings, uint32 or int32 arrays, read with
+    ``struct`` (GGUF v2/v3, little-endian): stops at the first key of another type. :func:`prune_vocab` writes the
+    map there, so reading it costs milliseconds instead of parsing the whole vocabulary."""
+    import struct
 
-    arch = reader.get_field("general.architecture").contents()
-    for field in reader.fields.values():
-        name = field.name
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        value = field.contents()
-        if name == "tokenizer.ggml.merges":  # only merges whose parts and result are all kept
-            value = [m for m in value if (p := m.split(" ", 1)) and len(p) == 2 and p[0] in kept_set
-                     and p[1] in kept_set and p[0] + p[1] in kept_set]
-            if not value:
-                raise ValueError(f"no merge of {src}'s vocabulary survives a cut to {keep} ids: keep more")
-        elif name.startswith("tokenizer.ggml.") and sub is not None and len(value) == size:  # one entry per token
-            value = [value[i] for i in kept]
-        elif name == f"{arch}.vocab_size":  # some converters record it; the loader checks it against the tokens
-            value = len(kept)
-        elif name in named:
-            value = int(stand_in[named[name]])  # itself: named tokens are kept
-        elif name == "general.alignment":
-            writer.data_alignment = int(value)  # the writer pads to it, as the file says
-        writer.add_key_value(name, value, vtype, sub_type=sub)
-    writer.add_key_value(KEY_SIZE, size, gguf.GGUFValueType.UINT32)
-    writer.add_key_value(KEY_KEPT, kept, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
-    writer.add_key_value(KEY_STAND_IN, stand_in.tolist(), gguf.GGUFValueType.ARRAY,
-                         sub_type=gguf.GGUFValueType.INT32)
-    data = {}
-    for t in reader.tensors:
-        arr = t.data
-        if t.name in _VOCAB_TENSORS:
-            if arr.shape[0] != size:
-                raise ValueError(f"{src}: {t.name} has {arr.shape[0]} rows, not one per token ({size})")
-            arr = np.ascontiguousarray(arr[index])
-        data[t.name] = arr
-        writer.add_tensor_info(t.name, arr.shape, arr.dtype, arr.nbytes, t.tensor_type)
-    if not any(name in data for name in _VOCAB_TENSORS):
-        raise ValueError(f"{src}: no token_embd.weight or output.weight to prune")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for t in reader.tensors:
-        writer.write_tensor_data(data[t.name])
-    writer.close()
-    os.replace(tmp, dst)
+    out: dict = {}
+    with open(path, "rb") as f:
+        magic, version, _, n_kv = struct.unpack("<4sIQQ", f.read(24))
+        if magic != b"GGUF" or version < 2:
+            return out
+        for _ in range(min(n_kv, want)):
+            key = f.read(struct.unpack("<Q", f.read(8))[0]).decode()
+            vtype = struct.unpack("<I", f.read(4))[0]
+            if vtype == 8:  # string
+                out[key] = f.read(struct.unpack("<Q", f.read(8))[0]).decode(errors="replace")
+            elif vtype == 4:  # uint32
+                out[key] = struct.unpack("<I", f.read(4))[0]
+            elif vtype == 9:  # array: of int32 only
+                sub, n = struct.unpack("<IQ", f.read(12))
+                if sub != 5:
+                    break
+                out[key] = np.frombuffer(f.read(4 * n), dtype="<i4").astype(np.int64)
+            else:
+                break
+    return out
 
 
 def read_vocab_map(path: str | Path) -> VocabMap | None:
     """The mapping a pruned GGUF records (:func:`prune_vocab`), or None for any other GGUF.
 
     Raises:
-        ValueError: the mapping is there but inconsistent (sizes or ids out of range).
+        ValueError: the mapping is missing from the file's first keys, where :func:`prune_vocab` writes it, or
+            inconsistent (sizes or ids out of range).
     """
-    import gguf
+    head = _leading_keys(path)
+    if KEY_SIZE not in head:
+        import gguf
 
-    reader = gguf.GGUFReader(str(path))
-    field = reader.get_field(KEY_SIZE)
-    if field is None:
-        return None
-    size = int(field.contents())
-    kept = np.asarray(reader.get_field(KEY_KEPT).contents(), dtype=np.int64)
-    stand_in = np.asarray(reader.get_field(KEY_STAND_IN).contents(), dtype=np.int64)
-    if (len(stand_in) != size or not len(kept) or kept.min() < 0 or kept.max() >= size
-            or stand_in.min() < 0 or stand_in.max() >= len(kept)):
+        if gguf.GGUFReader(str(path)).get_field(KEY_SIZE) is None:
+            return None
+        raise ValueError(f"{path}: its vocabulary map is not among its first keys (not written by prune_vocab?)")
+    size, kept, stand_in = int(head[KEY_SIZE]), head.get(KEY_KEPT), head.get(KEY_STAND_IN)
+    if (kept is None or stand_in is None or len(stand_in) != size or not len(kept) or kept.min() < 0
+            or kept.max() >= size or stand_in.min() < 0 or stand_in.max() >= len(kept)):
         raise ValueError(f"{path}: its vocabulary map ({KEY_KEPT}, {KEY_STAND_IN}) does not describe a vocabulary "
                          f"of {size} tokens")
     return VocabMap(size, kept, stand_in)
