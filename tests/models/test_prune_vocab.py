@@ -166,3 +166,32 @@ def test_speculation_with_the_pruned_draft_is_lossless_in_strict_mode(files):
         drafted += got.stats.draft_tokens
         accepted += got.stats.accepted_tokens
     assert drafted > 0 and accepted > 0
+
+
+def test_a_cut_that_leaves_no_merge_is_refused_and_writes_nothing(tmp_path):
+    # a synthetic BPE vocabulary: 256 byte-like tokens, then 44 merged ones; every merge's result lies past the cut
+    import gguf
+
+    tokens = [chr(0x100 + i) for i in range(256)] + [chr(0x100 + i) + chr(0x100 + i + 1) for i in range(44)]
+    merges = [f"{chr(0x100 + i)} {chr(0x100 + i + 1)}" for i in range(44)]
+    src = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(src), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * len(tokens))
+    writer.add_token_merges(merges)
+    writer.add_tensor("token_embd.weight", np.arange(len(tokens) * 4, dtype=np.float32).reshape(len(tokens), 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    with pytest.raises(ValueError, match="no merge .* survives a cut to 256 ids"):
+        prune_vocab(src, tmp_path / "cut.gguf", 256)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]
+    got = prune_vocab(src, tmp_path / "cut.gguf", 257)  # the first merge, whose result is id 256, survives
+    assert got.kept.tolist() == list(range(257))
+    reader = gguf.GGUFReader(str(tmp_path / "cut.gguf"))
+    assert list(reader.get_field("tokenizer.ggml.merges").contents()) == merges[:1]
+    emb = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    assert np.array_equal(np.asarray(emb.data).reshape(257, 4)[256], np.arange(256 * 4, 257 * 4, dtype=np.float32))

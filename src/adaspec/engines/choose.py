@@ -1,20 +1,21 @@
 """One speculative configuration per engine from the measured configurations (``adaspec advise`` across configs).
 
-Input: the derivation phase's ``scaleout`` rows of one engine (every tried configuration at every concurrency,
-``off`` included). For each speculative configuration and concurrency, :func:`adaspec.bench.advise.advise`
-pairs it with ``off`` at that concurrency and fits Leviathan et al.'s model (α from τ and K̄, the cost c of a draft
-token from the measured speedup). The speedup of a (method, K) at a concurrency (:func:`predict`) is the measured
-one where that K was tried there; between two tried Ks, the two fits' predictions weighted by distance in K; beyond
-them, the nearest tried K's fit (the least extrapolation). A prediction counts as a gain only where it clears the
-gain margin of the measurements it rests on (:func:`adaspec.bench.advise.gain_margin`: 1.03×, or one standard error
-of the measured speedup over paired prompts). llama-server takes one ``--spec-draft-n-max`` for all load, so one
-(method, K) must serve every concurrency; where it is not a gain from some concurrency on (:func:`losing_from`), the
-advice is to serve that load without speculation. The single (method, K) is the one with the highest geometric mean
-of what the advice would deliver over the measured concurrencies (its prediction below that point, 1 from it on; a
-K > 0 must gain somewhere). vLLM 0.32 also takes a K per batch size (``num_speculative_tokens_per_batch_size``): per
-method, the best K at each measured concurrency (0 where nothing clears the margin) as ranges
-(:func:`adaspec.bench.advise.ranges`), chosen over the single K when its geometric mean is higher. A method without
-acceptance counters (no τ) is scored with the measured speedups of the Ks tried.
+Input: the derivation phase's ``scaleout`` rows of one engine (every tried configuration at every concurrency, ``off``
+included). For each speculative configuration and concurrency, :func:`adaspec.bench.advise.advise` pairs it with ``off``
+at that concurrency and fits Leviathan et al.'s model (α from τ and K̄, the cost c of a draft token from the measured
+speedup). The speedup of a (method, K) at a concurrency (:func:`predict`) is the measured one where that K was tried
+there; between two tried Ks, the two fits' predictions weighted by distance in K; beyond them, the nearest tried K's fit
+(the least extrapolation). Over the concurrencies, each (method, K)'s predictions are smoothed to the nearest
+non-increasing sequence (:func:`nonincreasing`). A prediction counts as a gain only where it clears the gain margin of
+the measurements it rests on (:func:`adaspec.bench.advise.gain_margin`: 1.03×, or one standard error of the measured
+speedup over paired prompts). llama-server takes one ``--spec-draft-n-max`` for all load, so one (method, K) must serve
+every concurrency; where it is not a gain from some concurrency on (:func:`losing_from`), the advice is to serve that
+load without speculation. The single (method, K) is the one with the highest geometric mean of what the advice would
+deliver over the measured concurrencies (its prediction below that point, 1 from it on; a K > 0 must gain somewhere).
+vLLM 0.32 also takes a K per batch size (``num_speculative_tokens_per_batch_size``): per method, the best K at each
+measured concurrency (0 where nothing clears the margin) as ranges (:func:`adaspec.bench.advise.ranges`), chosen over
+the single K when its geometric mean is higher. A method without acceptance counters (no τ) is scored with the measured
+speedups of the Ks tried.
 """
 
 from __future__ import annotations
@@ -96,14 +97,24 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
     f = {key: max(es, key=lambda e: e["speedup"]) for key, es in measured.items()}
     levels = sorted({c for _, c in measured})
 
-    def at(method: str, k: int, c: int) -> tuple[float, float] | None:  # (predicted speedup, gain margin)
-        return (1.0, 1.0) if method == "off" else predict(measured.get((method, c), []), k)
+    def at_levels(method: str, k: int) -> dict[int, tuple[float, float]] | None:  # c -> (speedup, gain margin)
+        if method == "off":
+            return {c: (1.0, 1.0) for c in levels}
+        got = {c: predict(measured.get((method, c), []), k) for c in levels}
+        if None in got.values():
+            return None
+        smooth = nonincreasing([got[c][0] for c in levels])
+        return {c: (p, got[c][1]) for c, p in zip(levels, smooth)}
+
+    def at(method: str, k: int, c: int) -> tuple[float, float] | None:
+        got = at_levels(method, k)
+        return None if got is None else got[c]
 
     scored = []  # (score, method, K, schedule, per-level predictions, off_from)
     for method, k in [("off", 0)] + [(m, k) for m in sorted({m for m, _ in f}) for k in range(min_k(engine, m),
                                                                                            max_k + 1)]:
-        got = {c: at(method, k, c) for c in levels}
-        if None in got.values():
+        got = at_levels(method, k)
+        if got is None:
             continue
         preds = {c: p for c, (p, _) in got.items()}
         gains = {c: k > 0 and p >= m for c, (p, m) in got.items()}
@@ -168,6 +179,22 @@ def losing_from(levels: list[int], gains: dict[int, bool]) -> int | None:
             break
         trailing.insert(0, c)
     return trailing[0] if trailing and trailing[0] != levels[0] else None
+
+
+def nonincreasing(values: list[float]) -> list[float]:
+    """The non-increasing sequence nearest to ``values`` in log space (pool adjacent violators, equal weights: each
+    run of levels that rises is replaced by its geometric mean). The gain of speculation on one server does not rise
+    with its load: the wider the batch's forward, the less verification width is free (Liu et al. 2024, SmartSpec,
+    arXiv 2406.14066: the gain shrinks, then turns to a loss, as the request rate and the batch grow). So a gain
+    measured at a higher load than a loss is read as the noise of both levels, not as a reason to speculate there."""
+    blocks: list[list[float]] = []  # [sum of logs, count]
+    for v in values:
+        blocks.append([math.log(max(v, 1e-9)), 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            total, n = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += n
+    return [math.exp(total / n) for total, n in blocks for _ in range(n)]
 
 
 def _geomean(values) -> float:
