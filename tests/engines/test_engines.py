@@ -672,6 +672,15 @@ def test_a_gain_at_a_higher_load_than_a_loss_is_pooled_with_it():
     assert a["label"] == "llamacpp/ngram-k3" and a["off_from"] == 2
     assert a["per_level"][1] == pytest.approx(1.12) and a["per_level"][4] == pytest.approx(0.998, abs=1e-3)
     assert "from 2 on, serve without speculation" in a["flags"]
+    # pooling lifts the lower level too: 1.00× at 2 clients under 1.10× at 4 read √1.1 = 1.049× both, a gain at both
+    # (the two are read as one measurement of a common gain), so K 3 speculates at every load
+    rows = []
+    for c, off, ngram in ((1, 10.0, 12.0), (2, 10.0, 10.0), (4, 10.0, 11.0)):
+        rows += [_row("llamacpp", "off", 0, c, off), _row("llamacpp", "ngram", 3, c, ngram, spec)]
+    a = choose(rows, "llamacpp")
+    assert a["per_level"] == {1: 1.2, 2: pytest.approx(1.1 ** 0.5, abs=1e-4), 4: pytest.approx(1.1 ** 0.5, abs=1e-4)}
+    assert a["label"] == "llamacpp/ngram-k3" and a["off_from"] is None
+    assert nonincreasing([1.03, 1.0]) == [1.03, 1.0]  # a block of one keeps its value exactly
 
 
 def test_acceptance_checks_report_disagreement():

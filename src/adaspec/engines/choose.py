@@ -97,27 +97,25 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
     f = {key: max(es, key=lambda e: e["speedup"]) for key, es in measured.items()}
     levels = sorted({c for _, c in measured})
 
-    def at_levels(method: str, k: int) -> dict[int, tuple[float, float]] | None:  # c -> (speedup, gain margin)
+    def at(method: str, k: int) -> dict[int, tuple[float, float, bool] | None]:
+        """Per concurrency: (speedup smoothed over load, gain margin, gain: the smoothed speedup clears the
+        margin), or None where nothing predicts K there (smoothed over the levels that have a prediction)."""
         if method == "off":
-            return {c: (1.0, 1.0) for c in levels}
+            return {c: (1.0, 1.0, False) for c in levels}
         got = {c: predict(measured.get((method, c), []), k) for c in levels}
-        if None in got.values():
-            return None
-        smooth = nonincreasing([got[c][0] for c in levels])
-        return {c: (p, got[c][1]) for c, p in zip(levels, smooth)}
-
-    def at(method: str, k: int, c: int) -> tuple[float, float] | None:
-        got = at_levels(method, k)
-        return None if got is None else got[c]
+        known = [c for c in levels if got[c] is not None]
+        smooth = dict(zip(known, nonincreasing([got[c][0] for c in known])))
+        return {c: None if got[c] is None else
+                (smooth[c], got[c][1], k > 0 and smooth[c] >= got[c][1]) for c in levels}
 
     scored = []  # (score, method, K, schedule, per-level predictions, off_from)
     for method, k in [("off", 0)] + [(m, k) for m in sorted({m for m, _ in f}) for k in range(min_k(engine, m),
                                                                                            max_k + 1)]:
-        got = at_levels(method, k)
-        if got is None:
+        got = at(method, k)
+        if None in got.values():
             continue
-        preds = {c: p for c, (p, _) in got.items()}
-        gains = {c: k > 0 and p >= m for c, (p, m) in got.items()}
+        preds = {c: p for c, (p, _, _) in got.items()}
+        gains = {c: gain for c, (_, _, gain) in got.items()}
         if k > 0 and not any(gains.values()):
             continue
         # one K for every load: where it is no gain from some concurrency on, that load is served without speculation
@@ -131,8 +129,8 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
         for method in sorted({m for m, _ in f}):
             per = {}
             for c in levels:  # the best of the Ks that clear their own margin there, else 0
-                options = {k: at(method, k, c) for k in range(min_k(engine, method), max_k + 1)}
-                gaining = [(k, got[0]) for k, got in options.items() if got is not None and got[0] >= got[1]]
+                options = {k: at(method, k)[c] for k in range(min_k(engine, method), max_k + 1)}
+                gaining = [(k, got[0]) for k, got in options.items() if got is not None and got[2]]
                 per[c] = max(gaining, key=lambda kp: (kp[1], -kp[0]), default=(0, 1.0))
             k_max = max(k for k, _ in per.values())
             if k_max == 0 or len({k for k, _ in per.values()}) == 1:
@@ -155,7 +153,7 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
                       "serve without speculation (no gain predicted there beyond the measured noise)")
         return {"config": cfg, "label": cfg.label, "score": round(score, 4),
                 "per_level": {c: round(p, 4) for c, p in preds.items()},
-                "margins": {c: round(at(method, k_at[c], c)[1], 4) for c in levels if k_at[c] > 0},
+                "margins": {c: round(at(method, k_at[c])[c][1], 4) for c in levels if k_at[c] > 0},
                 "off_from": off_from, "flags": flags}
 
     best_tried = {}
@@ -185,8 +183,9 @@ def nonincreasing(values: list[float]) -> list[float]:
     """The non-increasing sequence nearest to ``values`` in log space (pool adjacent violators, equal weights: each
     run of levels that rises is replaced by its geometric mean). The gain of speculation on one server does not rise
     with its load: the wider the batch's forward, the less verification width is free (Liu et al. 2024, SmartSpec,
-    arXiv 2406.14066: the gain shrinks, then turns to a loss, as the request rate and the batch grow). So a gain
-    measured at a higher load than a loss is read as the noise of both levels, not as a reason to speculate there."""
+    arXiv 2406.14066: the gain shrinks, then turns to a loss, as the request rate and the batch grow). So a level
+    that measured more than a lower one is read with it as one noisy measurement of a common gain: the higher level
+    drops and the lower one rises to their geometric mean."""
     blocks: list[list[float]] = []  # [sum of logs, count]
     for v in values:
         blocks.append([math.log(max(v, 1e-9)), 1])
@@ -194,7 +193,10 @@ def nonincreasing(values: list[float]) -> list[float]:
             total, n = blocks.pop()
             blocks[-1][0] += total
             blocks[-1][1] += n
-    return [math.exp(total / n) for total, n in blocks for _ in range(n)]
+    out: list[float] = []
+    for total, n in blocks:  # a block of one keeps its value exactly (a speedup at a margin stays at it)
+        out += [values[len(out)]] if n == 1 else [math.exp(total / n)] * n
+    return out
 
 
 def _geomean(values) -> float:
