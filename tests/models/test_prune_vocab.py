@@ -125,6 +125,23 @@ def test_the_backend_takes_original_ids_and_returns_logits_over_the_whole_vocabu
     cut.close()
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_kept_ids_past_the_first_run_get_their_own_logits(files, tmp_path, runtime):
+    """Ids kept beyond the first ``keep`` (``extra``) are scattered to their own columns, not shifted into the run."""
+    full_path, _, _ = files
+    dst = tmp_path / "tail.gguf"
+    vmap = prune_vocab(full_path, dst, KEEP, extra=[40000, 30000])
+    full, cut = _backend(runtime, full_path), _backend(runtime, dst)
+    ids = [1, 504, 1030, 314, 260]
+    a, b = full.forward(ids, num_logits=2), cut.forward(ids, num_logits=2)
+    kept = torch.from_numpy(vmap.kept)
+    assert kept[-2:].tolist() == [30000, 40000] and cut._kept_run == KEEP
+    assert (a[:, kept] - b[:, kept]).abs().max().item() < 1e-3
+    assert torch.isneginf(b[:, KEEP:30000]).all() and torch.isfinite(b[:, [30000, 40000]]).all()
+    full.close()
+    cut.close()
+
+
 def test_a_load_refuses_a_map_that_does_not_fit(files, tmp_path):
     """A file whose recorded map names another vocabulary size than its tokens: a clear error at load."""
     full_path, cut_path, vmap = files

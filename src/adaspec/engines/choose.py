@@ -20,6 +20,7 @@ speedups of the Ks tried.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from adaspec.bench.advise import advise, engine_config, gain_margin, min_k, predicted_speedup, ranges
@@ -97,6 +98,7 @@ def choose(rows: list[dict], engine: str, max_k: int = 8) -> dict:
     f = {key: max(es, key=lambda e: e["speedup"]) for key, es in measured.items()}
     levels = sorted({c for _, c in measured})
 
+    @functools.cache
     def at(method: str, k: int) -> dict[int, tuple[float, float, bool] | None]:
         """Per concurrency: (speedup smoothed over load, gain margin, gain: the smoothed speedup clears the
         margin), or None where nothing predicts K there (smoothed over the levels that have a prediction)."""
